@@ -1,0 +1,42 @@
+// Element types understood by xquant.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace xquant {
+
+// Storage types of tensors. Packed int4 (quint4x2) has no dtype of its own: eight int4 values live in
+// one int32 word (see QuantDType::quint4x2).
+enum class DType : std::uint8_t {
+  float32,
+  float16,   // IEEE binary16, stored as uint16_t bits
+  bfloat16,  // bfloat16, stored as uint16_t bits
+  int8,
+  uint8,
+  int32,
+  int64,     // only for index tensors (group_index)
+};
+
+// Bytes per element.
+std::size_t dtype_size(DType dt) noexcept;
+// "float32", "float16", ...
+std::string_view dtype_name(DType dt) noexcept;
+// float32, float16 or bfloat16.
+constexpr bool is_floating(DType dt) noexcept {
+  return dt == DType::float32 || dt == DType::float16 || dt == DType::bfloat16;
+}
+
+// Output kinds of the quantizing operators, named as in torch_npu.
+enum class QuantDType : std::uint8_t {
+  qint8,     // int8 in [-128, 127]
+  quint8,    // uint8 in [0, 255]
+  qint32,    // int32 (npu_quantize's torch.int32 / torch.qint32)
+  quint4x2,  // int4 in [-8, 7], eight per int32 word, element 8k+j in bits [4j, 4j+3] of word k
+};
+
+std::string_view quant_dtype_name(QuantDType q) noexcept;
+// Storage dtype of a quantized output: int8, uint8, int32, int32 (packed) respectively.
+DType storage_dtype(QuantDType q) noexcept;
+
+}  // namespace xquant

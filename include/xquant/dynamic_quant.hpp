@@ -1,0 +1,40 @@
+// Dynamic asymmetric quantization (seed 04, torch_npu.npu_dynamic_quant_asymmetric).
+//
+//   x'     = smooth_scales ? x * smooth[expert(row)] : x                          (float32)
+//   scale  = max((rowMax(x') - rowMin(x')) / (DST_MAX - DST_MIN), 1e-12)
+//   offset = DST_MAX - rowMax(x') / scale
+//   y      = sat(rint(x' / scale + offset))
+//
+// x: float32 / float16 / bfloat16, rank >= 2, S rows (all dims but the last) of H elements. Rows are
+// tokens (pertoken) or the whole tensor is one row (pertensor). smooth_scales: floating [H], or [E, H]
+// together with group_index (int32 / int64 [E], non-decreasing cumulative row ends, last == S; row r
+// uses the first expert e with group_index[e] > r). dst_type qint8 (int8 [-128, 127]) or quint4x2
+// (int4 [-8, 7] packed in int32, H % 8 == 0). scale / offset: float32 with shape x.shape[:-1]
+// (pertoken) or [1] (pertensor). A row containing NaN gets NaN scale and offset and y = 0.
+#pragma once
+#include <optional>
+
+#include "xquant/tensor.hpp"
+
+namespace xquant {
+
+enum class DynamicQuantMode { pertoken, pertensor };
+
+struct DynamicQuantResult {
+  Tensor y;
+  Tensor scale;
+  Tensor offset;
+};
+
+void dynamic_quant_asymmetric_out(TensorView y, TensorView scale, TensorView offset, ConstTensorView x,
+                                  std::optional<ConstTensorView> smooth_scales = std::nullopt,
+                                  std::optional<ConstTensorView> group_index = std::nullopt,
+                                  QuantDType dst_type = QuantDType::qint8,
+                                  DynamicQuantMode quant_mode = DynamicQuantMode::pertoken);
+DynamicQuantResult dynamic_quant_asymmetric(ConstTensorView x,
+                                            std::optional<ConstTensorView> smooth_scales = std::nullopt,
+                                            std::optional<ConstTensorView> group_index = std::nullopt,
+                                            QuantDType dst_type = QuantDType::qint8,
+                                            DynamicQuantMode quant_mode = DynamicQuantMode::pertoken);
+
+}  // namespace xquant

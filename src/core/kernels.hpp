@@ -1,0 +1,136 @@
+// The kernel layer: what every backend (scalar reference, Highway SIMD, CUDA) implements.
+//
+// Kernels see only normalized, already validated problems: raw pointers, element counts and
+// per-channel / per-row parameter arrays. They never allocate tensors, never validate user input and never
+// throw; they write only their outputs. Operators (src/ops/) pick the table once through
+// active_kernels(), the single dispatch point that later backends extend.
+#pragma once
+#include <cstdint>
+
+#include "xquant/dtype.hpp"
+#include "xquant/tile_quant.hpp"
+
+namespace xquant::detail {
+
+// ---- fake tensor quant (SPEC 1). Problem: x[outer][channels][inner]; params[c] for channel c. ----
+struct FakeQuantParams {
+  float scale;      // max_bound / amax
+  float min_bound;  // exact integers in float32
+  float max_bound;
+  float grad_lo;    // min_bound / scale: lower end of the straight-through window
+  float grad_hi;    // max_bound / scale
+  float ratio;      // min_bound / max_bound (learnable-amax gradient below the window)
+  bool zero;        // scale not finite or 0: forward output is 0 (NaN stays NaN)
+};
+using FakeQuantFn = void (*)(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels,
+                             std::int64_t inner, const FakeQuantParams* params);
+// grad_amax: float32[channels] or nullptr (not requested). Sums use the canonical blocked order.
+using FakeQuantBackwardFn = void (*)(DType dt, const void* grad_out, const void* x, void* grad_in,
+                                     std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                     const FakeQuantParams* params, float* grad_amax);
+
+// ---- npu_quantize (SPEC 2). Problem: x[outer][channels][inner]; params[c]. ----
+// quint4x2 output is packed over the flat element index (the last dimension is a multiple of 8).
+struct QuantizeParams {
+  float scale;
+  float zero_point;  // 0 when absent
+};
+using QuantizeFn = void (*)(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer,
+                            std::int64_t channels, std::int64_t inner, const QuantizeParams* params,
+                            bool div_mode);
+
+// ---- tile quant (SPEC 3). Pitches in elements; offset is nullptr for SYM. ----
+struct TileQuantArgs {
+  QuantMode mode;
+  std::int64_t rows, cols;
+  const float* src;
+  std::int64_t src_pitch;
+  const float* scale;
+  std::int64_t scale_pitch;
+  const float* offset;
+  std::int64_t offset_pitch;
+  void* out;  // int8 (SYM) or uint8 (ASYM)
+  std::int64_t out_pitch;
+};
+using TileQuantFn = void (*)(const TileQuantArgs& args);
+
+// ---- npu_dynamic_quant_asymmetric (SPEC 4). ----
+struct DynamicQuantArgs {
+  DType dt;
+  const void* x;            // [rows][cols]
+  std::int64_t rows, cols;
+  DType smooth_dt;
+  const void* smooth;       // nullptr, [cols] or [num_groups][cols]
+  const std::int64_t* group_ends;  // nullptr or [num_groups] cumulative row ends (validated)
+  std::int64_t num_groups;
+  QuantDType dst;           // qint8 or quint4x2
+  bool per_tensor;
+  void* y;                  // int8 [rows][cols] or int32 [rows][cols / 8]
+  float* scale;             // [rows] (pertoken) or [1]
+  float* offset;
+};
+using DynamicQuantFn = void (*)(const DynamicQuantArgs& args);
+
+// ---- ActsULQ (SPEC 5). ----
+constexpr int kMaxRank = 8;
+// Iteration over a row-major output of `shape`; each operand has an element stride per dimension
+// (0 where it is broadcast).
+struct BroadcastPlan {
+  int rank;
+  std::int64_t shape[kMaxRank];
+  std::int64_t stride_x[kMaxRank];
+  std::int64_t stride_min[kMaxRank];
+  std::int64_t stride_max[kMaxRank];
+};
+struct ActsUlqArgs {
+  DType dt;  // of every operand
+  BroadcastPlan plan;
+  const void* x;
+  const void* clamp_min;
+  const void* clamp_max;
+  bool fixed_min;
+  int num_bits;
+  void* y;  // dense, plan.shape
+  void* clamp_min_mask;
+  void* clamp_max_mask;
+  void* x_clamped_loss;
+};
+using ActsUlqFn = void (*)(const ActsUlqArgs& args);
+
+// Backward: y_grad, masks and loss are dense over plan.shape; plan.stride_x / stride_min / stride_max
+// describe how x_grad / clamp_min(_grad) / clamp_max(_grad) broadcast, i.e. which output positions each
+// gradient element sums (in the canonical blocked order).
+struct ActsUlqBackwardArgs {
+  DType dt;
+  BroadcastPlan plan;
+  const void* y_grad;
+  const void* clamp_min;
+  const void* clamp_max;
+  const void* clamp_min_mask;
+  const void* clamp_max_mask;
+  const void* x_clamped_loss;
+  bool fixed_min;
+  int num_bits;
+  void* x_grad;           // dense, x's shape
+  void* clamp_min_grad;   // dense, clamp_min's shape
+  void* clamp_max_grad;   // dense, clamp_max's shape
+};
+using ActsUlqBackwardFn = void (*)(const ActsUlqBackwardArgs& args);
+
+struct KernelTable {
+  const char* name;
+  FakeQuantFn fake_quant;
+  FakeQuantBackwardFn fake_quant_backward;
+  QuantizeFn quantize;
+  TileQuantFn tile_quant;
+  DynamicQuantFn dynamic_quant;
+  ActsUlqFn acts_ulq;
+  ActsUlqBackwardFn acts_ulq_backward;
+};
+
+// The scalar reference kernels (src/ref/): the oracle every other backend is tested against.
+const KernelTable& reference_kernels();
+// The kernels operators run: chosen once per process (the reference until faster backends land).
+const KernelTable& active_kernels();
+
+}  // namespace xquant::detail

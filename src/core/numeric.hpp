@@ -1,0 +1,124 @@
+// Scalar numeric building blocks shared by the reference kernels and the operator layer. Each mirrors one
+// sentence of SPEC.md "Rules that hold for every operator".
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "xquant/dtype.hpp"
+#include "xquant/half.hpp"
+
+namespace xquant::detail {
+
+// Rule 1: round half to even. std::rint honours the current rounding mode, which xquant never changes
+// (the default is to-nearest-even).
+inline float round_half_even(float v) noexcept { return std::rint(v); }
+
+// Rule 2: every floating input is widened to float32 ...
+inline float load_float(DType dt, const void* base, std::int64_t i) noexcept {
+  switch (dt) {
+    case DType::float16: return half_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::bfloat16: return bfloat16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::int8: return static_cast<float>(static_cast<const std::int8_t*>(base)[i]);
+    case DType::uint8: return static_cast<float>(static_cast<const std::uint8_t*>(base)[i]);
+    case DType::int32: return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
+    case DType::int64: return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
+    case DType::float32: break;
+  }
+  return static_cast<const float*>(base)[i];
+}
+
+// ... and floating results are narrowed once, round-to-nearest-even (float16 / bfloat16 only).
+inline void store_float(DType dt, void* base, std::int64_t i, float v) noexcept {
+  switch (dt) {
+    case DType::float16: static_cast<std::uint16_t*>(base)[i] = float_to_half(v); return;
+    case DType::bfloat16: static_cast<std::uint16_t*>(base)[i] = float_to_bfloat16(v); return;
+    default: static_cast<float*>(base)[i] = v; return;
+  }
+}
+
+// Rule 3: integer outputs saturate, NaN -> 0, +-Inf -> max / min. The comparison happens in float before
+// any conversion: a hardware float->int conversion of an out-of-range value is undefined in C++ (and
+// cvttps2dq returns INT_MIN). `r` must already be rounded to an integer value (or be Inf / NaN).
+template <typename Int>
+inline Int saturate_rounded(float r) noexcept {
+  constexpr float lo = static_cast<float>(std::numeric_limits<Int>::min());  // exact: -2^k
+  // The first value above the range, exact in float for every width (128, 256, 2^31).
+  constexpr float above = std::numeric_limits<Int>::is_signed
+                              ? -lo
+                              : static_cast<float>(std::numeric_limits<Int>::max()) + 1.0f;
+  if (std::isnan(r)) return 0;
+  if (r < lo) return std::numeric_limits<Int>::min();
+  if (r >= above) return std::numeric_limits<Int>::max();
+  return static_cast<Int>(r);
+}
+
+// Saturate to an arbitrary small signed range [lo, hi] (int4: [-8, 7]); NaN -> 0.
+inline int saturate_rounded_range(float r, int lo, int hi) noexcept {
+  if (std::isnan(r)) return 0;
+  if (r < static_cast<float>(lo)) return lo;
+  if (r > static_cast<float>(hi)) return hi;
+  return static_cast<int>(r);
+}
+
+// Packed int4 (quint4x2): element 8k + j goes to bits [4j, 4j + 3] of word k, two's complement nibble.
+inline void store_int4(std::int32_t* words, std::int64_t i, int v) noexcept {
+  const std::uint32_t nib = static_cast<std::uint32_t>(v) & 0xFu;
+  const int shift = static_cast<int>(i & 7) * 4;
+  auto* w = reinterpret_cast<std::uint32_t*>(words) + (i >> 3);
+  *w = (*w & ~(0xFu << shift)) | (nib << shift);
+}
+inline int load_int4(const std::int32_t* words, std::int64_t i) noexcept {
+  const std::uint32_t w = reinterpret_cast<const std::uint32_t*>(words)[i >> 3];
+  const int nib = static_cast<int>((w >> ((i & 7) * 4)) & 0xFu);
+  return nib >= 8 ? nib - 16 : nib;
+}
+
+// Rule 4 helpers: min / max that propagate NaN from either operand (std::min/max do not).
+inline float nan_min(float a, float b) noexcept {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return b < a ? b : a;
+}
+inline float nan_max(float a, float b) noexcept {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return b > a ? b : a;
+}
+
+// Rule 5: the canonical deterministic sum of a sequence of float32 terms t[0], t[1], ...
+//   - the sequence is cut into chunks of kSumChunk consecutive terms;
+//   - within a chunk, term n goes to double lane (n % 16): lane[n % 16] += (double)t[n], in order;
+//   - a chunk's value is its 16 lanes folded by halving: lane[i] += lane[i + 8] (i < 8), then + 4, + 2, + 1;
+//   - chunk values are added in order into a double total, which is rounded once to float32.
+// Neither thread count nor SIMD width changes this order: a backend may give chunks to threads and lanes
+// to vector registers but must combine them exactly so.
+inline constexpr std::int64_t kSumLanes = 16;
+inline constexpr std::int64_t kSumChunk = 1024;
+
+class CanonicalSum {
+ public:
+  void add(float t) noexcept {
+    lanes_[n_ % kSumLanes] += static_cast<double>(t);
+    if (++n_ % kSumChunk == 0) flush();
+  }
+  float result() noexcept {
+    if (n_ % kSumChunk != 0) flush();
+    n_ = 0;
+    const double t = total_;
+    total_ = 0.0;
+    return static_cast<float>(t);
+  }
+
+ private:
+  void flush() noexcept {
+    for (std::int64_t w = kSumLanes / 2; w >= 1; w /= 2)
+      for (std::int64_t i = 0; i < w; ++i) lanes_[i] += lanes_[i + w];
+    total_ += lanes_[0];
+    for (double& l : lanes_) l = 0.0;
+  }
+  double lanes_[kSumLanes] = {};
+  double total_ = 0.0;
+  std::int64_t n_ = 0;
+};
+
+}  // namespace xquant::detail
