@@ -25,6 +25,7 @@ struct FakeQuantParams {
 using FakeQuantFn = void (*)(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels,
                              std::int64_t inner, const FakeQuantParams* params);
 // grad_amax: float32[channels] or nullptr (not requested). Sums use the canonical blocked order.
+// grad_in may be the buffer of x or of grad_out (each element is read before it is written).
 using FakeQuantBackwardFn = void (*)(DType dt, const void* grad_out, const void* x, void* grad_in,
                                      std::int64_t outer, std::int64_t channels, std::int64_t inner,
                                      const FakeQuantParams* params, float* grad_amax);

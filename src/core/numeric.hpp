@@ -90,8 +90,9 @@ inline float nan_max(float a, float b) noexcept {
 //   - within a chunk, term n goes to double lane (n % 16): lane[n % 16] += (double)t[n], in order;
 //   - a chunk's value is its 16 lanes folded by halving: lane[i] += lane[i + 8] (i < 8), then + 4, + 2, + 1;
 //   - chunk values are added in order into a double total, which is rounded once to float32.
-// Neither thread count nor SIMD width changes this order: a backend may give chunks to threads and lanes
-// to vector registers but must combine them exactly so.
+// Lanes and total start at -0.0, the exact additive identity, so that a sum of one term is that term
+// bit for bit (-0 included); an empty sum is +0. Neither thread count nor SIMD width changes this order:
+// a backend may give chunks to threads and lanes to vector registers but must combine them exactly so.
 inline constexpr std::int64_t kSumLanes = 16;
 inline constexpr std::int64_t kSumChunk = 1024;
 
@@ -101,11 +102,13 @@ class CanonicalSum {
     lanes_[n_ % kSumLanes] += static_cast<double>(t);
     if (++n_ % kSumChunk == 0) flush();
   }
+  // The sum of the terms added so far; resets the accumulator.
   float result() noexcept {
+    if (n_ == 0) return 0.0f;
     if (n_ % kSumChunk != 0) flush();
-    n_ = 0;
     const double t = total_;
-    total_ = 0.0;
+    n_ = 0;
+    total_ = -0.0;
     return static_cast<float>(t);
   }
 
@@ -114,10 +117,11 @@ class CanonicalSum {
     for (std::int64_t w = kSumLanes / 2; w >= 1; w /= 2)
       for (std::int64_t i = 0; i < w; ++i) lanes_[i] += lanes_[i + w];
     total_ += lanes_[0];
-    for (double& l : lanes_) l = 0.0;
+    for (double& l : lanes_) l = -0.0;
   }
-  double lanes_[kSumLanes] = {};
-  double total_ = 0.0;
+  double lanes_[kSumLanes] = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0,
+                              -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0, -0.0};
+  double total_ = -0.0;
   std::int64_t n_ = 0;
 };
 

@@ -1,1 +1,161 @@
-// placeholder: being written
+// Operators: fake tensor quantization (SPEC section 1). Validate -> normalize to [outer, channels, inner]
+// -> per-channel parameters -> kernel.
+#include "xquant/fake_quant.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/kernels.hpp"
+#include "core/numeric.hpp"
+#include "ref/ref.hpp"
+
+namespace xquant {
+namespace {
+
+using detail::AxisSplit;
+using detail::fail;
+using detail::FakeQuantParams;
+
+// The validated, normalized problem.
+struct FakeQuantProblem {
+  AxisSplit split;
+  std::vector<FakeQuantParams> params;  // one per channel
+};
+
+std::string float_str(float v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+// Checks inputs / amax / options; axis == nullopt is the per-tensor form.
+FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const ConstTensorView& amax,
+                      std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
+  detail::check_view(op, "inputs", inputs);
+  detail::check_floating(op, "inputs", inputs.dtype);
+  detail::check_view(op, "amax", amax);
+  detail::check_floating(op, "amax", amax.dtype);
+  detail::check_num_bits(op, o.num_bits, 1, 32);
+  FakeQuantProblem pb;
+  if (!axis) {
+    if (amax.numel() != 1)
+      fail(ErrorCode::shape_mismatch, op, "amax",
+           "amax has shape " + shape_str(amax.shape) + " (" + std::to_string(amax.numel()) +
+               " elements) but expected exactly one element for per-tensor quantization");
+    pb.split = {1, 1, inputs.numel()};
+  } else {
+    const std::int64_t ax = detail::normalize_axis(op, "axis", *axis, inputs.dim());
+    if (amax.dim() != 1 || amax.shape[0] != inputs.shape[static_cast<std::size_t>(ax)])
+      fail(ErrorCode::shape_mismatch, op, "amax",
+           "amax has shape " + shape_str(amax.shape) + " but inputs has " +
+               std::to_string(inputs.shape[static_cast<std::size_t>(ax)]) + " channels on axis " +
+               std::to_string(ax) + " (expected a 1-D amax of that length)");
+    pb.split = detail::split_at_axis(inputs.shape, ax);
+  }
+  // amax must be finite and >= 0; name the first bad channel.
+  const std::int64_t channels = amax.numel();
+  pb.params.resize(static_cast<std::size_t>(channels));
+  for (std::int64_t c = 0; c < channels; ++c) {
+    const float a = detail::load_float(amax.dtype, amax.data, c);
+    if (!std::isfinite(a) || a < 0.0f)
+      fail(ErrorCode::invalid_argument, op, "amax",
+           "amax[" + std::to_string(c) + "] is " + float_str(a) + " but expected a finite value >= 0");
+    pb.params[static_cast<std::size_t>(c)] = detail::ref::fake_quant_params(a, o.num_bits, o.is_unsigned, o.narrow_range);
+  }
+  return pb;
+}
+
+void run_forward(const char* op, TensorView out, const ConstTensorView& inputs, const ConstTensorView& amax,
+                 std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
+  FakeQuantProblem pb = plan(op, inputs, amax, axis, o);
+  detail::check_output(op, "out", out, inputs.dtype, inputs.shape, "the shape of inputs");
+  detail::check_same_or_disjoint(op, "out", out.data, out.nbytes(), "inputs", inputs.data, inputs.nbytes());
+  detail::check_no_overlap(op, "out", out.data, out.nbytes(), "amax", amax.data, amax.nbytes());
+  if (inputs.numel() == 0) return;
+  detail::active_kernels().fake_quant(inputs.dtype, inputs.data, out.data, pb.split.outer, pb.split.channels,
+                                      pb.split.inner, pb.params.data());
+}
+
+}  // namespace
+
+void fake_tensor_quant_out(TensorView out, ConstTensorView inputs, ConstTensorView amax,
+                           const FakeQuantOptions& options) {
+  run_forward("fake_tensor_quant", std::move(out), inputs, amax, std::nullopt, options);
+}
+
+Tensor fake_tensor_quant(ConstTensorView inputs, ConstTensorView amax, const FakeQuantOptions& options) {
+  plan("fake_tensor_quant", inputs, amax, std::nullopt, options);  // validate before allocating
+  Tensor out(inputs.dtype, inputs.shape);
+  fake_tensor_quant_out(out, inputs, amax, options);
+  return out;
+}
+
+void fake_tensor_quant_inplace(TensorView inputs, ConstTensorView amax, const FakeQuantOptions& options) {
+  run_forward("fake_tensor_quant_inplace", inputs, inputs, amax, std::nullopt, options);
+}
+
+void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, ConstTensorView amax,
+                                     std::int64_t axis, const FakeQuantOptions& options) {
+  run_forward("fake_tensor_quant_with_axis", std::move(out), inputs, amax, axis, options);
+}
+
+Tensor fake_tensor_quant_with_axis(ConstTensorView inputs, ConstTensorView amax, std::int64_t axis,
+                                   const FakeQuantOptions& options) {
+  plan("fake_tensor_quant_with_axis", inputs, amax, axis, options);
+  Tensor out(inputs.dtype, inputs.shape);
+  fake_tensor_quant_with_axis_out(out, inputs, amax, axis, options);
+  return out;
+}
+
+void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<TensorView> grad_amax,
+                                    ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
+                                    std::optional<std::int64_t> axis, const FakeQuantOptions& options) {
+  const char* op = "fake_tensor_quant_backward";
+  FakeQuantProblem pb = plan(op, inputs, amax, axis, options);
+  detail::check_view(op, "grad_out", grad_out);
+  detail::check_dtype(op, "grad_out", grad_out.dtype, inputs.dtype);
+  detail::check_shape(op, "grad_out", grad_out.shape, inputs.shape, "the shape of inputs");
+  detail::check_output(op, "grad_inputs", grad_inputs, inputs.dtype, inputs.shape, "the shape of inputs");
+  // grad_inputs is written while grad_out and inputs are still read: the same buffer is fine (each
+  // element is read before it is written), a partial overlap is not.
+  detail::check_same_or_disjoint(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "grad_out",
+                                 grad_out.data, grad_out.nbytes());
+  detail::check_same_or_disjoint(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "inputs",
+                                 inputs.data, inputs.nbytes());
+  detail::check_no_overlap(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "amax", amax.data,
+                           amax.nbytes());
+  if (grad_amax) {
+    detail::check_output(op, "grad_amax", *grad_amax, amax.dtype, amax.shape, "the shape of amax");
+    const std::size_t gb = grad_amax->nbytes();
+    detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "grad_inputs", grad_inputs.data, grad_inputs.nbytes());
+    detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "grad_out", grad_out.data, grad_out.nbytes());
+    detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "inputs", inputs.data, inputs.nbytes());
+    detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "amax", amax.data, amax.nbytes());
+  }
+  std::vector<float> gsum(grad_amax ? static_cast<std::size_t>(pb.split.channels) : 0);
+  if (inputs.numel() > 0)
+    detail::active_kernels().fake_quant_backward(inputs.dtype, grad_out.data, inputs.data, grad_inputs.data,
+                                                 pb.split.outer, pb.split.channels, pb.split.inner,
+                                                 pb.params.data(), grad_amax ? gsum.data() : nullptr);
+  if (grad_amax)
+    for (std::size_t c = 0; c < gsum.size(); ++c)
+      detail::store_float(grad_amax->dtype, grad_amax->data, static_cast<std::int64_t>(c), gsum[c]);
+}
+
+FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
+                                          std::optional<std::int64_t> axis, const FakeQuantOptions& options,
+                                          bool want_grad_amax) {
+  plan("fake_tensor_quant_backward", inputs, amax, axis, options);
+  FakeQuantGrads g;
+  g.grad_inputs = Tensor(inputs.dtype, inputs.shape);
+  if (want_grad_amax) g.grad_amax = Tensor(amax.dtype, amax.shape);
+  fake_tensor_quant_backward_out(g.grad_inputs, want_grad_amax ? std::optional<TensorView>(g.grad_amax.view())
+                                                               : std::nullopt,
+                                 grad_out, inputs, amax, axis, options);
+  return g;
+}
+
+}  // namespace xquant
