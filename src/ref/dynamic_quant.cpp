@@ -1,1 +1,130 @@
-// placeholder: being written
+// Reference kernel of npu_dynamic_quant_asymmetric (SPEC section 4), scalar float32, one formula per line.
+//
+//   x'     = smooth ? x * smooth[e][j] : x                  (a rounded float32 multiply after widening both)
+//   rowMax = max(x'),  rowMin = min(x')                     (a NaN anywhere makes both NaN; empty: both 0)
+//   scale  = (rowMax - rowMin) / (DST_MAX - DST_MIN)
+//   scale  = isnan(scale) ? NaN : max(scale, 1e-12)         (the Ascend A2 kernel's constant-row guard)
+//   offset = DST_MAX - rowMax / scale
+//   y      = sat(rint(x' / scale + offset))                 (a rounded division, then a rounded addition)
+//
+// DST = int8 [-128, 127] (qint8) or int4 [-8, 7] (quint4x2, eight per int32 word: element 8k + j of the
+// flat output sits in bits [4j, 4j + 3] of word k; cols % 8 == 0, so a word never straddles two rows).
+// Pertoken: one (scale, offset) per row, each row reduced and then quantized while it is still in cache
+// (the single-pass shape the fast kernels use). Pertensor: one reduction over every element first.
+// Row r uses expert e = the first e with group_ends[e] > r (no group_ends: expert 0 of a [cols] smooth).
+#include <algorithm>
+#include <cstdint>
+
+#include "core/numeric.hpp"
+#include "ref/ref.hpp"
+
+namespace xquant::detail::ref {
+
+namespace {
+
+constexpr float kScaleFloor = 1e-12f;
+
+struct DstRange {
+  float max;  // DST_MAX
+  float min;  // DST_MIN
+};
+
+DstRange dst_range(QuantDType q) noexcept {
+  if (q == QuantDType::quint4x2) return {7.0f, -8.0f};
+  return {127.0f, -128.0f};
+}
+
+// Expert of row r: the first e with group_ends[e] > r. The operator guarantees group_ends is
+// non-decreasing with last value == rows, so e < num_groups for every r < rows.
+std::int64_t expert_of_row(const DynamicQuantArgs& a, std::int64_t r) noexcept {
+  if (a.group_ends == nullptr) return 0;
+  return std::upper_bound(a.group_ends, a.group_ends + a.num_groups, r) - a.group_ends;
+}
+
+// x'[r][j] = smooth ? x[r][j] * smooth[e][j] : x[r][j]
+float smoothed(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, std::int64_t j) noexcept {
+  const float x = load_float(a.dt, a.x, r * a.cols + j);
+  if (a.smooth == nullptr) return x;
+  return x * load_float(a.smooth_dt, a.smooth, e * a.cols + j);
+}
+
+// rowMax / rowMin with NaN propagation; an empty reduction gives 0 for both.
+struct MinMax {
+  bool empty = true;
+  float max = 0.0f;
+  float min = 0.0f;
+  void add(float v) noexcept {
+    if (empty) {
+      max = v;
+      min = v;
+      empty = false;
+    } else {
+      max = nan_max(max, v);
+      min = nan_min(min, v);
+    }
+  }
+};
+
+void reduce_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, MinMax& mm) noexcept {
+  for (std::int64_t j = 0; j < a.cols; ++j) mm.add(smoothed(a, r, e, j));
+}
+
+struct Params {
+  float scale;
+  float offset;
+};
+
+Params params_from(const MinMax& mm, DstRange d) noexcept {
+  float scale = (mm.max - mm.min) / (d.max - d.min);  // (rowMax - rowMin) / (DST_MAX - DST_MIN)
+  scale = nan_max(scale, kScaleFloor);                 // NaN stays NaN, else max(scale, 1e-12)
+  const float offset = d.max - mm.max / scale;         // DST_MAX - rowMax / scale
+  return {scale, offset};
+}
+
+// y[r][:] = sat(rint(x'[r][:] / scale + offset))
+void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Params p) noexcept {
+  if (a.dst == QuantDType::quint4x2) {
+    auto* y = static_cast<std::int32_t*>(a.y);
+    for (std::int64_t j = 0; j < a.cols; ++j) {
+      const std::int64_t i = r * a.cols + j;  // flat element index
+      const float v = smoothed(a, r, e, j) / p.scale + p.offset;
+      // Nibble 0 of each word comes first: clear the word then; the other seven nibbles fill it, so the
+      // caller's old contents are never read into the result.
+      if ((i & 7) == 0) y[i >> 3] = 0;
+      store_int4(y, i, saturate_rounded_range(round_half_even(v), -8, 7));
+    }
+  } else {
+    auto* y = static_cast<std::int8_t*>(a.y);
+    for (std::int64_t j = 0; j < a.cols; ++j) {
+      const float v = smoothed(a, r, e, j) / p.scale + p.offset;
+      y[r * a.cols + j] = saturate_rounded<std::int8_t>(round_half_even(v));
+    }
+  }
+}
+
+}  // namespace
+
+void dynamic_quant(const DynamicQuantArgs& a) {
+  const DstRange d = dst_range(a.dst);
+  if (a.per_tensor) {
+    // rowMax / rowMin of the whole tensor (no smooth_scales in this mode), then every row with them.
+    MinMax mm;
+    for (std::int64_t r = 0; r < a.rows; ++r) reduce_row(a, r, 0, mm);
+    const Params p = params_from(mm, d);
+    a.scale[0] = p.scale;
+    a.offset[0] = p.offset;
+    for (std::int64_t r = 0; r < a.rows; ++r) quantize_row(a, r, 0, p);
+    return;
+  }
+  for (std::int64_t r = 0; r < a.rows; ++r) {
+    const std::int64_t e = expert_of_row(a, r);
+    MinMax mm;
+    reduce_row(a, r, e, mm);
+    const Params p = params_from(mm, d);
+    a.scale[r] = p.scale;
+    a.offset[r] = p.offset;
+    quantize_row(a, r, e, p);
+  }
+}
+
+}  // namespace xquant::detail::ref
