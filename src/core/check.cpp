@@ -9,17 +9,22 @@ void fail(ErrorCode code, std::string_view op, std::string_view arg, const std::
 }
 
 void check_view(std::string_view op, std::string_view arg, const ConstTensorView& v) {
-  std::int64_t n = 1;
+  bool empty = false;
   for (std::int64_t d : v.shape) {
     if (d < 0)
       fail(ErrorCode::shape_mismatch, op, arg,
            std::string(arg) + " has shape " + shape_str(v.shape) + " with a negative dimension");
-    if (d != 0 && n > INT64_MAX / d)
-      fail(ErrorCode::shape_mismatch, op, arg,
-           std::string(arg) + " has shape " + shape_str(v.shape) + " whose element count overflows int64");
-    n *= d;
+    empty = empty || d == 0;
   }
-  if (n > 0 && v.data == nullptr)
+  std::int64_t n = 1;
+  if (!empty)
+    for (std::int64_t d : v.shape) {
+      if (n > INT64_MAX / d)
+        fail(ErrorCode::shape_mismatch, op, arg,
+             std::string(arg) + " has shape " + shape_str(v.shape) + " whose element count overflows int64");
+      n *= d;
+    }
+  if (!empty && v.data == nullptr)
     fail(ErrorCode::invalid_argument, op, arg,
          std::string(arg) + " has shape " + shape_str(v.shape) + " but its data pointer is null");
 }

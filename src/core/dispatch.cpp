@@ -12,10 +12,7 @@ const KernelTable& reference_kernels() {
   return table;
 }
 
-const KernelTable& active_kernels() {
-  // Faster backends (Highway SIMD + OpenMP, CUDA) plug in here; each must be bit-identical to the
-  // reference (SPEC: results reproducible to the bit on every backend).
-  return reference_kernels();
-}
+// active_kernels() lives in runtime.cpp: it follows xquant::set_backend (default: the cpu backend,
+// which is bit-identical to the reference on every SIMD target and thread count).
 
 }  // namespace xquant::detail

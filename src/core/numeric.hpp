@@ -91,7 +91,9 @@ inline float nan_max(float a, float b) noexcept {
 //   - a chunk's value is its 16 lanes folded by halving: lane[i] += lane[i + 8] (i < 8), then + 4, + 2, + 1;
 //   - chunk values are added in order into a double total, which is rounded once to float32.
 // Lanes and total start at -0.0, the exact additive identity, so that a sum of one term is that term
-// bit for bit (-0 included); an empty sum is +0. Neither thread count nor SIMD width changes this order:
+// bit for bit (-0 included); an empty sum is +0. A NaN result is returned as the canonical quiet NaN
+// (0x7FC00000): which NaN an addition propagates depends on operand order, which compilers treat as
+// commutative, so NaN payloads and signs could not be reproduced across backends. Neither thread count nor SIMD width changes this order:
 // a backend may give chunks to threads and lanes to vector registers but must combine them exactly so.
 inline constexpr std::int64_t kSumLanes = 16;
 inline constexpr std::int64_t kSumChunk = 1024;
@@ -109,6 +111,7 @@ class CanonicalSum {
     const double t = total_;
     n_ = 0;
     total_ = -0.0;
+    if (std::isnan(t)) return std::numeric_limits<float>::quiet_NaN();
     return static_cast<float>(t);
   }
 

@@ -12,10 +12,16 @@
 namespace xquant {
 
 std::int64_t shape_numel(const Shape& shape) {
-  std::int64_t n = 1;
+  // A zero dimension anywhere makes the tensor empty, whatever the other dimensions are (as in NumPy).
+  bool empty = false;
   for (std::int64_t d : shape) {
     if (d < 0) throw Error(ErrorCode::shape_mismatch, "shape", "shape " + shape_str(shape) + " has a negative dimension");
-    if (d != 0 && n > INT64_MAX / d)
+    empty = empty || d == 0;
+  }
+  if (empty) return 0;
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (n > INT64_MAX / d)
       throw Error(ErrorCode::shape_mismatch, "shape", "shape " + shape_str(shape) + " has more than 2^63 elements");
     n *= d;
   }

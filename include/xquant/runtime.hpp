@@ -1,0 +1,23 @@
+// Process-wide runtime settings: worker threads and the kernel backend.
+#pragma once
+#include <string>
+
+namespace xquant {
+
+// Number of OpenMP threads the CPU kernels use (n >= 1), or 0 to follow OpenMP's default
+// (OMP_NUM_THREADS / the number of cores). Results are bit-identical for every thread count.
+void set_num_threads(int n);
+// The thread count in effect (>= 1).
+int get_num_threads();
+
+enum class Backend {
+  cpu,        // Highway SIMD kernels (runtime-dispatched to the best target of this CPU) + OpenMP: default
+  reference,  // the scalar reference kernels: slow, the oracle the others are tested against
+};
+void set_backend(Backend b);
+Backend get_backend();
+
+// The SIMD target the cpu backend runs on this machine, e.g. "AVX3", "AVX2", "SSE4", "SCALAR".
+std::string simd_target();
+
+}  // namespace xquant

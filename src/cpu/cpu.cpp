@@ -1,0 +1,29 @@
+// The cpu backend's kernel table. Families without a SIMD kernel yet run the reference kernel.
+#include "cpu/cpu.hpp"
+
+#include "hwy/targets.h"
+#include "ref/ref.hpp"
+
+namespace xquant::detail {
+
+const KernelTable& cpu_kernels() {
+  static const KernelTable table{
+      "cpu",
+      cpu_fake_quant,
+      cpu_fake_quant_backward,
+      ref::quantize,
+      ref::tile_quant,
+      ref::dynamic_quant,
+      ref::acts_ulq,
+      ref::acts_ulq_backward,
+  };
+  return table;
+}
+
+std::string cpu_target_name() {
+  // The best target that is both supported by this CPU and compiled in: what HWY_DYNAMIC_DISPATCH picks.
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  return targets.empty() ? "none" : hwy::TargetName(targets.front());
+}
+
+}  // namespace xquant::detail

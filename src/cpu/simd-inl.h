@@ -1,0 +1,165 @@
+// Per-target SIMD building blocks shared by the CPU kernels (re-included once per Highway target).
+//
+// Highway 1.0.3 traps avoided here: its float16 conversions are wrong on the SSE4 / SSSE3 / scalar
+// targets and its bfloat16 demotion truncates, so the 16-bit conversions below are our own integer code
+// (bit-identical to src/core/half.cpp); min / max are never applied to values that may be NaN; no
+// MaskedLoad (it may read past the end off AVX-512): tails go through small stack buffers instead.
+#if defined(XQUANT_CPU_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef XQUANT_CPU_SIMD_INL_H_
+#undef XQUANT_CPU_SIMD_INL_H_
+#else
+#define XQUANT_CPU_SIMD_INL_H_
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "hwy/highway.h"
+#include "xquant/dtype.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace xquant::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using DU = hn::RebindToUnsigned<DF>;
+using DU16 = hn::Rebind<std::uint16_t, DF>;
+using DI8 = hn::Rebind<std::int8_t, DF>;
+using DU8 = hn::Rebind<std::uint8_t, DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+using VU = hn::Vec<DU>;
+
+// Widest vector of any target (AVX-512: 16 floats); stack buffers for tails are sized by it.
+inline constexpr std::size_t kMaxLanes = 16;
+
+// float16 bits (in u32 lanes) -> float, exact (mirrors half_to_float).
+HWY_INLINE VF HalfBitsToFloat(VU h) {
+  const DF df;
+  const DU du;
+  const DI di;
+  const VU sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+  const VU e = hn::And(hn::ShiftRight<10>(h), hn::Set(du, 0x1Fu));
+  const VU m = hn::And(h, hn::Set(du, 0x3FFu));
+  const VU normal = hn::Or(hn::ShiftLeft<23>(hn::Add(e, hn::Set(du, 112u))), hn::ShiftLeft<13>(m));
+  const VU infnan = hn::Or(hn::Set(du, 0x7F800000u), hn::ShiftLeft<13>(m));
+  // subnormal (and zero): m * 2^-24, exact and a normal float (no FTZ / DAZ involvement)
+  const VU sub = hn::BitCast(du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, m)), hn::Set(df, 5.9604644775390625e-8f)));
+  const auto e_zero = hn::RebindMask(du, hn::Eq(hn::BitCast(di, e), hn::Zero(di)));
+  const auto e_max = hn::RebindMask(du, hn::Eq(hn::BitCast(di, e), hn::Set(di, 31)));
+  const VU mag = hn::IfThenElse(e_zero, sub, hn::IfThenElse(e_max, infnan, normal));
+  return hn::BitCast(df, hn::Or(mag, sign));
+}
+
+// float -> float16 bits in u32 lanes, round to nearest even (mirrors float_to_half).
+HWY_INLINE VU FloatToHalfBits(VF v) {
+  const DF df;
+  const DU du;
+  const DI di;
+  const VU x = hn::BitCast(du, v);
+  const VU a = hn::And(x, hn::Set(du, 0x7FFFFFFFu));
+  const VI ai = hn::BitCast(di, a);  // a <= 0x7FFFFFFF: signed compares are exact
+  const VU sign = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 0x8000u));
+  // Below 2^-14: adding 0.5f rounds the value to a multiple of 2^-24 (the half subnormal unit) in the
+  // FPU's round-to-nearest-even; the result is a normal float, so FTZ / DAZ cannot interfere.
+  const VU o_sub = hn::Sub(hn::BitCast(du, hn::Add(hn::BitCast(df, a), hn::Set(df, 0.5f))), hn::Set(du, 0x3F000000u));
+  // Normal: rebias the exponent and drop 13 bits with ties to even (carry may ripple into Inf).
+  const VU odd = hn::And(hn::ShiftRight<13>(a), hn::Set(du, 1u));
+  const VU o_norm = hn::ShiftRight<13>(hn::Add(hn::Add(hn::Sub(a, hn::Set(du, 112u << 23)), hn::Set(du, 0xFFFu)), odd));
+  VU o = hn::IfThenElse(hn::RebindMask(du, hn::Lt(ai, hn::Set(di, 113 << 23))), o_sub, o_norm);
+  o = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x477FFFFF))), hn::Set(du, 0x7C00u), o);
+  const VU nan = hn::Or(hn::Set(du, 0x7E00u), hn::And(hn::ShiftRight<13>(a), hn::Set(du, 0x3FFu)));
+  o = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x7F800000))), nan, o);
+  return hn::Or(o, sign);
+}
+
+// float -> bfloat16 bits in u32 lanes, round to nearest even, NaN quieted (mirrors float_to_bfloat16).
+HWY_INLINE VU FloatToBf16Bits(VF v) {
+  const DU du;
+  const DI di;
+  const VU x = hn::BitCast(du, v);
+  const VI ai = hn::BitCast(di, hn::And(x, hn::Set(du, 0x7FFFFFFFu)));
+  const VU lsb = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u));
+  const VU r = hn::ShiftRight<16>(hn::Add(hn::Add(x, hn::Set(du, 0x7FFFu)), lsb));
+  const VU nan = hn::Or(hn::ShiftRight<16>(x), hn::Set(du, 0x40u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x7F800000))), nan, r);
+}
+
+// Load Lanes(DF) values of dtype DT at base[i], widened to float32.
+template <DType DT>
+HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
+  const DF df;
+  if constexpr (DT == DType::float32) {
+    return hn::LoadU(df, static_cast<const float*>(base) + i);
+  } else {
+    const DU du;
+    const VU u = hn::PromoteTo(du, hn::LoadU(DU16(), static_cast<const std::uint16_t*>(base) + i));
+    if constexpr (DT == DType::bfloat16) return hn::BitCast(df, hn::ShiftLeft<16>(u));
+    return HalfBitsToFloat(u);
+  }
+}
+
+// Store Lanes(DF) float32 values to base[i] as dtype DT (narrowed once, round to nearest even).
+template <DType DT>
+HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
+  if constexpr (DT == DType::float32) {
+    hn::StoreU(v, DF(), static_cast<float*>(base) + i);
+  } else {
+    const VU bits = DT == DType::float16 ? FloatToHalfBits(v) : FloatToBf16Bits(v);
+    // values are <= 0xFFFF, so the saturating int32 -> uint16 demotion is exact
+    hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), bits)), DU16(), static_cast<std::uint16_t*>(base) + i);
+  }
+}
+
+// Rule 1: round half to even, keeping the sign of zero (rint(-0.25) == -0.0).
+HWY_INLINE VF RoundEven(VF v) {
+#if HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  // Highway 1.0.3 emulates Round here with copysign(2^23, v) + v - copysign(2^23, v), which turns
+  // rint(-0.25) into +0.0. Round |v| instead (adding 2^23 leaves no fraction bits: the FPU's
+  // round-to-nearest-even does the rounding) and put the sign back; |v| >= 2^23, Inf, NaN pass unchanged.
+  const DF df;
+  const VF big = hn::Set(df, 8388608.0f);
+  const VF a = hn::Abs(v);
+  const VF r = hn::Sub(hn::Add(a, big), big);
+  return hn::IfThenElse(hn::Lt(a, big), hn::CopySignToAbs(r, v), v);
+#else
+  return hn::Round(v);  // roundps / vrndscaleps with round-to-nearest-even
+#endif
+}
+
+// Clamp that lets NaN through (rule 4): comparisons with NaN are false, so NaN keeps its value.
+HWY_INLINE VF ClampKeepNaN(VF v, VF lo, VF hi) {
+  v = hn::IfThenElse(hn::Lt(v, lo), lo, v);
+  return hn::IfThenElse(hn::Gt(v, hi), hi, v);
+}
+
+// Rule 3 for small integer ranges ([lo, hi] inside int32, exact in float): r is rounded; NaN -> 0,
+// +-Inf and out-of-range values saturate. Clamped in float first: the float->int conversion of an
+// out-of-range value is not defined.
+HWY_INLINE VI SaturateToI32Range(VF r, float lo, float hi) {
+  const DF df;
+  r = hn::IfThenZeroElse(hn::IsNaN(r), r);
+  r = hn::Min(hn::Max(r, hn::Set(df, lo)), hn::Set(df, hi));  // NaN already removed
+  return hn::ConvertTo(DI(), r);
+}
+
+// Rule 3 for the full int32 range: 2^31 is not representable as int32, so values >= 2^31 are selected
+// explicitly (mirrors saturate_rounded<int32_t>).
+HWY_INLINE VI SaturateToI32(VF r) {
+  const DF df;
+  const DI di;
+  r = hn::IfThenZeroElse(hn::IsNaN(r), r);
+  const auto big = hn::RebindMask(di, hn::Ge(r, hn::Set(df, 2147483648.0f)));
+  r = hn::Min(hn::Max(r, hn::Set(df, -2147483648.0f)), hn::Set(df, 2147483520.0f));
+  return hn::IfThenElse(big, hn::Set(di, 2147483647), hn::ConvertTo(di, r));
+}
+
+HWY_INLINE void StoreI8(VI v, std::int8_t* p) { hn::StoreU(hn::DemoteTo(DI8(), v), DI8(), p); }
+HWY_INLINE void StoreU8(VI v, std::uint8_t* p) { hn::StoreU(hn::DemoteTo(DU8(), v), DU8(), p); }
+HWY_INLINE void StoreI32(VI v, std::int32_t* p) { hn::StoreU(v, DI(), p); }
+
+}  // namespace xquant::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // XQUANT_CPU_SIMD_INL_H_

@@ -1,0 +1,170 @@
+// The cpu backend (Highway SIMD + OpenMP) against the scalar reference, bit for bit: on every SIMD target
+// compiled into the build and supported by this CPU, at thread counts 1, 2, 3 and 7, for lengths around
+// every vector / unroll / grain boundary, misaligned pointers, guard bytes after outputs and the SPEC edge
+// values.
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "hwy/targets.h"
+#include "test_util.hpp"
+#include "xquant/runtime.hpp"
+
+namespace {
+using namespace xqtest;
+using xquant::Backend;
+
+// Values that exercise every rule: ties at k + 0.5 (after scaling by small powers of two as well), signed
+// zeros, subnormals, huge, +-Inf, NaN.
+std::vector<float> edge_values() {
+  std::vector<float> v = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -126.5f, 127.5f, -128.5f, 0.f, -0.f,
+                          1e-40f, -1e-40f, 1e-45f, 3.4e38f, -3.4e38f, kInf, -kInf, kNaN, -kNaN, 65504.f, 65520.f,
+                          6.1e-5f, 5.96e-8f, 2.98e-8f, 1.0f / 3.0f, 0.25f, 0.75f, 1.25f, 7.5f, -7.5f, 8.5f, -8.5f};
+  return v;
+}
+
+// Random data with edge values sprinkled in.
+std::vector<float> test_data(std::size_t n, std::uint32_t seed, float range = 4.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-range, range);
+  std::vector<float> v(n);
+  const auto edges = edge_values();
+  for (std::size_t i = 0; i < n; ++i) v[i] = (rng() % 7 == 0) ? edges[rng() % edges.size()] : u(rng);
+  return v;
+}
+
+// A tensor placed at an odd element offset inside a larger buffer, with sentinel guard bytes after it.
+struct Placed {
+  Tensor buf;
+  TensorView view;
+  std::size_t guard_off = 0, guard_len = 0;
+  Placed(DType dt, const Shape& shape, std::int64_t offset_elems) {
+    const std::int64_t n = xquant::shape_numel(shape);
+    const std::int64_t guard = 64;
+    buf = Tensor(DType::uint8, {static_cast<std::int64_t>((n + offset_elems) * static_cast<std::int64_t>(xquant::dtype_size(dt))) + guard});
+    std::memset(buf.data(), 0xA5, buf.nbytes());
+    view = TensorView(buf.data<std::uint8_t>() + offset_elems * static_cast<std::int64_t>(xquant::dtype_size(dt)), dt, shape);
+    guard_off = static_cast<std::size_t>((n + offset_elems) * static_cast<std::int64_t>(xquant::dtype_size(dt)));
+    guard_len = static_cast<std::size_t>(guard);
+  }
+  bool guard_ok() const {
+    for (std::size_t i = 0; i < guard_len; ++i)
+      if (buf.data<std::uint8_t>()[guard_off + i] != 0xA5) return false;
+    return true;
+  }
+};
+
+Placed placed_floats(DType dt, const Shape& shape, const std::vector<float>& vals, std::int64_t off) {
+  Placed p(dt, shape, off);
+  Tensor t = make_float(dt, shape, vals);
+  std::memcpy(p.view.data, t.data(), t.nbytes());
+  return p;
+}
+
+// Runs `op` (which writes into the given outputs) under the reference and under the cpu backend on every
+// target and thread count; compares every output's bytes and guard bytes.
+void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
+                      const std::vector<std::pair<DType, Shape>>& outputs, const std::string& what) {
+  std::vector<Placed> ref_out;
+  std::vector<TensorView> ref_views;
+  for (auto& [dt, shape] : outputs) {
+    ref_out.emplace_back(dt, shape, 0);
+  }
+  for (auto& p : ref_out) ref_views.push_back(p.view);
+  xquant::set_backend(Backend::reference);
+  op(ref_views);
+  xquant::set_backend(Backend::cpu);
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (int threads : {1, 2, 3, 7}) {
+      xquant::set_num_threads(threads);
+      std::vector<Placed> out;
+      std::vector<TensorView> views;
+      for (auto& [dt, shape] : outputs) out.emplace_back(dt, shape, 3);  // misaligned by 3 elements
+      for (auto& p : out) views.push_back(p.view);
+      op(views);
+      for (std::size_t k = 0; k < out.size(); ++k) {
+        const bool same = same_bytes(views[k], ref_views[k]);
+        EXPECT_TRUE(same) << what << ": output " << k << " differs on target " << hwy::TargetName(target)
+                          << " with " << threads << " threads";
+        EXPECT_TRUE(out[k].guard_ok()) << what << ": guard bytes after output " << k << " overwritten on "
+                                       << hwy::TargetName(target);
+        if (!same) {  // first differing element, for diagnosis
+          const auto es = xquant::dtype_size(views[k].dtype);
+          for (std::size_t b = 0; b < views[k].nbytes(); ++b)
+            if (static_cast<const std::uint8_t*>(views[k].data)[b] != static_cast<const std::uint8_t*>(ref_views[k].data)[b]) {
+              ADD_FAILURE() << "  first difference at element " << b / es;
+              break;
+            }
+          hwy::SetSupportedTargetsForTest(0);
+          xquant::set_num_threads(0);
+          return;
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  xquant::set_num_threads(0);
+}
+
+const std::int64_t kLengths[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1023, 1024, 1025, 4096, 70001};
+
+TEST(CpuEquivalence, ReportsTargets) {
+  std::string names;
+  for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) names += std::string(hwy::TargetName(t)) + " ";
+  std::printf("SIMD targets tested: %s(dispatch picks %s)\n", names.c_str(), xquant::simd_target().c_str());
+  EXPECT_FALSE(hwy::SupportedAndGeneratedTargets().empty());
+}
+
+TEST(CpuEquivalence, FakeQuantPerTensor) {
+  for (DType dt : kFloatTypes)
+    for (std::int64_t n : kLengths)
+      for (auto [nb, uns, narrow] : {std::tuple{8, false, true}, std::tuple{4, true, false}, std::tuple{16, false, false}}) {
+        Placed x = placed_floats(dt, {n}, test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n)), 1);
+        Tensor amax = make_float(DType::float32, {1}, {2.5f});
+        check_equivalent([&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, uns, narrow}); },
+                         {{dt, {n}}}, "fake_tensor_quant n=" + std::to_string(n) + " " + std::string(xquant::dtype_name(dt)));
+      }
+}
+
+TEST(CpuEquivalence, FakeQuantPerAxisLayouts) {
+  const std::vector<std::pair<Shape, std::int64_t>> cases = {
+      {{5, 7, 70}, 1}, {{5, 7, 70}, 0}, {{5, 7, 70}, -1}, {{300, 37}, 1}, {{3000, 13}, -1}, {{64, 20, 9}, 0},
+      {{4, 3, 5000}, 1}, {{2, 9, 65}, 1}, {{1, 1}, 0}, {{1200, 1}, 1}};
+  for (DType dt : kFloatTypes)
+    for (const auto& [shape, axis] : cases) {
+      const std::int64_t n = xquant::shape_numel(shape);
+      const std::int64_t ax = axis < 0 ? axis + static_cast<std::int64_t>(shape.size()) : axis;
+      const std::int64_t C = shape[static_cast<std::size_t>(ax)];
+      std::vector<float> amax_v(static_cast<std::size_t>(C));
+      for (std::int64_t c = 0; c < C; ++c) amax_v[static_cast<std::size_t>(c)] = c % 5 == 3 ? 0.f : 0.5f + 0.37f * static_cast<float>(c);
+      Tensor amax = make_float(DType::float32, {C}, amax_v);
+      Placed x = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 99), 1);
+      check_equivalent([&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax, axis); },
+                       {{dt, shape}}, "fake_tensor_quant_with_axis " + xquant::shape_str(shape) + " axis " + std::to_string(axis));
+    }
+}
+
+TEST(CpuEquivalence, FakeQuantBackward) {
+  const std::vector<std::pair<Shape, std::optional<std::int64_t>>> cases = {
+      {{70001}, std::nullopt}, {{1025}, std::nullopt}, {{17}, std::nullopt}, {{5, 7, 700}, 1}, {{3000, 13}, 1},
+      {{2100, 5}, -1}, {{64, 20, 9}, 0}, {{3, 2500}, 0}, {{1030, 3}, 1}};
+  for (DType dt : kFloatTypes)
+    for (const auto& [shape, axis] : cases) {
+      const std::int64_t n = xquant::shape_numel(shape);
+      std::int64_t C = 1;
+      if (axis) C = shape[static_cast<std::size_t>(*axis < 0 ? *axis + static_cast<std::int64_t>(shape.size()) : *axis)];
+      std::vector<float> amax_v(static_cast<std::size_t>(C));
+      for (std::int64_t c = 0; c < C; ++c) amax_v[static_cast<std::size_t>(c)] = c % 4 == 2 ? 0.f : 1.f + 0.21f * static_cast<float>(c);
+      Tensor amax = make_float(dt, {C}, amax_v);
+      Placed x = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 7, 6.f), 1);
+      Placed g = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 8, 1000.f), 2);
+      check_equivalent(
+          [&](std::vector<TensorView>& o) {
+            xquant::fake_tensor_quant_backward_out(o[0], o[1], g.view, x.view, amax, axis, {8, false, false});
+          },
+          {{dt, shape}, {dt, {C}}}, "fake_tensor_quant_backward " + xquant::shape_str(shape));
+    }
+}
+
+}  // namespace
