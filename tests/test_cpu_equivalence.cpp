@@ -167,4 +167,55 @@ TEST(CpuEquivalence, FakeQuantBackward) {
     }
 }
 
+TEST(CpuEquivalence, DynamicQuant) {
+  using xquant::DynamicQuantMode;
+  using xquant::QuantDType;
+  const std::vector<Shape> shapes = {{3, 8}, {5, 16}, {7, 24}, {2, 3, 40}, {9, 1000}, {40, 4104}, {300, 264}, {1, 0}};
+  for (DType dt : kFloatTypes)
+    for (const Shape& shape : shapes)
+      for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
+        for (int variant = 0; variant < 4; ++variant) {  // 0 plain, 1 smooth, 2 MoE, 3 pertensor
+          const std::int64_t n = xquant::shape_numel(shape);
+          const std::int64_t H = shape.back(), S = xquant::shape_numel(Shape(shape.begin(), shape.end() - 1));
+          if (q == QuantDType::quint4x2 && H % 8 != 0) continue;
+          std::vector<float> xv = test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n + variant), 3.f);
+          // a constant row and an all-zero row, rows with NaN / +-Inf come from the edge values
+          if (S > 3) {
+            for (std::int64_t j = 0; j < H; ++j) {
+              xv[static_cast<std::size_t>(H + j)] = 1.25f;
+              xv[static_cast<std::size_t>(2 * H + j)] = 0.f;
+            }
+          }
+          // keep NaN / Inf out of some rows so that most rows are finite
+          for (std::int64_t r = 0; r < S; r += 2)
+            for (std::int64_t j = 0; j < H; ++j) {
+              float& v = xv[static_cast<std::size_t>(r * H + j)];
+              if (!std::isfinite(v) || std::fabs(v) > 1e6f) v = 0.5f;
+            }
+          Placed x = placed_floats(dt, shape, xv, 1);
+          Tensor smooth, groups;
+          std::optional<ConstTensorView> sm, gi;
+          if (variant == 1 || variant == 2) {
+            const std::int64_t E = variant == 2 ? 4 : 1;
+            std::vector<float> sv(static_cast<std::size_t>(E * H));
+            for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.013f * static_cast<float>(i % 97);
+            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32, variant == 2 ? Shape{E, H} : Shape{H}, sv);
+            sm = smooth.view();
+            if (variant == 2) {
+              groups = make_typed<std::int64_t>(DType::int64, {4}, {0, S / 3, S / 3, S});  // empty groups 0 and 2
+              gi = groups.view();
+            }
+          }
+          const auto mode = variant == 3 ? DynamicQuantMode::pertensor : DynamicQuantMode::pertoken;
+          Shape yshape = shape;
+          if (q == QuantDType::quint4x2) yshape.back() /= 8;
+          const Shape sshape = variant == 3 ? Shape{1} : Shape(shape.begin(), shape.end() - 1);
+          const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
+          check_equivalent(
+              [&](std::vector<TensorView>& o) { xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, sm, gi, q, mode); },
+              {{ydt, yshape}, {DType::float32, sshape}, {DType::float32, sshape}},
+              "dynamic_quant " + xquant::shape_str(shape) + " variant " + std::to_string(variant));
+        }
+}
+
 }  // namespace

@@ -13,7 +13,7 @@ const KernelTable& cpu_kernels() {
       cpu_fake_quant_backward,
       ref::quantize,
       ref::tile_quant,
-      ref::dynamic_quant,
+      cpu_dynamic_quant,
       ref::acts_ulq,
       ref::acts_ulq_backward,
   };

@@ -69,17 +69,7 @@ void reduce_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, MinMa
   for (std::int64_t j = 0; j < a.cols; ++j) mm.add(smoothed(a, r, e, j));
 }
 
-struct Params {
-  float scale;
-  float offset;
-};
-
-Params params_from(const MinMax& mm, DstRange d) noexcept {
-  float scale = (mm.max - mm.min) / (d.max - d.min);  // (rowMax - rowMin) / (DST_MAX - DST_MIN)
-  scale = nan_max(scale, kScaleFloor);                 // NaN stays NaN, else max(scale, 1e-12)
-  const float offset = d.max - mm.max / scale;         // DST_MAX - rowMax / scale
-  return {scale, offset};
-}
+using Params = DynamicQuantRowParams;
 
 // y[r][:] = sat(rint(x'[r][:] / scale + offset))
 void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Params p) noexcept {
@@ -104,13 +94,20 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
 
 }  // namespace
 
+DynamicQuantRowParams dynamic_quant_params(float row_max, float row_min, QuantDType dst) {
+  const DstRange d = dst_range(dst);
+  float scale = (row_max - row_min) / (d.max - d.min);  // (rowMax - rowMin) / (DST_MAX - DST_MIN)
+  scale = nan_max(scale, kScaleFloor);                   // NaN stays NaN, else max(scale, 1e-12)
+  const float offset = d.max - row_max / scale;          // DST_MAX - rowMax / scale
+  return {scale, offset};
+}
+
 void dynamic_quant(const DynamicQuantArgs& a) {
-  const DstRange d = dst_range(a.dst);
   if (a.per_tensor) {
     // rowMax / rowMin of the whole tensor (no smooth_scales in this mode), then every row with them.
     MinMax mm;
     for (std::int64_t r = 0; r < a.rows; ++r) reduce_row(a, r, 0, mm);
-    const Params p = params_from(mm, d);
+    const Params p = dynamic_quant_params(mm.max, mm.min, a.dst);
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
     for (std::int64_t r = 0; r < a.rows; ++r) quantize_row(a, r, 0, p);
@@ -120,7 +117,7 @@ void dynamic_quant(const DynamicQuantArgs& a) {
     const std::int64_t e = expert_of_row(a, r);
     MinMax mm;
     reduce_row(a, r, e, mm);
-    const Params p = params_from(mm, d);
+    const Params p = dynamic_quant_params(mm.max, mm.min, a.dst);
     a.scale[r] = p.scale;
     a.offset[r] = p.offset;
     quantize_row(a, r, e, p);

@@ -19,7 +19,12 @@ void quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer
 // SPEC 3.
 void tile_quant(const TileQuantArgs& args);
 
-// SPEC 4.
+// SPEC 4: scale and offset of one row (or the whole tensor) from its max / min (shared by every backend).
+struct DynamicQuantRowParams {
+  float scale;
+  float offset;
+};
+DynamicQuantRowParams dynamic_quant_params(float row_max, float row_min, QuantDType dst);
 void dynamic_quant(const DynamicQuantArgs& args);
 
 // SPEC 5.

@@ -1,0 +1,257 @@
+// cpu backend: npu_dynamic_quant_asymmetric (SPEC section 4), bit-identical to src/ref/dynamic_quant.cpp.
+//
+// Pertoken is single-pass over DRAM: each row is read once, widened (and multiplied by its smooth
+// scales) into a per-thread float32 row buffer while min / max are tracked, then quantized from that
+// buffer while it is in cache. Rows are independent, so any thread partition gives the same bits.
+// Pertensor needs the global min / max first: a parallel reduction (exact, order-free), then an
+// elementwise pass.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/dynamic_quant.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "hwy/highway.h"
+#include "core/numeric.hpp"
+#include "cpu/cpu.hpp"
+#include "cpu/parallel.hpp"
+#include "cpu/simd-inl.h"
+#include "ref/ref.hpp"
+
+namespace xquant::detail {
+#ifndef XQUANT_CPU_DYNAMIC_QUANT_ONCE
+#define XQUANT_CPU_DYNAMIC_QUANT_ONCE
+struct RowMinMax {
+  float max, min;
+  bool nan, empty;
+};
+// Packs int8 values in [-8, 7] into int4 words: element 8k + j -> bits [4j, 4j + 3] of word k.
+inline void pack_int4(const std::int8_t* q, std::int64_t n, std::int32_t* words) {
+  for (std::int64_t k = 0; k < n / 8; ++k) {
+    std::uint64_t b;
+    std::memcpy(&b, q + 8 * k, 8);  // byte j = element 8k + j (little-endian)
+    b &= 0x0F0F0F0F0F0F0F0Full;     // two's complement nibbles
+    b = (b | (b >> 4)) & 0x00FF00FF00FF00FFull;
+    b = (b | (b >> 8)) & 0x0000FFFF0000FFFFull;
+    b = (b | (b >> 16)) & 0x00000000FFFFFFFFull;
+    const auto w = static_cast<std::uint32_t>(b);
+    std::memcpy(words + k, &w, 4);
+  }
+}
+#endif
+}  // namespace xquant::detail
+
+HWY_BEFORE_NAMESPACE();
+namespace xquant::detail::HWY_NAMESPACE {
+
+// x' = x (* smooth) for n elements into buf (padded to whole vectors), with min / max / NaN tracking.
+template <DType DT>
+RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const float* smooth, float* buf) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  if (n == 0) return {0.f, 0.f, false, true};
+  VF vmin = hn::Set(df, std::numeric_limits<float>::infinity());
+  VF vmax = hn::Neg(vmin);
+  auto nan = hn::Lt(vmin, vmin);  // all false
+  auto step = [&](VF v) {
+    nan = hn::Or(nan, hn::IsNaN(v));
+    vmin = hn::Min(vmin, v);  // NaN lanes may be dropped or kept here: `nan` decides
+    vmax = hn::Max(vmax, v);
+  };
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    VF v = LoadF<DT>(x, pos + i);
+    if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + i));
+    hn::StoreU(v, df, buf + i);
+    step(v);
+  }
+  if (i < n) {
+    // Stage the tail; pad lanes repeat a valid element so min / max are unchanged.
+    const std::size_t es = dtype_size(DT);
+    alignas(64) unsigned char sx[kMaxLanes * 4];
+    HWY_ALIGN float ss[kMaxLanes];
+    const std::int64_t rem = n - i;
+    std::memcpy(sx, static_cast<const unsigned char*>(x) + (pos + i) * static_cast<std::int64_t>(es),
+                static_cast<std::size_t>(rem) * es);
+    for (std::int64_t k = rem; k < N; ++k)
+      std::memcpy(sx + k * static_cast<std::int64_t>(es), sx, es);
+    for (std::int64_t k = 0; k < N; ++k) ss[k] = smooth ? smooth[i + (k < rem ? k : 0)] : 1.0f;
+    VF v = LoadF<DT>(sx, 0);
+    if (smooth) v = hn::Mul(v, hn::Load(df, ss));
+    hn::StoreU(v, df, buf + i);
+    step(v);
+  }
+  RowMinMax r{};
+  r.nan = !hn::AllFalse(df, nan);
+  r.empty = false;
+  r.min = hn::GetLane(hn::MinOfLanes(df, vmin));
+  r.max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  return r;
+}
+
+// y = sat(rint(buf / scale + offset)) for n values of buf (readable up to whole vectors).
+HWY_INLINE void QuantizeBuf(const float* buf, std::int64_t n, float scale, float offset, bool int4, std::int8_t* y8,
+                            std::int32_t* y4, std::int8_t* qtmp) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const VF s = hn::Set(df, scale), o = hn::Set(df, offset);
+  const float lo = int4 ? -8.0f : -128.0f, hi = int4 ? 7.0f : 127.0f;
+  std::int8_t* dst = int4 ? qtmp : y8;
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF v = hn::Add(hn::Div(hn::LoadU(df, buf + i), s), o);  // x' / scale + offset
+    StoreI8(SaturateToI32Range(RoundEven(v), lo, hi), dst + i);
+  }
+  if (i < n) {
+    std::int8_t tmp[kMaxLanes];
+    const VF v = hn::Add(hn::Div(hn::LoadU(df, buf + i), s), o);
+    StoreI8(SaturateToI32Range(RoundEven(v), lo, hi), tmp);
+    std::memcpy(dst + i, tmp, static_cast<std::size_t>(n - i));
+  }
+  if (int4) pack_int4(qtmp, n, y4);
+}
+
+template <DType DT>
+void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1) {
+  const std::int64_t H = a.cols;
+  const std::int64_t padded = H + static_cast<std::int64_t>(kMaxLanes);
+  std::vector<float> buf(static_cast<std::size_t>(padded));
+  std::vector<std::int8_t> qtmp(a.dst == QuantDType::quint4x2 ? static_cast<std::size_t>(padded) : 0);
+  const bool int4 = a.dst == QuantDType::quint4x2;
+  std::int64_t e = 0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float* smooth = nullptr;
+    if (smooth_f32 != nullptr) {
+      if (a.group_ends != nullptr)
+        while (e < a.num_groups - 1 && a.group_ends[e] <= r) ++e;  // first e with group_ends[e] > r
+      smooth = smooth_f32 + (a.group_ends ? e : 0) * H;
+    }
+    const RowMinMax mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth, buf.data());
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float rmax = mm.empty ? 0.f : (mm.nan ? nan : mm.max);
+    const float rmin = mm.empty ? 0.f : (mm.nan ? nan : mm.min);
+    const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
+    a.scale[r] = p.scale;
+    a.offset[r] = p.offset;
+    QuantizeBuf(buf.data(), H, p.scale, p.offset, int4, static_cast<std::int8_t*>(a.y) + r * H,
+                static_cast<std::int32_t*>(a.y) + r * (H / 8), qtmp.data());
+  }
+}
+
+void Rows(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1) {
+  switch (a.dt) {
+    case DType::float16: return RowsT<DType::float16>(a, smooth_f32, r0, r1);
+    case DType::bfloat16: return RowsT<DType::bfloat16>(a, smooth_f32, r0, r1);
+    default: return RowsT<DType::float32>(a, smooth_f32, r0, r1);
+  }
+}
+
+// Pertensor: min / max / NaN over elements [b0, b1).
+template <DType DT>
+RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1) {
+  constexpr std::int64_t kPiece = 4096;
+  std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
+  RowMinMax acc{0.f, 0.f, false, true};
+  for (std::int64_t p = b0; p < b1; p += kPiece) {
+    const RowMinMax m = SmoothAndReduce<DT>(a.x, p, std::min(kPiece, b1 - p), nullptr, buf.data());
+    if (m.empty) continue;
+    if (acc.empty) {
+      acc = m;
+    } else {
+      acc.nan = acc.nan || m.nan;
+      acc.min = std::min(acc.min, m.min);
+      acc.max = std::max(acc.max, m.max);
+    }
+  }
+  return acc;
+}
+
+RowMinMax RangeMinMax(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1) {
+  switch (a.dt) {
+    case DType::float16: return RangeMinMaxT<DType::float16>(a, b0, b1);
+    case DType::bfloat16: return RangeMinMaxT<DType::bfloat16>(a, b0, b1);
+    default: return RangeMinMaxT<DType::float32>(a, b0, b1);
+  }
+}
+
+// Pertensor: quantize elements [b0, b1) (b0, b1 multiples of 8 for int4).
+template <DType DT>
+void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset) {
+  constexpr std::int64_t kPiece = 4096;
+  std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
+  std::vector<std::int8_t> qtmp(static_cast<std::size_t>(kPiece) + kMaxLanes);
+  const bool int4 = a.dst == QuantDType::quint4x2;
+  for (std::int64_t p = b0; p < b1; p += kPiece) {
+    const std::int64_t n = std::min(kPiece, b1 - p);
+    SmoothAndReduce<DT>(a.x, p, n, nullptr, buf.data());  // widen into buf (min / max unused)
+    QuantizeBuf(buf.data(), n, scale, offset, int4, static_cast<std::int8_t*>(a.y) + p,
+                static_cast<std::int32_t*>(a.y) + p / 8, qtmp.data());
+  }
+}
+
+void RangeQuant(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset) {
+  switch (a.dt) {
+    case DType::float16: return RangeQuantT<DType::float16>(a, b0, b1, scale, offset);
+    case DType::bfloat16: return RangeQuantT<DType::bfloat16>(a, b0, b1, scale, offset);
+    default: return RangeQuantT<DType::float32>(a, b0, b1, scale, offset);
+  }
+}
+
+}  // namespace xquant::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace xquant::detail {
+HWY_EXPORT(Rows);
+HWY_EXPORT(RangeMinMax);
+HWY_EXPORT(RangeQuant);
+
+void cpu_dynamic_quant(const DynamicQuantArgs& a) {
+  const std::int64_t n = a.rows * a.cols;
+  const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
+  if (a.per_tensor) {
+    constexpr std::int64_t kGrain = std::int64_t{1} << 16;  // multiple of 8: int4 words never straddle
+    const std::int64_t pieces = (n + kGrain - 1) / kGrain;
+    std::vector<RowMinMax> part(static_cast<std::size_t>(std::max<std::int64_t>(pieces, 1)), RowMinMax{0.f, 0.f, false, true});
+    parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) {
+      part[static_cast<std::size_t>(b0 / kGrain)] = HWY_DYNAMIC_DISPATCH(RangeMinMax)(a, b0, b1);
+    });
+    // min / max are exact and order-free; NaN anywhere makes both NaN; no elements: both 0.
+    RowMinMax all{0.f, 0.f, false, true};
+    for (const RowMinMax& m : part) {
+      if (m.empty) continue;
+      if (all.empty) all = m;
+      all.nan = all.nan || m.nan;
+      all.min = std::min(all.min, m.min);
+      all.max = std::max(all.max, m.max);
+    }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const auto p = ref::dynamic_quant_params(all.empty ? 0.f : (all.nan ? nan : all.max),
+                                             all.empty ? 0.f : (all.nan ? nan : all.min), a.dst);
+    a.scale[0] = p.scale;
+    a.offset[0] = p.offset;
+    parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) {
+      HWY_DYNAMIC_DISPATCH(RangeQuant)(a, b0, b1, p.scale, p.offset);
+    });
+    return;
+  }
+  // Smooth scales widened to float32 once per call ([E][H] or [H]).
+  std::vector<float> smooth;
+  if (a.smooth != nullptr) {
+    const std::int64_t count = (a.group_ends ? a.num_groups : 1) * a.cols;
+    smooth.resize(static_cast<std::size_t>(count));
+    for (std::int64_t i = 0; i < count; ++i) smooth[static_cast<std::size_t>(i)] = load_float(a.smooth_dt, a.smooth, i);
+  }
+  const float* sm = a.smooth ? smooth.data() : nullptr;
+  const std::int64_t grain_rows = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
+  parallel_ranges(a.rows, grain_rows, bytes, [&](std::int64_t r0, std::int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(Rows)(a, sm, r0, r1);
+  });
+}
+
+}  // namespace xquant::detail
+#endif  // HWY_ONCE
