@@ -167,6 +167,57 @@ TEST(CpuEquivalence, FakeQuantBackward) {
     }
 }
 
+TEST(CpuEquivalence, Quantize) {
+  using xquant::QuantDType;
+  struct Case {
+    Shape shape;
+    std::int64_t axis;
+    bool div_mode;
+    QuantDType q;
+    bool per_tensor;
+  };
+  std::vector<Case> cases;
+  for (bool per_tensor : {false, true}) {
+    for (QuantDType q : {QuantDType::qint8, QuantDType::quint8, QuantDType::qint32}) {
+      cases.push_back({{70001}, 0, true, q, true});
+      cases.push_back({{33}, 0, true, q, true});
+      cases.push_back({{5, 7, 70}, 1, true, q, per_tensor});
+      cases.push_back({{300, 37}, -1, true, q, per_tensor});
+      cases.push_back({{64, 20, 9}, 0, true, q, per_tensor});
+      cases.push_back({{3000, 13}, 1, true, q, per_tensor});
+    }
+    for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2}) {
+      cases.push_back({{70000, 8}, -1, false, q, per_tensor});
+      cases.push_back({{9, 136}, -2, false, q, per_tensor});
+      cases.push_back({{4, 9, 1032}, 1, false, q, per_tensor});
+      cases.push_back({{3, 40, 24}, -2, false, q, per_tensor});
+      cases.push_back({{2, 8}, -1, false, q, per_tensor});
+    }
+  }
+  for (DType dt : kFloatTypes)
+    for (const Case& cs : cases) {
+      const std::int64_t n = xquant::shape_numel(cs.shape);
+      const auto rank = static_cast<std::int64_t>(cs.shape.size());
+      std::int64_t ax = cs.axis < 0 ? cs.axis + rank : cs.axis;
+      if (!cs.div_mode) ax = cs.axis == -2 ? rank - 2 : rank - 1;
+      const std::int64_t C = cs.per_tensor ? 1 : cs.shape[static_cast<std::size_t>(ax)];
+      std::vector<float> sv(static_cast<std::size_t>(C)), zv(sv.size());
+      for (std::int64_t c = 0; c < C; ++c) {
+        sv[static_cast<std::size_t>(c)] = cs.div_mode ? 0.02f + 0.003f * static_cast<float>(c % 50) : 30.f - 0.2f * static_cast<float>(c % 40);
+        zv[static_cast<std::size_t>(c)] = static_cast<float>(c % 7) - 3.f;
+      }
+      Tensor scales = make_float(DType::float32, {C}, sv);
+      Tensor zps = make_float(DType::float32, {C}, zv);
+      Placed x = placed_floats(dt, cs.shape, test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n), cs.q == QuantDType::qint32 ? 3e7f : 3.f), 1);
+      const Shape yshape = xquant::quantize_output_shape(cs.shape, cs.q);
+      check_equivalent(
+          [&](std::vector<TensorView>& o) { xquant::quantize_out(o[0], x.view, scales, zps.view(), cs.q, cs.axis, cs.div_mode); },
+          {{xquant::storage_dtype(cs.q), yshape}},
+          "quantize " + xquant::shape_str(cs.shape) + " axis " + std::to_string(cs.axis) + " " +
+              std::string(xquant::quant_dtype_name(cs.q)) + (cs.div_mode ? " div" : " mul"));
+    }
+}
+
 TEST(CpuEquivalence, DynamicQuant) {
   using xquant::DynamicQuantMode;
   using xquant::QuantDType;

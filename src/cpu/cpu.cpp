@@ -11,7 +11,7 @@ const KernelTable& cpu_kernels() {
       "cpu",
       cpu_fake_quant,
       cpu_fake_quant_backward,
-      ref::quantize,
+      cpu_quantize,
       ref::tile_quant,
       cpu_dynamic_quant,
       ref::acts_ulq,

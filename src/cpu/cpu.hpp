@@ -23,6 +23,10 @@ void cpu_dynamic_quant(const DynamicQuantArgs& args);
 void cpu_acts_ulq(const ActsUlqArgs& args);
 void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& args);
 
+// Packs n (a multiple of 8) int8 values in [-8, 7] into int4 words: element 8k + j -> bits [4j, 4j + 3]
+// of word k, two's complement nibbles (quint4x2).
+void pack_int4_bytes(const std::int8_t* q, std::int64_t n, std::int32_t* words);
+
 // Canonical blocked sums (core/numeric.hpp, rule 5), SIMD: the value of one chunk of at most kSumChunk
 // float32 terms (its 16 double lanes folded by halving). Summing chunk values in order into a -0.0
 // double total and rounding once gives exactly CanonicalSum's result.

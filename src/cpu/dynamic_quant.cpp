@@ -29,19 +29,6 @@ struct RowMinMax {
   float max, min;
   bool nan, empty;
 };
-// Packs int8 values in [-8, 7] into int4 words: element 8k + j -> bits [4j, 4j + 3] of word k.
-inline void pack_int4(const std::int8_t* q, std::int64_t n, std::int32_t* words) {
-  for (std::int64_t k = 0; k < n / 8; ++k) {
-    std::uint64_t b;
-    std::memcpy(&b, q + 8 * k, 8);  // byte j = element 8k + j (little-endian)
-    b &= 0x0F0F0F0F0F0F0F0Full;     // two's complement nibbles
-    b = (b | (b >> 4)) & 0x00FF00FF00FF00FFull;
-    b = (b | (b >> 8)) & 0x0000FFFF0000FFFFull;
-    b = (b | (b >> 16)) & 0x00000000FFFFFFFFull;
-    const auto w = static_cast<std::uint32_t>(b);
-    std::memcpy(words + k, &w, 4);
-  }
-}
 #endif
 }  // namespace xquant::detail
 
@@ -112,7 +99,7 @@ HWY_INLINE void QuantizeBuf(const float* buf, std::int64_t n, float scale, float
     StoreI8(SaturateToI32Range(RoundEven(v), lo, hi), tmp);
     std::memcpy(dst + i, tmp, static_cast<std::size_t>(n - i));
   }
-  if (int4) pack_int4(qtmp, n, y4);
+  if (int4) pack_int4_bytes(qtmp, n, y4);
 }
 
 template <DType DT>

@@ -1,0 +1,171 @@
+// cpu backend: npu_quantize (SPEC section 2), bit-identical to src/ref/quantize.cpp.
+//   div_mode: v = x / scale + zero_point;  else v = x * scale + zero_point;  y = sat(rint(v))
+// quint4x2 is packed over the flat index; every piece of the walk starts at a multiple of 8 (the last
+// dimension is a multiple of 8 and so are the grain and the periods), so words never straddle pieces.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/quantize.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "hwy/highway.h"
+#include "core/numeric.hpp"
+#include "cpu/cpu.hpp"
+#include "cpu/parallel.hpp"
+#include "cpu/simd-inl.h"
+#include "cpu/walk.hpp"
+
+namespace xquant::detail {
+#ifndef XQUANT_CPU_QUANTIZE_ONCE
+#define XQUANT_CPU_QUANTIZE_ONCE
+struct QJob {
+  DType dt;
+  QuantDType q;
+  bool div_mode;
+  const void* x;
+  void* y;
+  const ChannelWalk* walk;
+  const QuantizeParams* params;  // runs walk
+  const float* scale;            // periodic walk: expanded arrays
+  const float* zero_point;
+};
+#endif
+}  // namespace xquant::detail
+
+HWY_BEFORE_NAMESPACE();
+namespace xquant::detail::HWY_NAMESPACE {
+
+constexpr std::int64_t kBlock = 64;  // int4: elements per packing block (8 words)
+
+template <QuantDType Q>
+HWY_INLINE void StoreQ(VF r, void* y, std::int64_t i) {
+  if constexpr (Q == QuantDType::qint8 || Q == QuantDType::quint4x2) {
+    StoreI8(SaturateToI32Range(r, Q == QuantDType::qint8 ? -128.0f : -8.0f, Q == QuantDType::qint8 ? 127.0f : 7.0f),
+            static_cast<std::int8_t*>(y) + i);
+  } else if constexpr (Q == QuantDType::quint8) {
+    StoreU8(SaturateToI32Range(r, 0.0f, 255.0f), static_cast<std::uint8_t*>(y) + i);
+  } else {
+    StoreI32(SaturateToI32(r), static_cast<std::int32_t*>(y) + i);
+  }
+}
+
+// n elements at pos; parameters broadcast (sa == nullptr) or arrays aligned with the elements.
+template <DType DT, QuantDType Q>
+void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* za, float s, float z) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  auto value = [&](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp) {
+    const VF xv = LoadF<DT>(xb, xi);
+    const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
+    const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
+    const VF scaled = j.div_mode ? hn::Div(xv, sv) : hn::Mul(xv, sv);
+    return RoundEven(hn::Add(scaled, zv));
+  };
+  constexpr std::size_t kOutSize = Q == QuantDType::quint8 || Q == QuantDType::qint8 || Q == QuantDType::quint4x2 ? 1 : 4;
+  std::int64_t i = 0;
+  if constexpr (Q == QuantDType::quint4x2) {
+    HWY_ALIGN std::int8_t tmp[kBlock];
+    for (; i + kBlock <= n; i += kBlock) {
+      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(j.x, pos + i + k, i + k, sa, za), tmp, k);
+      pack_int4_bytes(tmp, kBlock, static_cast<std::int32_t*>(j.y) + (pos + i) / 8);
+    }
+  } else {
+    for (; i + N <= n; i += N) StoreQ<Q>(value(j.x, pos + i, i, sa, za), j.y, pos + i);
+  }
+  if (i < n) {
+    // Stage the rest (fewer than kBlock elements) in zero-padded buffers.
+    const std::int64_t rem = n - i;
+    const std::size_t es = dtype_size(DT);
+    alignas(64) unsigned char sx[kBlock * 4] = {};
+    HWY_ALIGN float ss[kBlock], sz[kBlock];
+    HWY_ALIGN unsigned char out[kBlock * 4];
+    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es),
+                static_cast<std::size_t>(rem) * es);
+    for (std::int64_t k = 0; k < kBlock; ++k) {
+      ss[k] = k < rem ? (sa ? sa[i + k] : s) : 1.0f;
+      sz[k] = k < rem ? (za ? za[i + k] : z) : 0.0f;
+    }
+    const std::int64_t padded = (rem + N - 1) / N * N;
+    for (std::int64_t k = 0; k < padded; k += N) StoreQ<Q>(value(sx, k, k, ss, sz), out, k);
+    if constexpr (Q == QuantDType::quint4x2)
+      pack_int4_bytes(reinterpret_cast<const std::int8_t*>(out), rem, static_cast<std::int32_t*>(j.y) + (pos + i) / 8);
+    else
+      std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(kOutSize), out,
+                  static_cast<std::size_t>(rem) * kOutSize);
+  }
+}
+
+template <DType DT, QuantDType Q>
+void RangeT(const QJob& j, std::int64_t a, std::int64_t b) {
+  j.walk->visit(
+      a, b,
+      [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
+        SpanT<DT, Q>(j, pos, n, nullptr, nullptr, j.params[c].scale, j.params[c].zero_point);
+      },
+      [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
+        SpanT<DT, Q>(j, pos, n, j.scale + ph, j.zero_point + ph, 0.f, 0.f);
+      });
+}
+
+template <DType DT>
+void RangeDT(const QJob& j, std::int64_t a, std::int64_t b) {
+  switch (j.q) {
+    case QuantDType::qint8: return RangeT<DT, QuantDType::qint8>(j, a, b);
+    case QuantDType::quint8: return RangeT<DT, QuantDType::quint8>(j, a, b);
+    case QuantDType::qint32: return RangeT<DT, QuantDType::qint32>(j, a, b);
+    case QuantDType::quint4x2: return RangeT<DT, QuantDType::quint4x2>(j, a, b);
+  }
+}
+
+void QuantizeRange(const QJob& j, std::int64_t a, std::int64_t b) {
+  switch (j.dt) {
+    case DType::float16: return RangeDT<DType::float16>(j, a, b);
+    case DType::bfloat16: return RangeDT<DType::bfloat16>(j, a, b);
+    default: return RangeDT<DType::float32>(j, a, b);
+  }
+}
+
+}  // namespace xquant::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace xquant::detail {
+HWY_EXPORT(QuantizeRange);
+
+void pack_int4_bytes(const std::int8_t* q, std::int64_t n, std::int32_t* words) {
+  for (std::int64_t k = 0; k < n / 8; ++k) {
+    std::uint64_t b;
+    std::memcpy(&b, q + 8 * k, 8);  // byte j = element 8k + j (little-endian)
+    b &= 0x0F0F0F0F0F0F0F0Full;     // two's complement nibbles
+    b = (b | (b >> 4)) & 0x00FF00FF00FF00FFull;
+    b = (b | (b >> 8)) & 0x0000FFFF0000FFFFull;
+    b = (b | (b >> 16)) & 0x00000000FFFFFFFFull;
+    const auto w = static_cast<std::uint32_t>(b);
+    std::memcpy(words + k, &w, 4);
+  }
+}
+
+void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer, std::int64_t channels,
+                  std::int64_t inner, const QuantizeParams* params, bool div_mode) {
+  const ChannelWalk walk(channels, inner);
+  std::vector<float> scale, zero_point;
+  if (walk.period > 0) {
+    std::vector<float> s(static_cast<std::size_t>(channels)), z(s.size());
+    for (std::int64_t c = 0; c < channels; ++c) {
+      s[static_cast<std::size_t>(c)] = params[c].scale;
+      z[static_cast<std::size_t>(c)] = params[c].zero_point;
+    }
+    scale = walk.expand(s.data());
+    zero_point = walk.expand(z.data());
+  }
+  const QJob j{dt, q, div_mode, x, y, &walk, params, scale.data(), zero_point.data()};
+  const std::int64_t n = outer * channels * inner;
+  const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dt) + 1);
+  parallel_ranges(n, std::int64_t{1} << 16, bytes,
+                  [&](std::int64_t a, std::int64_t b) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, a, b); });
+}
+
+}  // namespace xquant::detail
+#endif  // HWY_ONCE
