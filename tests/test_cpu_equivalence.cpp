@@ -218,6 +218,33 @@ TEST(CpuEquivalence, Quantize) {
     }
 }
 
+TEST(CpuEquivalence, TileQuant) {
+  using xquant::QuantMode;
+  for (auto [rows, cols, pitch] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{64, 128, 128}, {5, 17, 40},
+                                   {300, 300, 333}, {3, 1, 1}, {2000, 64, 70}})
+    for (QuantMode mode : {QuantMode::SYM, QuantMode::ASYM}) {
+      std::vector<float> sv = test_data(static_cast<std::size_t>(rows * pitch), 3, 40.f);
+      Tensor src = make_float(DType::float32, {rows * pitch}, sv);
+      std::vector<float> scv(static_cast<std::size_t>(rows * 2)), ofv(scv.size());
+      for (std::size_t i = 0; i < scv.size(); ++i) {
+        scv[i] = 0.5f + 0.25f * static_cast<float>(i % 9);
+        ofv[i] = static_cast<float>(i % 13) * 10.f + 0.5f;
+      }
+      Tensor sc = make_float(DType::float32, {rows * 2}, scv), of = make_float(DType::float32, {rows * 2}, ofv);
+      const xquant::ConstTileView s(src.data(), DType::float32, rows, cols, pitch);
+      const xquant::ConstTileView scale(sc.data(), DType::float32, rows, 1, 2);
+      std::optional<xquant::ConstTileView> offset;
+      if (mode == QuantMode::ASYM) offset = xquant::ConstTileView(of.data(), DType::float32, rows, 1, 2);
+      const DType odt = mode == QuantMode::SYM ? DType::int8 : DType::uint8;
+      check_equivalent(
+          [&](std::vector<TensorView>& o) {
+            // the whole padded tile is compared: padding must stay as the sentinel left it
+            xquant::tile_quant(xquant::TileView{o[0].data, odt, rows, cols, pitch}, s, scale, mode, offset);
+          },
+          {{odt, {rows * pitch}}}, "tile_quant " + std::to_string(rows) + "x" + std::to_string(cols));
+    }
+}
+
 TEST(CpuEquivalence, DynamicQuant) {
   using xquant::DynamicQuantMode;
   using xquant::QuantDType;

@@ -12,7 +12,7 @@ const KernelTable& cpu_kernels() {
       cpu_fake_quant,
       cpu_fake_quant_backward,
       cpu_quantize,
-      ref::tile_quant,
+      cpu_tile_quant,
       cpu_dynamic_quant,
       ref::acts_ulq,
       ref::acts_ulq_backward,

@@ -127,12 +127,34 @@ void QuantizeRange(const QJob& j, std::int64_t a, std::int64_t b) {
   }
 }
 
+// Tile quant rows [r0, r1): SYM is rint(src * scale) into int8 (the mul-mode span with offset 0: adding
+// +0.0 changes no integer result), ASYM is rint(src * scale + offset) into uint8.
+void TileRows(const TileQuantArgs& a, std::int64_t r0, std::int64_t r1) {
+  for (std::int64_t i = r0; i < r1; ++i) {
+    const bool sym = a.mode == QuantMode::SYM;
+    const QJob j{DType::float32, sym ? QuantDType::qint8 : QuantDType::quint8, false, a.src + i * a.src_pitch,
+                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr};
+    const float s = a.scale[i * a.scale_pitch];
+    if (sym)
+      SpanT<DType::float32, QuantDType::qint8>(j, 0, a.cols, nullptr, nullptr, s, 0.0f);
+    else
+      SpanT<DType::float32, QuantDType::quint8>(j, 0, a.cols, nullptr, nullptr, s, a.offset[i * a.offset_pitch]);
+  }
+}
+
 }  // namespace xquant::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
 HWY_EXPORT(QuantizeRange);
+HWY_EXPORT(TileRows);
+
+void cpu_tile_quant(const TileQuantArgs& a) {
+  const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
+  parallel_ranges(a.rows, grain, a.rows * a.cols * 5,
+                  [&](std::int64_t r0, std::int64_t r1) { HWY_DYNAMIC_DISPATCH(TileRows)(a, r0, r1); });
+}
 
 void pack_int4_bytes(const std::int8_t* q, std::int64_t n, std::int32_t* words) {
   for (std::int64_t k = 0; k < n / 8; ++k) {
