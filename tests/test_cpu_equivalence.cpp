@@ -245,6 +245,45 @@ TEST(CpuEquivalence, TileQuant) {
     }
 }
 
+TEST(CpuEquivalence, ActsUlq) {
+  struct Case {
+    Shape x, cmin, cmax;
+  };
+  const std::vector<Case> cases = {
+      {{70001}, {1}, {1}},          {{33}, {}, {}},           {{4, 5, 300}, {5, 1}, {5, 1}},
+      {{300, 37}, {37}, {1}},       {{2, 3, 4, 5}, {3, 1, 1}, {1, 4, 1}},  // clamp dims 1..2 -> C = 12
+      {{7, 9}, {7, 9}, {1}},        {{3, 1}, {1, 4}, {1}},    // x broadcast: reference path
+      {{1025, 3}, {1}, {1}}};
+  for (DType dt : kFloatTypes)
+    for (const Case& cs : cases)
+      for (bool fixed_min : {false, true})
+        for (int nb : {8, 4}) {
+          const Shape out = xquant::acts_ulq_output_shape(cs.x, cs.cmin, cs.cmax);
+          const std::int64_t nx = xquant::shape_numel(cs.x), nmin = xquant::shape_numel(cs.cmin),
+                             nmax = xquant::shape_numel(cs.cmax);
+          Placed x = placed_floats(dt, cs.x, test_data(static_cast<std::size_t>(nx), 5, 2.f), 1);
+          std::vector<float> mv(static_cast<std::size_t>(nmin)), xv(static_cast<std::size_t>(nmax));
+          for (std::size_t i = 0; i < mv.size(); ++i) mv[i] = i % 4 == 3 ? 0.3f : -0.5f - 0.1f * static_cast<float>(i % 9);
+          for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = i % 5 == 4 ? 1e-8f : 0.7f + 0.13f * static_cast<float>(i % 11);
+          Tensor cmin = make_float(dt, cs.cmin, mv), cmax = make_float(dt, cs.cmax, xv);
+          const std::string what = "acts_ulq " + xquant::shape_str(cs.x) + " " + xquant::shape_str(cs.cmin) + " " +
+                                   xquant::shape_str(cs.cmax) + (fixed_min ? " fixed" : "");
+          check_equivalent(
+              [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin, cmax, fixed_min, nb); },
+              {{dt, out}, {dt, out}, {dt, out}, {dt, out}}, what);
+          // backward on the forward's outputs
+          xquant::set_backend(Backend::reference);
+          auto fwd = xquant::acts_ulq(x.view, cmin, cmax, fixed_min, nb);
+          Placed dy = placed_floats(dt, out, test_data(static_cast<std::size_t>(xquant::shape_numel(out)), 6, 50.f), 2);
+          check_equivalent(
+              [&](std::vector<TensorView>& o) {
+                xquant::acts_ulq_backward_out(o[0], o[1], o[2], dy.view, cmin, cmax, fwd.clamp_min_mask, fwd.clamp_max_mask,
+                                              fwd.x_clamped_loss, fixed_min, nb);
+              },
+              {{dt, cs.x}, {dt, cs.cmin}, {dt, cs.cmax}}, what + " backward");
+        }
+}
+
 TEST(CpuEquivalence, DynamicQuant) {
   using xquant::DynamicQuantMode;
   using xquant::QuantDType;

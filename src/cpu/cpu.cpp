@@ -1,4 +1,4 @@
-// The cpu backend's kernel table. Families without a SIMD kernel yet run the reference kernel.
+// The cpu backend's kernel table.
 #include "cpu/cpu.hpp"
 
 #include "hwy/targets.h"
@@ -14,8 +14,8 @@ const KernelTable& cpu_kernels() {
       cpu_quantize,
       cpu_tile_quant,
       cpu_dynamic_quant,
-      ref::acts_ulq,
-      ref::acts_ulq_backward,
+      cpu_acts_ulq,
+      cpu_acts_ulq_backward,
   };
   return table;
 }

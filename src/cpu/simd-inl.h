@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "hwy/highway.h"
 #include "xquant/dtype.hpp"
@@ -132,6 +133,19 @@ HWY_INLINE VF RoundEven(VF v) {
 HWY_INLINE VF ClampKeepNaN(VF v, VF lo, VF hi) {
   v = hn::IfThenElse(hn::Lt(v, lo), lo, v);
   return hn::IfThenElse(hn::Gt(v, hi), hi, v);
+}
+
+// min / max that return the canonical quiet NaN when either operand is NaN (mirror nan_min / nan_max of
+// core/numeric.hpp bit for bit; on ties of +0 / -0 the first operand is kept, as there).
+HWY_INLINE VF NanMin(VF a, VF b) {
+  const DF df;
+  const auto nan = hn::Or(hn::IsNaN(a), hn::IsNaN(b));
+  return hn::IfThenElse(nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()), hn::IfThenElse(hn::Lt(b, a), b, a));
+}
+HWY_INLINE VF NanMax(VF a, VF b) {
+  const DF df;
+  const auto nan = hn::Or(hn::IsNaN(a), hn::IsNaN(b));
+  return hn::IfThenElse(nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()), hn::IfThenElse(hn::Gt(b, a), b, a));
 }
 
 // Rule 3 for small integer ranges ([lo, hi] inside int32, exact in float): r is rounded; NaN -> 0,

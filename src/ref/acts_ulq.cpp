@@ -38,36 +38,46 @@ struct UlqElement {
   float x_clamped_loss;
 };
 
-// One output element, SPEC 5 line by line. nan_min / nan_max propagate NaN from either operand.
-inline UlqElement acts_ulq_element(float x, float clamp_min, float clamp_max, bool fixed_min,
-                                   float levels) noexcept {
+}  // namespace
+
+float acts_ulq_levels(int num_bits) { return ulq_levels(num_bits); }
+
+ActsUlqParams acts_ulq_params(float clamp_min, float clamp_max, bool fixed_min, float levels) {
   const float floor_max = levels * kEps;  // LEVELS * EPS: one float32 multiply
   // ori_min = fixed_min ? 0 : min(clamp_min, 0);   ori_max = max(clamp_max, LEVELS * EPS)
   const float ori_min = fixed_min ? 0.0f : nan_min(clamp_min, 0.0f);
   const float ori_max = nan_max(clamp_max, floor_max);
+  ActsUlqParams p{};
   // s = (ori_max - ori_min) / LEVELS;   off = rint(ori_min / s)
-  const float s = (ori_max - ori_min) / levels;
-  const float off = round_half_even(ori_min / s);
+  p.s = (ori_max - ori_min) / levels;
+  const float off = round_half_even(ori_min / p.s);
   // clip_lo = s * off;   clip_hi = s * (off + LEVELS)
-  const float clip_lo = s * off;
-  const float clip_hi = s * (off + levels);
+  p.clip_lo = p.s * off;
+  p.clip_hi = p.s * (off + levels);
+  // loss_m = (rint(ori_min / s) - ori_min / s) / LEVELS
+  const float raw_m = ori_min / p.s;
+  p.loss_m = (round_half_even(raw_m) - raw_m) / levels;
+  return p;
+}
+
+namespace {
+
+// One output element, SPEC 5 line by line. nan_min / nan_max propagate NaN from either operand.
+inline UlqElement acts_ulq_element(float x, const ActsUlqParams& p, float levels) noexcept {
   // xc = min(max(x, clip_lo), clip_hi)   (NaN x stays NaN)
-  const float xc = nan_min(nan_max(x, clip_lo), clip_hi);
+  const float xc = nan_min(nan_max(x, p.clip_lo), p.clip_hi);
   // min_mask = x >= clip_lo;   max_mask = x <= clip_hi   (comparisons with NaN are false: mask 0)
-  const bool min_mask = x >= clip_lo;
-  const bool max_mask = x <= clip_hi;
+  const bool min_mask = x >= p.clip_lo;
+  const bool max_mask = x <= p.clip_hi;
   // raw = xc / s;   rx = rint(raw);   loss = (rx - raw) / LEVELS
-  const float raw = xc / s;
+  const float raw = xc / p.s;
   const float rx = round_half_even(raw);
   const float loss = (rx - raw) / levels;
-  // loss_m = (rint(ori_min / s) - ori_min / s) / LEVELS
-  const float raw_m = ori_min / s;
-  const float loss_m = (round_half_even(raw_m) - raw_m) / levels;
   UlqElement e{};
-  e.y = rx * s;  // y = rx * s
+  e.y = rx * p.s;  // y = rx * s
   e.clamp_min_mask = min_mask ? 1.0f : 0.0f;
   e.clamp_max_mask = max_mask ? 1.0f : 0.0f;
-  e.x_clamped_loss = (min_mask && max_mask) ? loss : loss_m;  // x_clamped_loss
+  e.x_clamped_loss = (min_mask && max_mask) ? loss : p.loss_m;  // x_clamped_loss
   return e;
 }
 
@@ -163,8 +173,9 @@ void acts_ulq(const ActsUlqArgs& args) {
   std::int64_t idx[kMaxRank] = {};
   std::int64_t ix = 0, imin = 0, imax = 0;
   for (std::int64_t i = 0; i < numel; ++i) {
-    const UlqElement e = acts_ulq_element(load_float(dt, args.x, ix), load_float(dt, args.clamp_min, imin),
-                                          load_float(dt, args.clamp_max, imax), args.fixed_min, levels);
+    const ActsUlqParams p =
+        acts_ulq_params(load_float(dt, args.clamp_min, imin), load_float(dt, args.clamp_max, imax), args.fixed_min, levels);
+    const UlqElement e = acts_ulq_element(load_float(dt, args.x, ix), p, levels);
     store_float(dt, args.y, i, e.y);
     store_float(dt, args.clamp_min_mask, i, e.clamp_min_mask);
     store_float(dt, args.clamp_max_mask, i, e.clamp_max_mask);

@@ -27,7 +27,15 @@ struct DynamicQuantRowParams {
 DynamicQuantRowParams dynamic_quant_params(float row_max, float row_min, QuantDType dst);
 void dynamic_quant(const DynamicQuantArgs& args);
 
-// SPEC 5.
+// SPEC 5: LEVELS and the per-(clamp_min, clamp_max) quantities, shared by every backend.
+struct ActsUlqParams {
+  float s;        // (ori_max - ori_min) / LEVELS
+  float clip_lo;  // s * off
+  float clip_hi;  // s * (off + LEVELS)
+  float loss_m;   // (rint(ori_min / s) - ori_min / s) / LEVELS
+};
+float acts_ulq_levels(int num_bits);
+ActsUlqParams acts_ulq_params(float clamp_min, float clamp_max, bool fixed_min, float levels);
 void acts_ulq(const ActsUlqArgs& args);
 void acts_ulq_backward(const ActsUlqBackwardArgs& args);
 

@@ -1,0 +1,280 @@
+// cpu backend: ActsULQ forward and backward (SPEC section 5), bit-identical to src/ref/acts_ulq.cpp.
+//
+// Forward: when x is not broadcast, the clamp tensors' broadcast dimensions span a range [d0, d1) of
+// the output, which gives the [outer, C, inner] normal form with one parameter set (s, clip_lo, clip_hi,
+// loss_m, computed once per clamp pair by the shared ref::acts_ulq_params) per channel. All four outputs
+// are written in one pass. Backward: with scalar clamp tensors (the usual learnable clip), one fused pass
+// per 1024-element chunk writes x_grad and produces both clamp sums' chunk values. Other broadcast
+// layouts run the reference kernel.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/acts_ulq.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "hwy/highway.h"
+#include "core/numeric.hpp"
+#include "cpu/cpu.hpp"
+#include "cpu/parallel.hpp"
+#include "cpu/simd-inl.h"
+#include "cpu/walk.hpp"
+#include "ref/ref.hpp"
+
+namespace xquant::detail {
+#ifndef XQUANT_CPU_ACTS_ULQ_ONCE
+#define XQUANT_CPU_ACTS_ULQ_ONCE
+struct UlqJob {
+  DType dt;
+  const void* x;
+  void* out[4];  // y, clamp_min_mask, clamp_max_mask, x_clamped_loss
+  float levels;
+  const ChannelWalk* walk;
+  const ref::ActsUlqParams* params;  // per channel (runs walk)
+  const float* arr[4];               // periodic walk: s, clip_lo, clip_hi, loss_m expanded
+};
+struct UlqBwdJob {
+  DType dt;
+  const void* y_grad;
+  const void* min_mask;
+  const void* max_mask;
+  const void* loss;
+  void* x_grad;
+  bool want_min, want_max;
+};
+#endif
+}  // namespace xquant::detail
+
+HWY_BEFORE_NAMESPACE();
+namespace xquant::detail::HWY_NAMESPACE {
+
+template <DType DT>
+HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std::int64_t oi, VF s, VF lo, VF hi,
+                        VF lm, VF levels) {
+  const DF df;
+  const VF v = LoadF<DT>(x, xi);
+  const VF xc = NanMin(NanMax(v, lo), hi);             // xc = min(max(x, clip_lo), clip_hi)
+  const auto min_mask = hn::Ge(v, lo);                 // x >= clip_lo
+  const auto max_mask = hn::Le(v, hi);                 // x <= clip_hi
+  const VF raw = hn::Div(xc, s);                       // raw = xc / s
+  const VF rx = RoundEven(raw);                        // rx = rint(raw)
+  const VF loss = hn::Div(hn::Sub(rx, raw), levels);   // (rx - raw) / LEVELS
+  const VF one = hn::Set(df, 1.0f);
+  StoreF<DT>(hn::Mul(rx, s), out[0], oi);              // y = rx * s
+  StoreF<DT>(hn::IfThenElseZero(min_mask, one), out[1], oi);
+  StoreF<DT>(hn::IfThenElseZero(max_mask, one), out[2], oi);
+  StoreF<DT>(hn::IfThenElse(hn::And(min_mask, max_mask), loss, lm), out[3], oi);
+}
+
+// n elements at pos; parameters broadcast (pa == nullptr) or arrays aligned with the elements.
+template <DType DT>
+void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* const* pa, const ref::ActsUlqParams& p) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const VF levels = hn::Set(df, j.levels);
+  auto param = [&](const float* const* a, int k, std::int64_t i, float sc) { return a ? hn::LoadU(df, a[k] + i) : hn::Set(df, sc); };
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N)
+    UlqStep<DT>(j.x, pos + i, j.out, pos + i, param(pa, 0, i, p.s), param(pa, 1, i, p.clip_lo), param(pa, 2, i, p.clip_hi),
+                param(pa, 3, i, p.loss_m), levels);
+  if (i < n) {
+    const std::int64_t rem = n - i;
+    const std::size_t es = dtype_size(DT);
+    alignas(64) unsigned char sx[kMaxLanes * 4] = {};
+    alignas(64) unsigned char so[4][kMaxLanes * 4];
+    HWY_ALIGN float sp[4][kMaxLanes];
+    const float sc[4] = {p.s, p.clip_lo, p.clip_hi, p.loss_m};
+    for (int k = 0; k < 4; ++k)
+      for (std::int64_t m = 0; m < N; ++m) sp[k][m] = m < rem ? (pa ? pa[k][i + m] : sc[k]) : 1.0f;
+    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es),
+                static_cast<std::size_t>(rem) * es);
+    void* const outs[4] = {so[0], so[1], so[2], so[3]};
+    UlqStep<DT>(sx, 0, outs, 0, hn::Load(df, sp[0]), hn::Load(df, sp[1]), hn::Load(df, sp[2]), hn::Load(df, sp[3]), levels);
+    for (int k = 0; k < 4; ++k)
+      std::memcpy(static_cast<unsigned char*>(j.out[k]) + (pos + i) * static_cast<std::int64_t>(es), so[k],
+                  static_cast<std::size_t>(rem) * es);
+  }
+}
+
+template <DType DT>
+void UlqRangeT(const UlqJob& j, std::int64_t a, std::int64_t b) {
+  j.walk->visit(
+      a, b, [&](std::int64_t pos, std::int64_t n, std::int64_t c) { UlqSpanT<DT>(j, pos, n, nullptr, j.params[c]); },
+      [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
+        const float* pa[4] = {j.arr[0] + ph, j.arr[1] + ph, j.arr[2] + ph, j.arr[3] + ph};
+        UlqSpanT<DT>(j, pos, n, pa, ref::ActsUlqParams{});
+      });
+}
+
+void UlqRange(const UlqJob& j, std::int64_t a, std::int64_t b) {
+  switch (j.dt) {
+    case DType::float16: return UlqRangeT<DType::float16>(j, a, b);
+    case DType::bfloat16: return UlqRangeT<DType::bfloat16>(j, a, b);
+    default: return UlqRangeT<DType::float32>(j, a, b);
+  }
+}
+
+// Backward, one chunk [pos, pos + n) (n <= 1024): x_grad written, clamp terms to tmin / tmax.
+template <DType DT>
+HWY_INLINE void BwdStep(const void* const in[4], std::int64_t ii, void* xg, std::int64_t xi, float* tmin,
+                        float* tmax) {
+  const DF df;
+  const VF one = hn::Set(df, 1.0f);
+  const VF dy = LoadF<DT>(in[0], ii), mn = LoadF<DT>(in[1], ii), mx = LoadF<DT>(in[2], ii), loss = LoadF<DT>(in[3], ii);
+  // x_grad = (y_grad * min_mask) * max_mask: a one-term canonical sum, so NaN is the canonical quiet NaN
+  const VF xg_v = hn::Mul(hn::Mul(dy, mn), mx);
+  StoreF<DT>(hn::IfThenElse(hn::IsNaN(xg_v), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), xg_v), xg, xi);
+  hn::StoreU(hn::Mul(dy, hn::Sub(hn::Sub(one, mn), loss)), df, tmin);          // y_grad * ((1 - min_mask) - loss)
+  hn::StoreU(hn::Mul(dy, hn::Add(loss, hn::Sub(one, mx))), df, tmax);          // y_grad * (loss + (1 - max_mask))
+}
+
+template <DType DT>
+void BwdChunkT(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin, float* tmax) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const void* const in[4] = {j.y_grad, j.min_mask, j.max_mask, j.loss};
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) BwdStep<DT>(in, pos + i, j.x_grad, pos + i, tmin + i, tmax + i);
+  if (i < n) {
+    const std::int64_t rem = n - i;
+    const std::size_t es = dtype_size(DT);
+    alignas(64) unsigned char s[4][kMaxLanes * 4] = {};
+    alignas(64) unsigned char sg[kMaxLanes * 4];
+    HWY_ALIGN float t0[kMaxLanes], t1[kMaxLanes];
+    for (int k = 0; k < 4; ++k)
+      std::memcpy(s[k], static_cast<const unsigned char*>(in[k]) + (pos + i) * static_cast<std::int64_t>(es),
+                  static_cast<std::size_t>(rem) * es);
+    const void* const sin[4] = {s[0], s[1], s[2], s[3]};
+    BwdStep<DT>(sin, 0, sg, 0, t0, t1);
+    std::memcpy(static_cast<unsigned char*>(j.x_grad) + (pos + i) * static_cast<std::int64_t>(es), sg,
+                static_cast<std::size_t>(rem) * es);
+    std::memcpy(tmin + i, t0, static_cast<std::size_t>(rem) * sizeof(float));
+    std::memcpy(tmax + i, t1, static_cast<std::size_t>(rem) * sizeof(float));
+  }
+}
+
+void BwdChunk(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin, float* tmax) {
+  switch (j.dt) {
+    case DType::float16: return BwdChunkT<DType::float16>(j, pos, n, tmin, tmax);
+    case DType::bfloat16: return BwdChunkT<DType::bfloat16>(j, pos, n, tmin, tmax);
+    default: return BwdChunkT<DType::float32>(j, pos, n, tmin, tmax);
+  }
+}
+
+}  // namespace xquant::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace xquant::detail {
+HWY_EXPORT(UlqRange);
+HWY_EXPORT(BwdChunk);
+
+namespace {
+
+std::int64_t plan_numel(const BroadcastPlan& p) {
+  std::int64_t n = 1;
+  for (int d = 0; d < p.rank; ++d) n *= p.shape[d];
+  return n;
+}
+
+// x dense over the output (not broadcast): its strides are the row-major ones wherever the dim is > 1.
+bool dense_over_output(const BroadcastPlan& p, const std::int64_t* stride) {
+  std::int64_t expect = 1;
+  for (int d = p.rank - 1; d >= 0; --d) {
+    if (p.shape[d] > 1 && stride[d] != expect) return false;
+    expect *= p.shape[d];
+  }
+  return true;
+}
+
+bool all_zero(const BroadcastPlan& p, const std::int64_t* stride) {
+  for (int d = 0; d < p.rank; ++d)
+    if (p.shape[d] > 1 && stride[d] != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+void cpu_acts_ulq(const ActsUlqArgs& a) {
+  const BroadcastPlan& p = a.plan;
+  const std::int64_t n = plan_numel(p);
+  if (!dense_over_output(p, p.stride_x)) return ref::acts_ulq(a);
+  // The clamp tensors vary over dims [d0, d1): channels = those dims, outer / inner around them.
+  int d0 = p.rank, d1 = 0;
+  for (int d = 0; d < p.rank; ++d)
+    if (p.shape[d] > 1 && (p.stride_min[d] != 0 || p.stride_max[d] != 0)) {
+      d0 = std::min(d0, d);
+      d1 = d + 1;
+    }
+  std::int64_t C = 1, inner = 1;
+  if (d0 < d1) {
+    for (int d = d0; d < d1; ++d) C *= p.shape[d];
+    for (int d = d1; d < p.rank; ++d) inner *= p.shape[d];
+  } else {
+    inner = n;
+  }
+  if (C > kMaxPeriod) return ref::acts_ulq(a);  // clamp tensors about as large as x: no reuse to exploit
+  const float levels = ref::acts_ulq_levels(a.num_bits);
+  std::vector<ref::ActsUlqParams> params(static_cast<std::size_t>(C));
+  for (std::int64_t c = 0; c < C; ++c) {
+    std::int64_t rem = c, omin = 0, omax = 0;
+    for (int d = d1 - 1; d >= d0; --d) {
+      const std::int64_t idx = rem % p.shape[d];
+      rem /= p.shape[d];
+      omin += idx * p.stride_min[d];
+      omax += idx * p.stride_max[d];
+    }
+    params[static_cast<std::size_t>(c)] = ref::acts_ulq_params(load_float(a.dt, a.clamp_min, omin),
+                                                               load_float(a.dt, a.clamp_max, omax), a.fixed_min, levels);
+  }
+  const ChannelWalk walk(C, inner);
+  std::vector<float> arr[4];
+  if (walk.period > 0) {
+    std::vector<float> col(static_cast<std::size_t>(C));
+    for (int k = 0; k < 4; ++k) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const auto& q = params[static_cast<std::size_t>(c)];
+        col[static_cast<std::size_t>(c)] = k == 0 ? q.s : k == 1 ? q.clip_lo : k == 2 ? q.clip_hi : q.loss_m;
+      }
+      arr[k] = walk.expand(col.data());
+    }
+  }
+  const UlqJob j{a.dt,  a.x,   {a.y, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss},
+                 levels, &walk, params.data(), {arr[0].data(), arr[1].data(), arr[2].data(), arr[3].data()}};
+  parallel_ranges(n, std::int64_t{1} << 16, n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5,
+                  [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(UlqRange)(j, b0, b1); });
+}
+
+void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
+  const BroadcastPlan& p = a.plan;
+  if (!dense_over_output(p, p.stride_x) || !all_zero(p, p.stride_min) || !all_zero(p, p.stride_max))
+    return ref::acts_ulq_backward(a);
+  // Scalar clamp tensors: each sum runs over every output position in order, so chunk k of both sums is
+  // elements [1024 k, 1024 (k + 1)), computed together with x_grad in one pass.
+  const std::int64_t n = plan_numel(p);
+  const float levels = ref::acts_ulq_levels(a.num_bits);
+  const bool want_min = !(a.fixed_min || load_float(a.dt, a.clamp_min, 0) > 0.0f);
+  const bool want_max = !(load_float(a.dt, a.clamp_max, 0) < levels * 1.192092896e-7f);
+  const UlqBwdJob j{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss, a.x_grad, want_min, want_max};
+  const std::int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
+  std::vector<double> vmin(static_cast<std::size_t>(chunks)), vmax(vmin.size());
+  const int t = threads_for(n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5);
+#pragma omp parallel num_threads(t)
+  {
+    std::vector<float> tmin(static_cast<std::size_t>(kSumChunk)), tmax(tmin.size());
+#pragma omp for schedule(static)
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      const std::int64_t len = std::min(kSumChunk, n - k * kSumChunk);
+      HWY_DYNAMIC_DISPATCH(BwdChunk)(j, k * kSumChunk, len, tmin.data(), tmax.data());
+      if (want_min) vmin[static_cast<std::size_t>(k)] = cpu_chunk_value(tmin.data(), len);
+      if (want_max) vmax[static_cast<std::size_t>(k)] = cpu_chunk_value(tmax.data(), len);
+    }
+  }
+  store_float(a.dt, a.clamp_min_grad, 0, want_min ? finish_chunk_sum(vmin.data(), chunks) : 0.0f);
+  store_float(a.dt, a.clamp_max_grad, 0, want_max ? finish_chunk_sum(vmax.data(), chunks) : 0.0f);
+}
+
+}  // namespace xquant::detail
+#endif  // HWY_ONCE
