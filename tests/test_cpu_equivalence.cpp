@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 
+#include "cpu/parallel.hpp"
 #include "hwy/targets.h"
 #include "test_util.hpp"
 #include "xquant/runtime.hpp"
@@ -78,6 +79,8 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
     hwy::SetSupportedTargetsForTest(target);
     for (int threads : {1, 2, 3, 7}) {
       xquant::set_num_threads(threads);
+      // thread counts 1 and 3 also run with non-temporal stores forced on (normally only >= 16 MiB)
+      xquant::detail::set_stream_min_bytes(threads % 2 == 1 ? 0 : xquant::detail::kStreamMinBytes);
       std::vector<Placed> out;
       std::vector<TensorView> views;
       for (auto& [dt, shape] : outputs) out.emplace_back(dt, shape, 3);  // misaligned by 3 elements
@@ -98,6 +101,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
             }
           hwy::SetSupportedTargetsForTest(0);
           xquant::set_num_threads(0);
+          xquant::detail::set_stream_min_bytes(xquant::detail::kStreamMinBytes);
           return;
         }
       }
@@ -105,6 +109,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
   }
   hwy::SetSupportedTargetsForTest(0);
   xquant::set_num_threads(0);
+  xquant::detail::set_stream_min_bytes(xquant::detail::kStreamMinBytes);
 }
 
 const std::int64_t kLengths[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1023, 1024, 1025, 4096, 70001};

@@ -7,6 +7,7 @@
 #include "core/check.hpp"
 #include "core/kernels.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/parallel.hpp"
 #include "hwy/targets.h"
 
 namespace xquant {
@@ -35,6 +36,12 @@ std::string simd_target() { return detail::cpu_target_name(); }
 namespace detail {
 
 int worker_threads() { return get_num_threads(); }
+
+namespace {
+std::atomic<std::int64_t> g_stream_min_bytes{kStreamMinBytes};
+}
+std::int64_t stream_min_bytes() { return g_stream_min_bytes.load(std::memory_order_relaxed); }
+void set_stream_min_bytes(std::int64_t b) { g_stream_min_bytes.store(b, std::memory_order_relaxed); }
 
 const KernelTable& active_kernels() {
   return get_backend() == Backend::reference ? reference_kernels() : cpu_kernels();

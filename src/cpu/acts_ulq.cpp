@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
@@ -34,6 +35,7 @@ struct UlqJob {
   const ChannelWalk* walk;
   const ref::ActsUlqParams* params;  // per channel (runs walk)
   const float* arr[4];               // periodic walk: s, clip_lo, clip_hi, loss_m expanded
+  bool stream;                       // non-temporal stores (the four outputs are equally aligned)
 };
 struct UlqBwdJob {
   DType dt;
@@ -50,7 +52,7 @@ struct UlqBwdJob {
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-template <DType DT>
+template <DType DT, bool kStream = false>
 HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std::int64_t oi, VF s, VF lo, VF hi,
                         VF lm, VF levels) {
   const DF df;
@@ -62,10 +64,10 @@ HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std:
   const VF rx = RoundEven(raw);                        // rx = rint(raw)
   const VF loss = hn::Div(hn::Sub(rx, raw), levels);   // (rx - raw) / LEVELS
   const VF one = hn::Set(df, 1.0f);
-  StoreF<DT>(hn::Mul(rx, s), out[0], oi);              // y = rx * s
-  StoreF<DT>(hn::IfThenElseZero(min_mask, one), out[1], oi);
-  StoreF<DT>(hn::IfThenElseZero(max_mask, one), out[2], oi);
-  StoreF<DT>(hn::IfThenElse(hn::And(min_mask, max_mask), loss, lm), out[3], oi);
+  StoreF<DT, kStream>(hn::Mul(rx, s), out[0], oi);              // y = rx * s
+  StoreF<DT, kStream>(hn::IfThenElseZero(min_mask, one), out[1], oi);
+  StoreF<DT, kStream>(hn::IfThenElseZero(max_mask, one), out[2], oi);
+  StoreF<DT, kStream>(hn::IfThenElse(hn::And(min_mask, max_mask), loss, lm), out[3], oi);
 }
 
 // n elements at pos; parameters broadcast (pa == nullptr) or arrays aligned with the elements.
@@ -75,12 +77,11 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const VF levels = hn::Set(df, j.levels);
   auto param = [&](const float* const* a, int k, std::int64_t i, float sc) { return a ? hn::LoadU(df, a[k] + i) : hn::Set(df, sc); };
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N)
-    UlqStep<DT>(j.x, pos + i, j.out, pos + i, param(pa, 0, i, p.s), param(pa, 1, i, p.clip_lo), param(pa, 2, i, p.clip_hi),
-                param(pa, 3, i, p.loss_m), levels);
-  if (i < n) {
-    const std::int64_t rem = n - i;
+  auto step = [&]<bool kStream>(std::int64_t i) {
+    UlqStep<DT, kStream>(j.x, pos + i, j.out, pos + i, param(pa, 0, i, p.s), param(pa, 1, i, p.clip_lo),
+                         param(pa, 2, i, p.clip_hi), param(pa, 3, i, p.loss_m), levels);
+  };
+  auto stage = [&](std::int64_t i, std::int64_t rem) {
     const std::size_t es = dtype_size(DT);
     alignas(64) unsigned char sx[kMaxLanes * 4] = {};
     alignas(64) unsigned char so[4][kMaxLanes * 4];
@@ -95,7 +96,9 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
     for (int k = 0; k < 4; ++k)
       std::memcpy(static_cast<unsigned char*>(j.out[k]) + (pos + i) * static_cast<std::int64_t>(es), so[k],
                   static_cast<std::size_t>(rem) * es);
-  }
+  };
+  // The four outputs share one alignment when streaming (checked by the caller), so out[0] decides.
+  DriveSpan(n, j.stream, j.out[0], pos, dtype_size(DT), step, stage);
 }
 
 template <DType DT>
@@ -110,10 +113,11 @@ void UlqRangeT(const UlqJob& j, std::int64_t a, std::int64_t b) {
 
 void UlqRange(const UlqJob& j, std::int64_t a, std::int64_t b) {
   switch (j.dt) {
-    case DType::float16: return UlqRangeT<DType::float16>(j, a, b);
-    case DType::bfloat16: return UlqRangeT<DType::bfloat16>(j, a, b);
-    default: return UlqRangeT<DType::float32>(j, a, b);
+    case DType::float16: UlqRangeT<DType::float16>(j, a, b); break;
+    case DType::bfloat16: UlqRangeT<DType::bfloat16>(j, a, b); break;
+    default: UlqRangeT<DType::float32>(j, a, b); break;
   }
+  if (j.stream) hwy::FlushStream();
 }
 
 // Backward, one chunk [pos, pos + n) (n <= 1024): x_grad written, clamp terms to tmin / tmax.
@@ -241,8 +245,12 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
       arr[k] = walk.expand(col.data());
     }
   }
+  const auto mod64 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 64; };
+  const bool same_alignment = mod64(a.y) == mod64(a.clamp_min_mask) && mod64(a.y) == mod64(a.clamp_max_mask) &&
+                              mod64(a.y) == mod64(a.x_clamped_loss);
+  const bool stream = same_alignment && use_stream(4 * n * static_cast<std::int64_t>(dtype_size(a.dt)));
   const UlqJob j{a.dt,  a.x,   {a.y, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss},
-                 levels, &walk, params.data(), {arr[0].data(), arr[1].data(), arr[2].data(), arr[3].data()}};
+                 levels, &walk, params.data(), {arr[0].data(), arr[1].data(), arr[2].data(), arr[3].data()}, stream};
   parallel_ranges(n, std::int64_t{1} << 16, n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5,
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(UlqRange)(j, b0, b1); });
 }

@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
@@ -80,30 +81,27 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
   return r;
 }
 
-// y = sat(rint(buf / scale + offset)) for n values of buf (readable up to whole vectors).
-HWY_INLINE void QuantizeBuf(const float* buf, std::int64_t n, float scale, float offset, bool int4, std::int8_t* y8,
-                            std::int32_t* y4, std::int8_t* qtmp) {
+// y = sat(rint(buf / scale + offset)) for n values of buf (readable up to whole vectors). int8 output may
+// be streamed (non-temporal); int4 goes through qtmp and is packed.
+HWY_INLINE void QuantizeBuf(const float* buf, std::int64_t n, float scale, float offset, bool int4, bool stream,
+                            std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
   const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const VF s = hn::Set(df, scale), o = hn::Set(df, offset);
   const float lo = int4 ? -8.0f : -128.0f, hi = int4 ? 7.0f : 127.0f;
   std::int8_t* dst = int4 ? qtmp : y8;
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    const VF v = hn::Add(hn::Div(hn::LoadU(df, buf + i), s), o);  // x' / scale + offset
-    StoreI8(SaturateToI32Range(RoundEven(v), lo, hi), dst + i);
-  }
-  if (i < n) {
+  auto value = [&](std::int64_t i) { return SaturateToI32Range(RoundEven(hn::Add(hn::Div(hn::LoadU(df, buf + i), s), o)), lo, hi); };
+  auto step = [&]<bool kStream>(std::int64_t i) { StoreI8<kStream>(value(i), dst + i); };
+  auto stage = [&](std::int64_t i, std::int64_t count) {  // buf is padded: whole vectors are readable
     std::int8_t tmp[kMaxLanes];
-    const VF v = hn::Add(hn::Div(hn::LoadU(df, buf + i), s), o);
-    StoreI8(SaturateToI32Range(RoundEven(v), lo, hi), tmp);
-    std::memcpy(dst + i, tmp, static_cast<std::size_t>(n - i));
-  }
+    StoreI8(value(i), tmp);
+    std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
+  };
+  DriveSpan(n, stream && !int4, dst, 0, 1, step, stage);
   if (int4) pack_int4_bytes(qtmp, n, y4);
 }
 
 template <DType DT>
-void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1) {
+void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream) {
   const std::int64_t H = a.cols;
   const std::int64_t padded = H + static_cast<std::int64_t>(kMaxLanes);
   std::vector<float> buf(static_cast<std::size_t>(padded));
@@ -124,17 +122,18 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[r] = p.scale;
     a.offset[r] = p.offset;
-    QuantizeBuf(buf.data(), H, p.scale, p.offset, int4, static_cast<std::int8_t*>(a.y) + r * H,
+    QuantizeBuf(buf.data(), H, p.scale, p.offset, int4, stream, static_cast<std::int8_t*>(a.y) + r * H,
                 static_cast<std::int32_t*>(a.y) + r * (H / 8), qtmp.data());
   }
 }
 
-void Rows(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1) {
+void Rows(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream) {
   switch (a.dt) {
-    case DType::float16: return RowsT<DType::float16>(a, smooth_f32, r0, r1);
-    case DType::bfloat16: return RowsT<DType::bfloat16>(a, smooth_f32, r0, r1);
-    default: return RowsT<DType::float32>(a, smooth_f32, r0, r1);
+    case DType::float16: RowsT<DType::float16>(a, smooth_f32, r0, r1, stream); break;
+    case DType::bfloat16: RowsT<DType::bfloat16>(a, smooth_f32, r0, r1, stream); break;
+    default: RowsT<DType::float32>(a, smooth_f32, r0, r1, stream); break;
   }
+  if (stream) hwy::FlushStream();
 }
 
 // Pertensor: min / max / NaN over elements [b0, b1).
@@ -167,7 +166,7 @@ RowMinMax RangeMinMax(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b
 
 // Pertensor: quantize elements [b0, b1) (b0, b1 multiples of 8 for int4).
 template <DType DT>
-void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset) {
+void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset, bool stream) {
   constexpr std::int64_t kPiece = 4096;
   std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
   std::vector<std::int8_t> qtmp(static_cast<std::size_t>(kPiece) + kMaxLanes);
@@ -175,17 +174,18 @@ void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, fl
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const std::int64_t n = std::min(kPiece, b1 - p);
     SmoothAndReduce<DT>(a.x, p, n, nullptr, buf.data());  // widen into buf (min / max unused)
-    QuantizeBuf(buf.data(), n, scale, offset, int4, static_cast<std::int8_t*>(a.y) + p,
+    QuantizeBuf(buf.data(), n, scale, offset, int4, stream, static_cast<std::int8_t*>(a.y) + p,
                 static_cast<std::int32_t*>(a.y) + p / 8, qtmp.data());
   }
 }
 
-void RangeQuant(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset) {
+void RangeQuant(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset, bool stream) {
   switch (a.dt) {
-    case DType::float16: return RangeQuantT<DType::float16>(a, b0, b1, scale, offset);
-    case DType::bfloat16: return RangeQuantT<DType::bfloat16>(a, b0, b1, scale, offset);
-    default: return RangeQuantT<DType::float32>(a, b0, b1, scale, offset);
+    case DType::float16: RangeQuantT<DType::float16>(a, b0, b1, scale, offset, stream); break;
+    case DType::bfloat16: RangeQuantT<DType::bfloat16>(a, b0, b1, scale, offset, stream); break;
+    default: RangeQuantT<DType::float32>(a, b0, b1, scale, offset, stream); break;
   }
+  if (stream) hwy::FlushStream();
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -200,6 +200,7 @@ HWY_EXPORT(RangeQuant);
 void cpu_dynamic_quant(const DynamicQuantArgs& a) {
   const std::int64_t n = a.rows * a.cols;
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
+  const bool stream = use_stream(n);  // int8 output bytes (int4 output is never streamed)
   if (a.per_tensor) {
     constexpr std::int64_t kGrain = std::int64_t{1} << 16;  // multiple of 8: int4 words never straddle
     const std::int64_t pieces = (n + kGrain - 1) / kGrain;
@@ -222,7 +223,7 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
     parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) {
-      HWY_DYNAMIC_DISPATCH(RangeQuant)(a, b0, b1, p.scale, p.offset);
+      HWY_DYNAMIC_DISPATCH(RangeQuant)(a, b0, b1, p.scale, p.offset, stream);
     });
     return;
   }
@@ -236,7 +237,7 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
   const float* sm = a.smooth ? smooth.data() : nullptr;
   const std::int64_t grain_rows = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
   parallel_ranges(a.rows, grain_rows, bytes, [&](std::int64_t r0, std::int64_t r1) {
-    HWY_DYNAMIC_DISPATCH(Rows)(a, sm, r0, r1);
+    HWY_DYNAMIC_DISPATCH(Rows)(a, sm, r0, r1, stream);
   });
 }
 

@@ -1,14 +1,13 @@
 // cpu backend: fake tensor quantization forward and backward (SPEC section 1), bit-identical to
 // src/ref/fake_quant.cpp.
 //
-// Layout [outer, C, inner]. Two element walks:
-//  - runs:     inner >= kMinRun: each (o, c) row is a run with scalar (broadcast) parameters;
-//  - periodic: small inner (last axis: inner == 1): parameters are expanded to a period P = C * inner
-//              (replicated to at least kMinPeriod elements) and loaded as vectors; element i uses phase
-//              i % P.
-// Backward sums (grad_amax) follow the canonical chunks: per-tensor and runs layouts compute each chunk
-// of a channel's term sequence independently (in parallel) and add chunk values in order; the last-axis
-// layout streams rows and keeps 16 double lanes per channel (all channels share lane o % 16).
+// Layout [outer, C, inner] walked as runs (broadcast parameters) or periodic (parameter vectors, the
+// last axis), see cpu/walk.hpp. min_bound / max_bound depend only on the options, so they are broadcast
+// in both walks; only scale (and, if any channel is degenerate, its flag) varies per channel.
+// Backward with grad_amax is fused: one pass writes grad_in and produces each channel's canonical chunk
+// values (chunks of a channel's term sequence n = o * inner + i are independent, so they run in
+// parallel); the last axis streams rows and keeps 16 double lanes per channel (row o feeds lane o % 16
+// of every channel).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/fake_quant.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -17,238 +16,207 @@
 #include <cstring>
 #include <vector>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
-#include "ref/ref.hpp"
+#include "cpu/walk.hpp"
 
 namespace xquant::detail {
 #ifndef XQUANT_CPU_FAKE_QUANT_ONCE
 #define XQUANT_CPU_FAKE_QUANT_ONCE
-// Parameters as arrays over a period (periodic walk) or per channel (runs walk).
-struct FqArrays {
-  std::vector<float> scale, lo, hi, zero, glo, ghi, ratio;
-  void resize(std::size_t n) {
-    for (auto* v : {&scale, &lo, &hi, &zero, &glo, &ghi, &ratio}) v->resize(n);
-  }
-  void set(std::size_t i, const FakeQuantParams& p) {
-    scale[i] = p.scale;
-    lo[i] = p.min_bound;
-    hi[i] = p.max_bound;
-    zero[i] = p.zero ? 1.0f : 0.0f;
-    glo[i] = p.grad_lo;
-    ghi[i] = p.grad_hi;
-    ratio[i] = p.ratio;
-  }
-};
-
 struct FqJob {
   DType dt;
   const void* x;
-  void* y;            // forward output / backward grad_in
-  const void* g;      // backward: grad_out
-  std::int64_t C, inner;
-  const FakeQuantParams* params;  // runs walk
-  std::int64_t period;            // periodic walk (0: runs)
-  const FqArrays* arr;
+  void* y;          // forward output / backward grad_in
+  const void* g;    // backward: grad_out
+  float min_bound, max_bound;  // the same for every channel
+  bool any_zero;               // some channel is degenerate (scale not finite or 0)
+  bool stream;                 // non-temporal stores for y
+  const ChannelWalk* walk;
+  const FakeQuantParams* params;  // per channel (runs walk)
+  // periodic walk: expanded per-phase arrays
+  const float* scale;
+  const float* zero;  // 1.0f for degenerate channels
+  const float* glo;
+  const float* ghi;
+  const float* ratio;
 };
-// grad_amax term parameters: broadcast scalars, or per-element arrays {glo, ghi, ratio} when pa[0] != null.
-struct TermParams {
-  float glo, ghi, ratio;
-  const float* pa[3];
-};
-inline constexpr std::int64_t kMinRun = 64;
-inline constexpr std::int64_t kMinPeriod = 1024;
 #endif
 }  // namespace xquant::detail
 
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-// out = clamp(rint(x * scale), min_bound, max_bound) / scale; zero channels give 0 (NaN stays NaN).
-HWY_INLINE VF FqForward(VF v, VF s, VF lo, VF hi) {
-  const VF q = ClampKeepNaN(RoundEven(hn::Mul(v, s)), lo, hi);
-  return hn::Div(q, s);
-}
-HWY_INLINE VF FqZero(VF v) { return hn::IfThenElse(hn::IsNaN(v), v, hn::Zero(DF())); }
-
-// One step of Lanes(DF) elements. Parameter pointers point at the phase of element 0 (periodic) or are
-// null (runs: broadcast vectors passed in).
-template <DType DT, bool kBackward>
-struct FqStep {
-  // forward, broadcast parameters
-  static HWY_INLINE void Fwd(const void* x, void* y, std::int64_t i, VF s, VF lo, VF hi, bool zero) {
-    const VF v = LoadF<DT>(x, i);
-    StoreF<DT>(zero ? FqZero(v) : FqForward(v, s, lo, hi), y, i);
+// Parameters of one span: broadcast scalars, or arrays aligned with the span's elements.
+struct SpanParams {
+  float scale, zero, glo, ghi, ratio;
+  const float* a_scale = nullptr;  // non-null: arrays
+  const float* a_zero = nullptr;
+  const float* a_glo = nullptr;
+  const float* a_ghi = nullptr;
+  const float* a_ratio = nullptr;
+  HWY_INLINE VF get(const float* a, float s, std::int64_t i) const {
+    return a ? hn::LoadU(DF(), a + i) : hn::Set(DF(), s);
   }
-  // forward, vector parameters
-  static HWY_INLINE void FwdVec(const void* x, void* y, std::int64_t i, const FqArrays& a, std::int64_t ph) {
-    const DF df;
-    const VF v = LoadF<DT>(x, i);
-    const VF r = FqForward(v, hn::LoadU(df, a.scale.data() + ph), hn::LoadU(df, a.lo.data() + ph),
-                           hn::LoadU(df, a.hi.data() + ph));
-    const auto z = hn::Gt(hn::LoadU(df, a.zero.data() + ph), hn::Zero(df));
-    StoreF<DT>(hn::IfThenElse(z, FqZero(v), r), y, i);
-  }
-  // backward grad_in = grad_out inside [glo, ghi], else 0
-  static HWY_INLINE void Bwd(const void* g, const void* x, void* gx, std::int64_t i, VF glo, VF ghi) {
-    const VF v = LoadF<DT>(x, i);
-    const auto inside = hn::And(hn::Ge(v, glo), hn::Le(v, ghi));
-    StoreF<DT>(hn::IfThenElseZero(inside, LoadF<DT>(g, i)), gx, i);
+  // Copies of the parameters of elements [i, i + count) padded to a whole vector, for staged steps.
+  void stage(std::int64_t i, std::int64_t count, SpanParams& out, float (*buf)[kMaxLanes]) const {
+    const float* arrays[5] = {a_scale, a_zero, a_glo, a_ghi, a_ratio};
+    const float scalars[5] = {scale, zero, glo, ghi, ratio};
+    for (int k = 0; k < 5; ++k)
+      for (std::size_t m = 0; m < kMaxLanes; ++m)
+        buf[k][m] = static_cast<std::int64_t>(m) < count ? (arrays[k] ? arrays[k][i + static_cast<std::int64_t>(m)] : scalars[k]) : 1.0f;
+    out = SpanParams{0, 0, 0, 0, 0, buf[0], buf[1], buf[2], buf[3], buf[4]};
   }
 };
 
-// Tail staging: copies n (< Lanes) elements of each operand into zero-padded stack buffers, runs one
-// vector step on them and copies the valid outputs back. Never reads or writes past the caller's data.
-struct Stage {
-  alignas(64) unsigned char x[kMaxLanes * 4] = {}, g[kMaxLanes * 4] = {}, y[kMaxLanes * 4] = {};
-};
-
+// Forward of n elements at pos.
 template <DType DT>
-void FqRun(const FqJob& j, std::int64_t pos, std::int64_t n, const FakeQuantParams& p) {
+void FwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
   const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  const VF s = hn::Set(df, p.scale), lo = hn::Set(df, p.min_bound), hi = hn::Set(df, p.max_bound);
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) FqStep<DT, false>::Fwd(j.x, j.y, pos + i, s, lo, hi, p.zero);
-  if (i < n) {
-    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(n - i) * es;
-    Stage st;
-    std::memcpy(st.x, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es), bytes);
-    FqStep<DT, false>::Fwd(st.x, st.y, 0, s, lo, hi, p.zero);
-    std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(es), st.y, bytes);
-  }
-}
-
-template <DType DT>
-void FqPeriodic(const FqJob& j, std::int64_t pos, std::int64_t n, std::int64_t ph) {
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) FqStep<DT, false>::FwdVec(j.x, j.y, pos + i, *j.arr, ph + i);
-  if (i < n) {
-    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(n - i) * es;
-    Stage st;
-    FqArrays a;  // the remaining parameters, padded
-    a.resize(kMaxLanes);
-    for (std::int64_t k = 0; k < n - i; ++k) {
-      const auto src = static_cast<std::size_t>(ph + i + k), dst = static_cast<std::size_t>(k);
-      a.scale[dst] = j.arr->scale[src];
-      a.lo[dst] = j.arr->lo[src];
-      a.hi[dst] = j.arr->hi[src];
-      a.zero[dst] = j.arr->zero[src];
+  const VF lo = hn::Set(df, j.min_bound), hi = hn::Set(df, j.max_bound);
+  const bool any_zero = j.any_zero;
+  // out = clamp(rint(x * scale), min_bound, max_bound) / scale; degenerate channels give 0 (NaN stays).
+  auto compute = [&](const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi) {
+    const VF v = LoadF<DT>(xb, xi);
+    const VF s = p.get(p.a_scale, p.scale, pi);
+    VF r = hn::Div(ClampKeepNaN(RoundEven(hn::Mul(v, s)), lo, hi), s);
+    if (any_zero) {
+      const auto z = hn::Gt(p.get(p.a_zero, p.zero, pi), hn::Zero(df));
+      r = hn::IfThenElse(z, hn::IfThenElse(hn::IsNaN(v), v, hn::Zero(df)), r);
     }
-    std::memcpy(st.x, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es), bytes);
-    FqStep<DT, false>::FwdVec(st.x, st.y, 0, a, 0);
-    std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(es), st.y, bytes);
-  }
-}
-
-template <DType DT>
-void FqBwdRun(const FqJob& j, std::int64_t pos, std::int64_t n, float glo_s, float ghi_s, const float* glo_a,
-              const float* ghi_a) {
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    const VF glo = glo_a ? hn::LoadU(df, glo_a + i) : hn::Set(df, glo_s);
-    const VF ghi = ghi_a ? hn::LoadU(df, ghi_a + i) : hn::Set(df, ghi_s);
-    FqStep<DT, true>::Bwd(j.g, j.x, j.y, pos + i, glo, ghi);
-  }
-  if (i < n) {
-    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(n - i) * es;
-    const std::int64_t off = (pos + i) * static_cast<std::int64_t>(es);
-    Stage st;
-    float plo[kMaxLanes] = {}, phi[kMaxLanes] = {};
-    for (std::int64_t k = 0; k < n - i; ++k) {
-      plo[k] = glo_a ? glo_a[i + k] : glo_s;
-      phi[k] = ghi_a ? ghi_a[i + k] : ghi_s;
-    }
-    std::memcpy(st.x, static_cast<const unsigned char*>(j.x) + off, bytes);
-    std::memcpy(st.g, static_cast<const unsigned char*>(j.g) + off, bytes);
-    FqStep<DT, true>::Bwd(st.g, st.x, st.y, 0, hn::LoadU(df, plo), hn::LoadU(df, phi));
-    std::memcpy(static_cast<unsigned char*>(j.y) + off, st.y, bytes);
-  }
-}
-
-// Elements [a, b) of the job, forward or backward (grad_in only).
-template <DType DT>
-void FqRangeT(const FqJob& j, std::int64_t a, std::int64_t b, bool backward) {
-  std::int64_t pos = a;
-  while (pos < b) {
-    if (j.period > 0) {
-      const std::int64_t ph = pos % j.period;
-      const std::int64_t n = std::min(b - pos, j.period - ph);
-      if (backward)
-        FqBwdRun<DT>(j, pos, n, 0.f, 0.f, j.arr->glo.data() + ph, j.arr->ghi.data() + ph);
-      else
-        FqPeriodic<DT>(j, pos, n, ph);
-      pos += n;
-    } else {
-      const std::int64_t row = pos / j.inner, off = pos % j.inner;
-      const std::int64_t n = std::min(b - pos, j.inner - off);
-      const FakeQuantParams& p = j.params[row % j.C];
-      if (backward)
-        FqBwdRun<DT>(j, pos, n, p.grad_lo, p.grad_hi, nullptr, nullptr);
-      else
-        FqRun<DT>(j, pos, n, p);
-      pos += n;
-    }
-  }
-}
-
-void FqRange(const FqJob& j, std::int64_t a, std::int64_t b, bool backward) {
-  switch (j.dt) {
-    case DType::float16: return FqRangeT<DType::float16>(j, a, b, backward);
-    case DType::bfloat16: return FqRangeT<DType::bfloat16>(j, a, b, backward);
-    default: return FqRangeT<DType::float32>(j, a, b, backward);
-  }
-}
-
-// grad_amax terms grad_out * (x > ghi ? 1 : x < glo ? ratio : 0) for n contiguous elements, written to
-// t[0, n). Parameters are broadcast scalars, or per-element arrays when `pa` is non-null
-// (pa = {glo, ghi, ratio} arrays aligned with the elements).
-template <DType DT>
-void FqTermsT(const void* g, const void* x, std::int64_t pos, std::int64_t n, const TermParams& tp, float* t) {
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  const VF one = hn::Set(df, 1.0f);
-  const bool vec = tp.pa[0] != nullptr;
-  auto term = [&](VF gv, VF v, VF glo, VF ghi, VF ratio) {
-    const VF f = hn::IfThenElse(hn::Gt(v, ghi), one, hn::IfThenElseZero(hn::Lt(v, glo), ratio));
-    return hn::Mul(gv, f);
+    return r;
   };
-  auto param = [&](int k, std::int64_t i, float s) { return vec ? hn::LoadU(df, tp.pa[k] + i) : hn::Set(df, s); };
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N)
-    hn::StoreU(term(LoadF<DT>(g, pos + i), LoadF<DT>(x, pos + i), param(0, i, tp.glo), param(1, i, tp.ghi),
-                    param(2, i, tp.ratio)),
-               df, t + i);
-  if (i < n) {
-    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(n - i) * es;
+  auto step = [&]<bool kStream>(std::int64_t i) { StoreF<DT, kStream>(compute(j.x, pos + i, sp, i), j.y, pos + i); };
+  auto stage = [&](std::int64_t i, std::int64_t count) {
+    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(count) * es;
+    alignas(64) unsigned char sx[kMaxLanes * 4] = {}, sy[kMaxLanes * 4];
+    HWY_ALIGN float buf[5][kMaxLanes];
+    SpanParams p;
+    sp.stage(i, count, p, buf);
+    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es), bytes);
+    StoreF<DT>(compute(sx, 0, p, 0), sy, 0);
+    std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(es), sy, bytes);
+  };
+  DriveSpan(n, j.stream, j.y, pos, dtype_size(DT), step, stage);
+}
+
+// Backward of n elements at pos: grad_in = grad_out inside [glo, ghi] else 0; with t != null also the
+// grad_amax terms grad_out * (x > ghi ? 1 : x < glo ? ratio : 0) into t[0, n).
+template <DType DT>
+void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp, float* t) {
+  const DF df;
+  const VF one = hn::Set(df, 1.0f);
+  auto compute = [&](const void* gb, const void* xb, std::int64_t xi, void* yb, std::int64_t yi, const SpanParams& p,
+                     std::int64_t pi, float* tp, auto stream_tag) {
+    constexpr bool kStream = decltype(stream_tag)::value;
+    const VF v = LoadF<DT>(xb, xi);
+    const VF gv = LoadF<DT>(gb, xi);
+    const VF glo = p.get(p.a_glo, p.glo, pi), ghi = p.get(p.a_ghi, p.ghi, pi);
+    StoreF<DT, kStream>(hn::IfThenElseZero(hn::And(hn::Ge(v, glo), hn::Le(v, ghi)), gv), yb, yi);
+    if (tp != nullptr) {
+      const VF f = hn::IfThenElse(hn::Gt(v, ghi), one, hn::IfThenElseZero(hn::Lt(v, glo), p.get(p.a_ratio, p.ratio, pi)));
+      hn::StoreU(hn::Mul(gv, f), df, tp);
+    }
+  };
+  auto step = [&]<bool kStream>(std::int64_t i) {
+    compute(j.g, j.x, pos + i, j.y, pos + i, sp, i, t ? t + i : nullptr, std::bool_constant<kStream>());
+  };
+  auto stage = [&](std::int64_t i, std::int64_t count) {
+    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(count) * es;
     const std::int64_t off = (pos + i) * static_cast<std::int64_t>(es);
-    Stage st;
-    std::memcpy(st.x, static_cast<const unsigned char*>(x) + off, bytes);
-    std::memcpy(st.g, static_cast<const unsigned char*>(g) + off, bytes);
-    HWY_ALIGN float pv[3][kMaxLanes] = {};
-    const float sc[3] = {tp.glo, tp.ghi, tp.ratio};
-    for (int k = 0; k < 3; ++k)
-      for (std::int64_t m = 0; m < n - i; ++m) pv[k][m] = vec ? tp.pa[k][i + m] : sc[k];
-    HWY_ALIGN float tmp[kMaxLanes];
-    hn::Store(term(LoadF<DT>(st.g, 0), LoadF<DT>(st.x, 0), hn::Load(df, pv[0]), hn::Load(df, pv[1]), hn::Load(df, pv[2])),
-              df, tmp);
-    std::memcpy(t + i, tmp, static_cast<std::size_t>(n - i) * sizeof(float));
+    alignas(64) unsigned char sx[kMaxLanes * 4] = {}, sg[kMaxLanes * 4] = {}, sy[kMaxLanes * 4];
+    HWY_ALIGN float buf[5][kMaxLanes], st[kMaxLanes];
+    SpanParams p;
+    sp.stage(i, count, p, buf);
+    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + off, bytes);
+    std::memcpy(sg, static_cast<const unsigned char*>(j.g) + off, bytes);
+    compute(sg, sx, 0, sy, 0, p, 0, t ? st : nullptr, std::false_type());
+    std::memcpy(static_cast<unsigned char*>(j.y) + off, sy, bytes);
+    if (t) std::memcpy(t + i, st, static_cast<std::size_t>(count) * sizeof(float));
+  };
+  DriveSpan(n, j.stream, j.y, pos, dtype_size(DT), step, stage);
+}
+
+SpanParams RunParams(const FqJob& j, std::int64_t c) {
+  const FakeQuantParams& p = j.params[c];
+  return SpanParams{p.scale, p.zero ? 1.0f : 0.0f, p.grad_lo, p.grad_hi, p.ratio};
+}
+SpanParams PhaseParams(const FqJob& j, std::int64_t ph) {
+  return SpanParams{0, 0, 0, 0, 0, j.scale + ph, j.zero + ph, j.glo + ph, j.ghi + ph, j.ratio + ph};
+}
+
+template <DType DT>
+void RangeT(const FqJob& j, std::int64_t a, std::int64_t b, bool backward) {
+  j.walk->visit(
+      a, b,
+      [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
+        if (backward) BwdSpan<DT>(j, pos, n, RunParams(j, c), nullptr); else FwdSpan<DT>(j, pos, n, RunParams(j, c));
+      },
+      [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
+        if (backward) BwdSpan<DT>(j, pos, n, PhaseParams(j, ph), nullptr); else FwdSpan<DT>(j, pos, n, PhaseParams(j, ph));
+      });
+  if (j.stream) hwy::FlushStream();
+}
+
+void Range(const FqJob& j, std::int64_t a, std::int64_t b, bool backward) {
+  switch (j.dt) {
+    case DType::float16: return RangeT<DType::float16>(j, a, b, backward);
+    case DType::bfloat16: return RangeT<DType::bfloat16>(j, a, b, backward);
+    default: return RangeT<DType::float32>(j, a, b, backward);
   }
 }
 
-void FqTerms(DType dt, const void* g, const void* x, std::int64_t pos, std::int64_t n, const TermParams& tp, float* t) {
-  switch (dt) {
-    case DType::float16: return FqTermsT<DType::float16>(g, x, pos, n, tp, t);
-    case DType::bfloat16: return FqTermsT<DType::bfloat16>(g, x, pos, n, tp, t);
-    default: return FqTermsT<DType::float32>(g, x, pos, n, tp, t);
+// Fused backward over one chunk of channel c's term sequence, terms [n0, n1) (n = o * inner + i):
+// grad_in written for those elements, terms to t; returns the chunk value.
+template <DType DT>
+double ChunkT(const FqJob& j, std::int64_t c, std::int64_t n0, std::int64_t n1, float* t) {
+  const std::int64_t inner = j.walk->inner, C = j.walk->C;
+  const SpanParams sp = RunParams(j, c);
+  std::int64_t n = n0, filled = 0;
+  while (n < n1) {
+    const std::int64_t o = n / inner, i = n % inner;
+    const std::int64_t run = std::min(n1 - n, inner - i);
+    BwdSpan<DT>(j, (o * C + c) * inner + i, run, sp, t + filled);
+    filled += run;
+    n += run;
   }
+  return cpu_chunk_value(t, filled);
+}
+
+double Chunk(const FqJob& j, std::int64_t c, std::int64_t n0, std::int64_t n1, float* t) {
+  double v;
+  switch (j.dt) {
+    case DType::float16: v = ChunkT<DType::float16>(j, c, n0, n1, t); break;
+    case DType::bfloat16: v = ChunkT<DType::bfloat16>(j, c, n0, n1, t); break;
+    default: v = ChunkT<DType::float32>(j, c, n0, n1, t); break;
+  }
+  if (j.stream) hwy::FlushStream();
+  return v;
+}
+
+// Last axis (inner == 1): rows [o0, o1) of one chunk (o1 - o0 <= 1024): grad_in for each row and its C
+// terms added into lane o % 16 of every channel (lanes[m * C + c]).
+template <DType DT>
+void LastAxisRowsT(const FqJob& j, std::int64_t o0, std::int64_t o1, double* lanes, float* t) {
+  const std::int64_t C = j.walk->C;
+  const SpanParams sp = PhaseParams(j, 0);  // every row starts at a multiple of C: phase 0 of the arrays' period
+  for (std::int64_t o = o0; o < o1; ++o) {
+    BwdSpan<DT>(j, o * C, C, sp, t);
+    double* lane = lanes + (o % kSumLanes) * C;
+    for (std::int64_t c = 0; c < C; ++c) lane[c] += static_cast<double>(t[c]);
+  }
+}
+
+void LastAxisRows(const FqJob& j, std::int64_t o0, std::int64_t o1, double* lanes, float* t) {
+  switch (j.dt) {
+    case DType::float16: LastAxisRowsT<DType::float16>(j, o0, o1, lanes, t); break;
+    case DType::bfloat16: LastAxisRowsT<DType::bfloat16>(j, o0, o1, lanes, t); break;
+    default: LastAxisRowsT<DType::float32>(j, o0, o1, lanes, t); break;
+  }
+  if (j.stream) hwy::FlushStream();
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -256,52 +224,82 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
-HWY_EXPORT(FqRange);
-HWY_EXPORT(FqTerms);
+HWY_EXPORT(Range);
+HWY_EXPORT(Chunk);
+HWY_EXPORT(LastAxisRows);
 
 namespace {
 
-// Elementwise grain: a multiple of every vector length, large enough to amortize scheduling.
 constexpr std::int64_t kGrain = std::int64_t{1} << 16;
 
-FqJob make_job(DType dt, const void* x, void* y, const void* g, std::int64_t channels, std::int64_t inner,
-               const FakeQuantParams* params, FqArrays& arr, bool backward) {
-  FqJob j{dt, x, y, g, channels, inner, params, 0, &arr};
-  const std::int64_t period = channels * inner;
-  if (inner < kMinRun && period <= (std::int64_t{1} << 20)) {
-    // Periodic walk: expand per-channel parameters to the period, replicated to >= kMinPeriod.
-    const std::int64_t reps = std::max<std::int64_t>(1, (kMinPeriod + period - 1) / period);
-    j.period = period * reps;
-    arr.resize(static_cast<std::size_t>(j.period));
-    for (std::int64_t k = 0; k < j.period; ++k) arr.set(static_cast<std::size_t>(k), params[(k / inner) % channels]);
+// Per-call state: the job plus the expanded parameter arrays it points into.
+struct FqCall {
+  ChannelWalk walk;
+  std::vector<float> scale, zero, glo, ghi, ratio;
+  FqJob job{};
+
+  FqCall(DType dt, const void* x, void* y, const void* g, std::int64_t outer, std::int64_t channels, std::int64_t inner,
+         const FakeQuantParams* params)
+      : walk(channels, inner) {
+    bool any_zero = false;
+    for (std::int64_t c = 0; c < channels; ++c) any_zero = any_zero || params[c].zero;
+    if (walk.period > 0) {
+      std::vector<float> col(static_cast<std::size_t>(channels));
+      auto expand = [&](auto field) {
+        for (std::int64_t c = 0; c < channels; ++c) col[static_cast<std::size_t>(c)] = field(params[c]);
+        return walk.expand(col.data());
+      };
+      scale = expand([](const FakeQuantParams& p) { return p.scale; });
+      zero = expand([](const FakeQuantParams& p) { return p.zero ? 1.0f : 0.0f; });
+      glo = expand([](const FakeQuantParams& p) { return p.grad_lo; });
+      ghi = expand([](const FakeQuantParams& p) { return p.grad_hi; });
+      ratio = expand([](const FakeQuantParams& p) { return p.ratio; });
+    }
+    const std::int64_t n = outer * channels * inner;
+    job = FqJob{dt,
+                x,
+                y,
+                g,
+                channels > 0 ? params[0].min_bound : 0.f,
+                channels > 0 ? params[0].max_bound : 0.f,
+                any_zero,
+                use_stream(n * static_cast<std::int64_t>(dtype_size(dt))),
+                &walk,
+                params,
+                scale.data(),
+                zero.data(),
+                glo.data(),
+                ghi.data(),
+                ratio.data()};
   }
-  (void)backward;
-  return j;
-}
+};
 
 void run_elementwise(const FqJob& j, std::int64_t n, bool backward) {
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(j.dt)) * (backward ? 3 : 2);
-  parallel_ranges(n, kGrain, bytes, [&](std::int64_t a, std::int64_t b) { HWY_DYNAMIC_DISPATCH(FqRange)(j, a, b, backward); });
+  parallel_ranges(n, kGrain, bytes, [&](std::int64_t a, std::int64_t b) { HWY_DYNAMIC_DISPATCH(Range)(j, a, b, backward); });
 }
 
-// grad_amax[c] for every channel, in the canonical order of channel c's term sequence n = o * inner + i.
-void amax_sums(DType dt, const void* g, const void* x, std::int64_t outer, std::int64_t C, std::int64_t inner,
-               const FakeQuantParams* params, float* grad_amax) {
-  const std::int64_t len = outer * inner;  // terms per channel
+}  // namespace
+
+void cpu_fake_quant(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                    const FakeQuantParams* params) {
+  const FqCall call(dt, x, y, nullptr, outer, channels, inner, params);
+  run_elementwise(call.job, outer * channels * inner, false);
+}
+
+void cpu_fake_quant_backward(DType dt, const void* grad_out, const void* x, void* grad_in, std::int64_t outer,
+                             std::int64_t channels, std::int64_t inner, const FakeQuantParams* params,
+                             float* grad_amax) {
+  // Every element is read (x, grad_out) before its grad_in is written, so grad_in may alias either.
+  const FqCall call(dt, x, grad_in, grad_out, outer, channels, inner, params);
+  const FqJob& j = call.job;
+  const std::int64_t C = channels, len = outer * inner;  // terms per channel
+  if (grad_amax == nullptr) return run_elementwise(j, outer * channels * inner, true);
   const std::int64_t chunks = (len + kSumChunk - 1) / kSumChunk;
-  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt));
-  if (inner == 1 && C > 1) {
-    // Last axis: row o holds one term of every channel, all in lane o % 16 of chunk o / 1024. Rows of a
-    // chunk are streamed in order; each chunk (1024 rows) is independent.
-    std::vector<double> chunk_vals(static_cast<std::size_t>(chunks * C));
-    std::vector<float> glo(static_cast<std::size_t>(C)), ghi(glo.size()), ratio(glo.size());
-    for (std::int64_t c = 0; c < C; ++c) {
-      glo[static_cast<std::size_t>(c)] = params[c].grad_lo;
-      ghi[static_cast<std::size_t>(c)] = params[c].grad_hi;
-      ratio[static_cast<std::size_t>(c)] = params[c].ratio;
-    }
-    const TermParams tp{0.f, 0.f, 0.f, {glo.data(), ghi.data(), ratio.data()}};
-    const int t = threads_for(len * C * es * 2);
+  std::vector<double> vals(static_cast<std::size_t>(chunks * C));  // vals[c * chunks + k]
+  const int t = threads_for(len * C * static_cast<std::int64_t>(dtype_size(dt)) * 3);
+  if (inner == 1 && C > 1 && call.walk.period > 0) {
+    // Last axis: chunk k = rows [1024 k, 1024 (k + 1)), independent of the other chunks.
 #pragma omp parallel num_threads(t)
     {
       std::vector<double> lanes(static_cast<std::size_t>(kSumLanes * C));
@@ -309,73 +307,30 @@ void amax_sums(DType dt, const void* g, const void* x, std::int64_t outer, std::
 #pragma omp for schedule(static)
       for (std::int64_t k = 0; k < chunks; ++k) {
         std::fill(lanes.begin(), lanes.end(), -0.0);
-        const std::int64_t o_end = std::min(outer, (k + 1) * kSumChunk);
-        for (std::int64_t o = k * kSumChunk; o < o_end; ++o) {
-          double* lane = lanes.data() + (o % kSumLanes) * C;
-          HWY_DYNAMIC_DISPATCH(FqTerms)(dt, g, x, o * C, C, tp, terms.data());
-          for (std::int64_t c = 0; c < C; ++c) lane[c] += static_cast<double>(terms[static_cast<std::size_t>(c)]);
-        }
-        for (std::int64_t c = 0; c < C; ++c) {
+        HWY_DYNAMIC_DISPATCH(LastAxisRows)(j, k * kSumChunk, std::min(outer, (k + 1) * kSumChunk), lanes.data(), terms.data());
+        for (std::int64_t c = 0; c < C; ++c) {  // fold channel c's 16 lanes by halving
           double l[kSumLanes];
           for (std::int64_t m = 0; m < kSumLanes; ++m) l[m] = lanes[static_cast<std::size_t>(m * C + c)];
           for (std::int64_t w = kSumLanes / 2; w >= 1; w /= 2)
             for (std::int64_t i = 0; i < w; ++i) l[i] += l[i + w];
-          chunk_vals[static_cast<std::size_t>(k * C + c)] = l[0];
+          vals[static_cast<std::size_t>(c * chunks + k)] = l[0];
         }
       }
     }
-    std::vector<double> col(static_cast<std::size_t>(chunks));
-    for (std::int64_t c = 0; c < C; ++c) {
-      for (std::int64_t k = 0; k < chunks; ++k) col[static_cast<std::size_t>(k)] = chunk_vals[static_cast<std::size_t>(k * C + c)];
-      grad_amax[c] = finish_chunk_sum(col.data(), chunks);
-    }
-    return;
-  }
-  // General: chunk k of channel c covers terms [k * 1024, ...) of its sequence; those terms lie in runs of
-  // `inner` contiguous elements. Every (c, k) is independent.
-  std::vector<double> chunk_vals(static_cast<std::size_t>(chunks * C));
-  const int t = threads_for(len * C * es * 2);
+  } else {
+    // Chunk k of channel c: terms [1024 k, 1024 (k + 1)) of its sequence, in runs of `inner` elements.
 #pragma omp parallel num_threads(t)
-  {
-    std::vector<float> terms(static_cast<std::size_t>(kSumChunk));
+    {
+      std::vector<float> terms(static_cast<std::size_t>(kSumChunk));
 #pragma omp for schedule(static)
-    for (std::int64_t ck = 0; ck < chunks * C; ++ck) {
-      const std::int64_t c = ck / chunks, k = ck % chunks;
-      const FakeQuantParams& p = params[c];
-      std::int64_t n = k * kSumChunk;
-      const std::int64_t n_end = std::min(len, n + kSumChunk);
-      std::int64_t filled = 0;
-      while (n < n_end) {
-        const std::int64_t o = n / inner, i = n % inner;
-        const std::int64_t run = std::min(n_end - n, inner - i);
-        const TermParams tp{p.grad_lo, p.grad_hi, p.ratio, {nullptr, nullptr, nullptr}};
-        HWY_DYNAMIC_DISPATCH(FqTerms)(dt, g, x, (o * C + c) * inner + i, run, tp, terms.data() + filled);
-        filled += run;
-        n += run;
+      for (std::int64_t ck = 0; ck < chunks * C; ++ck) {
+        const std::int64_t c = ck / chunks, k = ck % chunks;
+        vals[static_cast<std::size_t>(ck)] =
+            HWY_DYNAMIC_DISPATCH(Chunk)(j, c, k * kSumChunk, std::min(len, (k + 1) * kSumChunk), terms.data());
       }
-      chunk_vals[static_cast<std::size_t>(c * chunks + k)] = cpu_chunk_value(terms.data(), filled);
     }
   }
-  for (std::int64_t c = 0; c < C; ++c) grad_amax[c] = finish_chunk_sum(chunk_vals.data() + c * chunks, chunks);
-}
-
-}  // namespace
-
-void cpu_fake_quant(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                    const FakeQuantParams* params) {
-  FqArrays arr;
-  const FqJob j = make_job(dt, x, y, nullptr, channels, inner, params, arr, false);
-  run_elementwise(j, outer * channels * inner, false);
-}
-
-void cpu_fake_quant_backward(DType dt, const void* grad_out, const void* x, void* grad_in, std::int64_t outer,
-                             std::int64_t channels, std::int64_t inner, const FakeQuantParams* params,
-                             float* grad_amax) {
-  // The sums read x and grad_out before grad_in is written: grad_in may alias either of them.
-  if (grad_amax != nullptr) amax_sums(dt, grad_out, x, outer, channels, inner, params, grad_amax);
-  FqArrays arr;
-  const FqJob j = make_job(dt, x, grad_in, grad_out, channels, inner, params, arr, true);
-  run_elementwise(j, outer * channels * inner, true);
+  for (std::int64_t c = 0; c < C; ++c) grad_amax[c] = finish_chunk_sum(vals.data() + c * chunks, chunks);
 }
 
 }  // namespace xquant::detail

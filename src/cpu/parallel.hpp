@@ -15,6 +15,14 @@ int worker_threads();  // the configured count (runtime.cpp)
 // the work (the per-call overhead target is < 1 us for 4 Ki elements).
 inline constexpr std::int64_t kParallelMinBytes = std::int64_t{1} << 18;
 
+// Outputs of at least this many bytes are written with non-temporal (streaming) stores: they exceed
+// the 32 MiB last-level cache of the development machine by the time the call ends, so caching them
+// only costs a read-for-ownership per line.
+inline constexpr std::int64_t kStreamMinBytes = std::int64_t{16} << 20;
+std::int64_t stream_min_bytes();          // kStreamMinBytes unless a test changed it (runtime.cpp)
+void set_stream_min_bytes(std::int64_t);  // tests: 0 streams every output that can be aligned
+inline bool use_stream(std::int64_t output_bytes) { return output_bytes >= stream_min_bytes(); }
+
 inline int threads_for(std::int64_t bytes) {
   if (bytes < kParallelMinBytes) return 1;
   return worker_threads();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
@@ -30,6 +31,7 @@ struct QJob {
   const QuantizeParams* params;  // runs walk
   const float* scale;            // periodic walk: expanded arrays
   const float* zero_point;
+  bool stream;  // non-temporal stores for y (not int4)
 };
 #endif
 }  // namespace xquant::detail
@@ -39,15 +41,15 @@ namespace xquant::detail::HWY_NAMESPACE {
 
 constexpr std::int64_t kBlock = 64;  // int4: elements per packing block (8 words)
 
-template <QuantDType Q>
+template <QuantDType Q, bool kStream = false>
 HWY_INLINE void StoreQ(VF r, void* y, std::int64_t i) {
   if constexpr (Q == QuantDType::qint8 || Q == QuantDType::quint4x2) {
-    StoreI8(SaturateToI32Range(r, Q == QuantDType::qint8 ? -128.0f : -8.0f, Q == QuantDType::qint8 ? 127.0f : 7.0f),
-            static_cast<std::int8_t*>(y) + i);
+    StoreI8<kStream>(SaturateToI32Range(r, Q == QuantDType::qint8 ? -128.0f : -8.0f, Q == QuantDType::qint8 ? 127.0f : 7.0f),
+                     static_cast<std::int8_t*>(y) + i);
   } else if constexpr (Q == QuantDType::quint8) {
-    StoreU8(SaturateToI32Range(r, 0.0f, 255.0f), static_cast<std::uint8_t*>(y) + i);
+    StoreU8<kStream>(SaturateToI32Range(r, 0.0f, 255.0f), static_cast<std::uint8_t*>(y) + i);
   } else {
-    StoreI32(SaturateToI32(r), static_cast<std::int32_t*>(y) + i);
+    StoreI32<kStream>(SaturateToI32(r), static_cast<std::int32_t*>(y) + i);
   }
 }
 
@@ -60,23 +62,12 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     const VF xv = LoadF<DT>(xb, xi);
     const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
     const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
-    const VF scaled = j.div_mode ? hn::Div(xv, sv) : hn::Mul(xv, sv);
-    return RoundEven(hn::Add(scaled, zv));
+    const VF scaled = j.div_mode ? hn::Div(xv, sv) : hn::Mul(xv, sv);  // x / scale  or  x * scale
+    return RoundEven(hn::Add(scaled, zv));                               // rint(... + zero_point)
   };
-  constexpr std::size_t kOutSize = Q == QuantDType::quint8 || Q == QuantDType::qint8 || Q == QuantDType::quint4x2 ? 1 : 4;
-  std::int64_t i = 0;
-  if constexpr (Q == QuantDType::quint4x2) {
-    HWY_ALIGN std::int8_t tmp[kBlock];
-    for (; i + kBlock <= n; i += kBlock) {
-      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(j.x, pos + i + k, i + k, sa, za), tmp, k);
-      pack_int4_bytes(tmp, kBlock, static_cast<std::int32_t*>(j.y) + (pos + i) / 8);
-    }
-  } else {
-    for (; i + N <= n; i += N) StoreQ<Q>(value(j.x, pos + i, i, sa, za), j.y, pos + i);
-  }
-  if (i < n) {
-    // Stage the rest (fewer than kBlock elements) in zero-padded buffers.
-    const std::int64_t rem = n - i;
+  constexpr std::size_t kOutSize = Q == QuantDType::qint32 ? 4 : 1;
+  // Fewer than kBlock elements at i through zero-padded stack buffers.
+  auto stage = [&](std::int64_t i, std::int64_t rem) {
     const std::size_t es = dtype_size(DT);
     alignas(64) unsigned char sx[kBlock * 4] = {};
     HWY_ALIGN float ss[kBlock], sz[kBlock];
@@ -94,6 +85,18 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     else
       std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(kOutSize), out,
                   static_cast<std::size_t>(rem) * kOutSize);
+  };
+  if constexpr (Q == QuantDType::quint4x2) {
+    std::int64_t i = 0;
+    HWY_ALIGN std::int8_t tmp[kBlock];
+    for (; i + kBlock <= n; i += kBlock) {
+      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(j.x, pos + i + k, i + k, sa, za), tmp, k);
+      pack_int4_bytes(tmp, kBlock, static_cast<std::int32_t*>(j.y) + (pos + i) / 8);
+    }
+    if (i < n) stage(i, n - i);
+  } else {
+    auto step = [&]<bool kStream>(std::int64_t i) { StoreQ<Q, kStream>(value(j.x, pos + i, i, sa, za), j.y, pos + i); };
+    DriveSpan(n, j.stream, j.y, pos, kOutSize, step, stage);
   }
 }
 
@@ -121,10 +124,11 @@ void RangeDT(const QJob& j, std::int64_t a, std::int64_t b) {
 
 void QuantizeRange(const QJob& j, std::int64_t a, std::int64_t b) {
   switch (j.dt) {
-    case DType::float16: return RangeDT<DType::float16>(j, a, b);
-    case DType::bfloat16: return RangeDT<DType::bfloat16>(j, a, b);
-    default: return RangeDT<DType::float32>(j, a, b);
+    case DType::float16: RangeDT<DType::float16>(j, a, b); break;
+    case DType::bfloat16: RangeDT<DType::bfloat16>(j, a, b); break;
+    default: RangeDT<DType::float32>(j, a, b); break;
   }
+  if (j.stream) hwy::FlushStream();
 }
 
 // Tile quant rows [r0, r1): SYM is rint(src * scale) into int8 (the mul-mode span with offset 0: adding
@@ -133,7 +137,7 @@ void TileRows(const TileQuantArgs& a, std::int64_t r0, std::int64_t r1) {
   for (std::int64_t i = r0; i < r1; ++i) {
     const bool sym = a.mode == QuantMode::SYM;
     const QJob j{DType::float32, sym ? QuantDType::qint8 : QuantDType::quint8, false, a.src + i * a.src_pitch,
-                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr};
+                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr, false};
     const float s = a.scale[i * a.scale_pitch];
     if (sym)
       SpanT<DType::float32, QuantDType::qint8>(j, 0, a.cols, nullptr, nullptr, s, 0.0f);
@@ -182,8 +186,9 @@ void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t o
     scale = walk.expand(s.data());
     zero_point = walk.expand(z.data());
   }
-  const QJob j{dt, q, div_mode, x, y, &walk, params, scale.data(), zero_point.data()};
   const std::int64_t n = outer * channels * inner;
+  const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
+  const QJob j{dt, q, div_mode, x, y, &walk, params, scale.data(), zero_point.data(), stream};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
                   [&](std::int64_t a, std::int64_t b) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, a, b); });

@@ -102,15 +102,49 @@ HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
 }
 
 // Store Lanes(DF) float32 values to base[i] as dtype DT (narrowed once, round to nearest even).
-template <DType DT>
+// kStream: non-temporal store; base + i must then be aligned to the stored vector's size (StreamHead).
+template <DType DT, bool kStream = false>
 HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
   if constexpr (DT == DType::float32) {
-    hn::StoreU(v, DF(), static_cast<float*>(base) + i);
+    float* p = static_cast<float*>(base) + i;
+    if constexpr (kStream) hn::Stream(v, DF(), p); else hn::StoreU(v, DF(), p);
   } else {
     const VU bits = DT == DType::float16 ? FloatToHalfBits(v) : FloatToBf16Bits(v);
     // values are <= 0xFFFF, so the saturating int32 -> uint16 demotion is exact
-    hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), bits)), DU16(), static_cast<std::uint16_t*>(base) + i);
+    const auto h = hn::DemoteTo(DU16(), hn::BitCast(DI(), bits));
+    std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
+    if constexpr (kStream) hn::Stream(h, DU16(), p); else hn::StoreU(h, DU16(), p);
   }
+}
+
+// Elements to process one by one (fewer than a vector) before base + i * es is aligned for streaming
+// stores of a whole vector of es-byte elements; -1 when it can never be (base not es-aligned).
+HWY_INLINE std::int64_t StreamHead(const void* base, std::int64_t i, std::size_t es) {
+  const std::uintptr_t align = hn::Lanes(DF()) * es;
+  const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(i) * es;
+  if (addr % es != 0) return -1;
+  return static_cast<std::int64_t>(((align - addr % align) % align) / es);
+}
+
+// Drives a span of n elements: stage(i, count) handles fewer than a vector through stack buffers (the
+// tail, and the head that aligns the output when streaming); step.template operator()<kStream>(i)
+// handles one whole vector at i. Streaming is used when requested and the output can be aligned.
+template <class Step, class Stage>
+HWY_INLINE void DriveSpan(std::int64_t n, bool stream, const void* out, std::int64_t out_pos, std::size_t out_es,
+                          Step&& step, Stage&& stage) {
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
+  std::int64_t i = 0;
+  if (stream && n >= 4 * N) {
+    const std::int64_t h = StreamHead(out, out_pos, out_es);
+    if (h >= 0) {
+      if (h > 0) stage(std::int64_t{0}, h);
+      for (i = h; i + N <= n; i += N) step.template operator()<true>(i);
+      if (i < n) stage(i, n - i);
+      return;
+    }
+  }
+  for (; i + N <= n; i += N) step.template operator()<false>(i);
+  if (i < n) stage(i, n - i);
 }
 
 // Rule 1: round half to even, keeping the sign of zero (rint(-0.25) == -0.0).
@@ -169,9 +203,18 @@ HWY_INLINE VI SaturateToI32(VF r) {
   return hn::IfThenElse(big, hn::Set(di, 2147483647), hn::ConvertTo(di, r));
 }
 
-HWY_INLINE void StoreI8(VI v, std::int8_t* p) { hn::StoreU(hn::DemoteTo(DI8(), v), DI8(), p); }
-HWY_INLINE void StoreU8(VI v, std::uint8_t* p) { hn::StoreU(hn::DemoteTo(DU8(), v), DU8(), p); }
-HWY_INLINE void StoreI32(VI v, std::int32_t* p) { hn::StoreU(v, DI(), p); }
+template <bool kStream = false>
+HWY_INLINE void StoreI8(VI v, std::int8_t* p) {
+  if constexpr (kStream) hn::Stream(hn::DemoteTo(DI8(), v), DI8(), p); else hn::StoreU(hn::DemoteTo(DI8(), v), DI8(), p);
+}
+template <bool kStream = false>
+HWY_INLINE void StoreU8(VI v, std::uint8_t* p) {
+  if constexpr (kStream) hn::Stream(hn::DemoteTo(DU8(), v), DU8(), p); else hn::StoreU(hn::DemoteTo(DU8(), v), DU8(), p);
+}
+template <bool kStream = false>
+HWY_INLINE void StoreI32(VI v, std::int32_t* p) {
+  if constexpr (kStream) hn::Stream(v, DI(), p); else hn::StoreU(v, DI(), p);
+}
 
 }  // namespace xquant::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
