@@ -15,14 +15,14 @@ std::int64_t shape_numel(const Shape& shape) {
   // A zero dimension anywhere makes the tensor empty, whatever the other dimensions are (as in NumPy).
   bool empty = false;
   for (std::int64_t d : shape) {
-    if (d < 0) throw Error(ErrorCode::shape_mismatch, "shape", "shape " + shape_str(shape) + " has a negative dimension");
+    if (d < 0) throw Error(ErrorCode::shape_mismatch, "shape", "xquant::shape_numel: shape " + shape_str(shape) + " has a negative dimension");
     empty = empty || d == 0;
   }
   if (empty) return 0;
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
     if (n > INT64_MAX / d)
-      throw Error(ErrorCode::shape_mismatch, "shape", "shape " + shape_str(shape) + " has more than 2^63 elements");
+      throw Error(ErrorCode::shape_mismatch, "shape", "xquant::shape_numel: shape " + shape_str(shape) + " has more than 2^63 elements");
     n *= d;
   }
   return n;
@@ -43,7 +43,7 @@ constexpr std::size_t kSmallAlign = 64;
 
 [[noreturn]] void throw_oom(std::size_t bytes, const Shape& shape) {
   throw Error(ErrorCode::out_of_memory, "shape",
-              "cannot allocate " + std::to_string(bytes) + " bytes for a tensor of shape " + shape_str(shape));
+              "xquant::Tensor: cannot allocate " + std::to_string(bytes) + " bytes for a tensor of shape " + shape_str(shape));
 }
 }  // namespace
 

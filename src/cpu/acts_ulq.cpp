@@ -204,7 +204,7 @@ bool all_zero(const BroadcastPlan& p, const std::int64_t* stride) {
 void cpu_acts_ulq(const ActsUlqArgs& a) {
   const BroadcastPlan& p = a.plan;
   const std::int64_t n = plan_numel(p);
-  if (!dense_over_output(p, p.stride_x)) return ref::acts_ulq(a);
+  if (n == 0 || !dense_over_output(p, p.stride_x)) return ref::acts_ulq(a);
   // The clamp tensors vary over dims [d0, d1): channels = those dims, outer / inner around them.
   int d0 = p.rank, d1 = 0;
   for (int d = 0; d < p.rank; ++d)
@@ -257,7 +257,8 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
 
 void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
   const BroadcastPlan& p = a.plan;
-  if (!dense_over_output(p, p.stride_x) || !all_zero(p, p.stride_min) || !all_zero(p, p.stride_max))
+  // (Empty outputs go to the reference too: the clamp tensors may then be empty as well.)
+  if (plan_numel(p) == 0 || !dense_over_output(p, p.stride_x) || !all_zero(p, p.stride_min) || !all_zero(p, p.stride_max))
     return ref::acts_ulq_backward(a);
   // Scalar clamp tensors: each sum runs over every output position in order, so chunk k of both sums is
   // elements [1024 k, 1024 (k + 1)), computed together with x_grad in one pass.

@@ -134,7 +134,9 @@ HWY_INLINE void DriveSpan(std::int64_t n, bool stream, const void* out, std::int
                           Step&& step, Stage&& stage) {
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
   std::int64_t i = 0;
-  if (stream && n >= 4 * N) {
+  // Highway's Stream writes a whole 128-bit register even for a narrower vector (e.g. 4 x uint16 on
+  // SSE4), so only vectors of at least 16 bytes are streamed.
+  if (stream && n >= 4 * N && static_cast<std::size_t>(N) * out_es >= 16) {
     const std::int64_t h = StreamHead(out, out_pos, out_es);
     if (h >= 0) {
       if (h > 0) stage(std::int64_t{0}, h);

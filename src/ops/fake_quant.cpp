@@ -68,12 +68,13 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
   return pb;
 }
 
-void run_forward(const char* op, TensorView out, const ConstTensorView& inputs, const ConstTensorView& amax,
-                 std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
+// out_name: "out", or "inputs" for the in-place form (whose output is its input).
+void run_forward(const char* op, const char* out_name, TensorView out, const ConstTensorView& inputs,
+                 const ConstTensorView& amax, std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
   FakeQuantProblem pb = plan(op, inputs, amax, axis, o);
-  detail::check_output(op, "out", out, inputs.dtype, inputs.shape, "the shape of inputs");
-  detail::check_same_or_disjoint(op, "out", out.data, out.nbytes(), "inputs", inputs.data, inputs.nbytes());
-  detail::check_no_overlap(op, "out", out.data, out.nbytes(), "amax", amax.data, amax.nbytes());
+  detail::check_output(op, out_name, out, inputs.dtype, inputs.shape, "the shape of inputs");
+  detail::check_same_or_disjoint(op, out_name, out.data, out.nbytes(), "inputs", inputs.data, inputs.nbytes());
+  detail::check_no_overlap(op, out_name, out.data, out.nbytes(), "amax", amax.data, amax.nbytes());
   if (inputs.numel() == 0) return;
   detail::active_kernels().fake_quant(inputs.dtype, inputs.data, out.data, pb.split.outer, pb.split.channels,
                                       pb.split.inner, pb.params.data());
@@ -83,7 +84,7 @@ void run_forward(const char* op, TensorView out, const ConstTensorView& inputs, 
 
 void fake_tensor_quant_out(TensorView out, ConstTensorView inputs, ConstTensorView amax,
                            const FakeQuantOptions& options) {
-  run_forward("fake_tensor_quant", std::move(out), inputs, amax, std::nullopt, options);
+  run_forward("fake_tensor_quant", "out", std::move(out), inputs, amax, std::nullopt, options);
 }
 
 Tensor fake_tensor_quant(ConstTensorView inputs, ConstTensorView amax, const FakeQuantOptions& options) {
@@ -94,12 +95,12 @@ Tensor fake_tensor_quant(ConstTensorView inputs, ConstTensorView amax, const Fak
 }
 
 void fake_tensor_quant_inplace(TensorView inputs, ConstTensorView amax, const FakeQuantOptions& options) {
-  run_forward("fake_tensor_quant_inplace", inputs, inputs, amax, std::nullopt, options);
+  run_forward("fake_tensor_quant_inplace", "inputs", inputs, inputs, amax, std::nullopt, options);
 }
 
 void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, ConstTensorView amax,
                                      std::int64_t axis, const FakeQuantOptions& options) {
-  run_forward("fake_tensor_quant_with_axis", std::move(out), inputs, amax, axis, options);
+  run_forward("fake_tensor_quant_with_axis", "out", std::move(out), inputs, amax, axis, options);
 }
 
 Tensor fake_tensor_quant_with_axis(ConstTensorView inputs, ConstTensorView amax, std::int64_t axis,
