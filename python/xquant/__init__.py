@@ -1,0 +1,102 @@
+"""xquant: Huawei Ascend quantization operators, exact, off the NPU (NumPy and PyTorch front ends).
+
+``xquant.npu`` is the compatibility contract: the seeds' names and signatures
+(npu_fake_tensor_quant, npu_fake_tensor_quant_inplace, npu_fake_tensor_quant_with_axis, npu_quantize,
+npu_dynamic_quant_asymmetric, quant, acts_ulq). This namespace re-exports them and adds shorter names
+(fake_tensor_quant, ..., tile_quant) and the backward functions. For torch tensors the operators are also
+available as ``torch.ops.xquant.*`` custom operators (torch.compile / torch.export / autograd).
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+
+from . import _args, _core, npu
+from ._args import QuantMode
+from ._backward import acts_ulq_backward, fake_tensor_quant_backward
+from .npu import (
+    acts_ulq,
+    npu_dynamic_quant_asymmetric,
+    npu_fake_tensor_quant,
+    npu_fake_tensor_quant_inplace,
+    npu_fake_tensor_quant_with_axis,
+    npu_quantize,
+    quant,
+)
+
+__version__: str = _core.__version__
+
+
+def set_num_threads(n: int) -> None:
+    """Worker threads of xquant's CPU kernels (n >= 1, or 0 for OpenMP's default). Results are
+    bit-identical for every thread count. (Independent of torch.set_num_threads.)"""
+    _core.set_num_threads(_args.as_int("set_num_threads", "n", n))
+
+
+def get_num_threads() -> int:
+    """The thread count xquant's CPU kernels use."""
+    return _core.get_num_threads()
+
+
+def set_backend(backend: str) -> None:
+    """'cpu' (SIMD + OpenMP, the default) or 'reference' (the scalar reference kernels): bit-identical."""
+    if not isinstance(backend, str):
+        raise _args.fail_type("set_backend", f"backend is {_args.describe(backend)} but expected 'cpu' or 'reference'")
+    _core.set_backend(backend)
+
+
+def get_backend() -> str:
+    return _core.get_backend()
+
+
+def simd_target() -> str:
+    """The SIMD target the 'cpu' backend runs on this machine, e.g. 'AVX2'."""
+    return _core.simd_target()
+
+
+# Shorter names (same functions).
+fake_tensor_quant = npu_fake_tensor_quant
+fake_tensor_quant_inplace = npu_fake_tensor_quant_inplace
+fake_tensor_quant_with_axis = npu_fake_tensor_quant_with_axis
+quantize = npu_quantize
+dynamic_quant_asymmetric = npu_dynamic_quant_asymmetric
+tile_quant = quant
+
+__all__ = [
+    "npu",
+    "QuantMode",
+    "npu_fake_tensor_quant",
+    "npu_fake_tensor_quant_inplace",
+    "npu_fake_tensor_quant_with_axis",
+    "npu_quantize",
+    "npu_dynamic_quant_asymmetric",
+    "quant",
+    "acts_ulq",
+    "fake_tensor_quant",
+    "fake_tensor_quant_inplace",
+    "fake_tensor_quant_with_axis",
+    "fake_tensor_quant_backward",
+    "quantize",
+    "dynamic_quant_asymmetric",
+    "tile_quant",
+    "acts_ulq_backward",
+    "register_torch_ops",
+    "set_num_threads",
+    "get_num_threads",
+    "set_backend",
+    "get_backend",
+    "simd_target",
+]
+
+
+def register_torch_ops() -> None:
+    """Imports torch and registers the torch.ops.xquant.* custom operators (done automatically when torch
+    was imported before xquant, or on the first call with a torch.Tensor; call this before tracing code
+    that uses torch.ops.xquant directly)."""
+    import torch  # noqa: F401
+
+    npu._load_torch_backend()
+
+
+if "torch" in _sys.modules:
+    npu._load_torch_backend()

@@ -1,0 +1,154 @@
+"""Argument checking shared by the NumPy and torch front ends (no torch import here).
+
+Every message starts with ``xquant::<operator>: `` like the C++ library's, names the argument, what it
+got and what was expected.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from . import _core
+
+try:  # NumPy bfloat16 is optional (ml_dtypes)
+    import ml_dtypes as _ml_dtypes
+
+    NP_BFLOAT16: np.dtype | None = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - exercised only where ml_dtypes is missing
+    NP_BFLOAT16 = None
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+QINT8: int = _core.QINT8
+QUINT8: int = _core.QUINT8
+QINT32: int = _core.QINT32
+QUINT4X2: int = _core.QUINT4X2
+
+# Spellings of the quantized output kinds accepted for every input kind (torch dtypes are matched by
+# name, so that this module never imports torch).
+_QDTYPE_NAMES = {
+    "qint8": QINT8,
+    "int8": QINT8,
+    "quint8": QUINT8,
+    "uint8": QUINT8,
+    "qint32": QINT32,
+    "int32": QINT32,
+    "quint4x2": QUINT4X2,
+}
+QDTYPE_NAME = {QINT8: "qint8", QUINT8: "quint8", QINT32: "qint32", QUINT4X2: "quint4x2"}
+
+
+class QuantMode(str, enum.Enum):
+    """Mode of the pypto tile ``quant``: SYM (int8 output) or ASYM (uint8 output with an offset)."""
+
+    SYM = "SYM"
+    ASYM = "ASYM"
+
+
+def fail_type(op: str, msg: str) -> TypeError:
+    return TypeError(f"xquant::{op}: {msg}")
+
+
+def fail_value(op: str, msg: str) -> ValueError:
+    return ValueError(f"xquant::{op}: {msg}")
+
+
+def describe(v: Any) -> str:
+    r = repr(v)
+    if len(r) > 60:
+        r = r[:57] + "..."
+    if v is None or isinstance(v, (int, float, str)):
+        return r
+    return f"{r} ({type(v).__module__}.{type(v).__qualname__})"
+
+
+def as_int(op: str, name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise fail_type(op, f"{name} is {describe(v)} but expected an int")
+    v = int(v)
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise fail_value(op, f"{name} is {v} which does not fit in 64 bits")
+    return v
+
+
+def as_opt_int(op: str, name: str, v: Any) -> int | None:
+    return None if v is None else as_int(op, name, v)
+
+
+def as_bool(op: str, name: str, v: Any) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise fail_type(op, f"{name} is {describe(v)} but expected a bool")
+    return bool(v)
+
+
+def quant_dtype_code(op: str, name: str, d: Any) -> int:
+    """torch.qint8 / torch.quint8 / torch.qint32 / torch.int32 / torch.quint4x2 (and torch.int8 /
+    torch.uint8), NumPy dtypes int8 / uint8 / int32, or the same names as strings -> a QuantDType code."""
+    t = type(d)
+    if isinstance(d, str):
+        key = d[6:] if d.startswith("torch.") else d
+    elif t.__module__ == "torch" and t.__name__ == "dtype":
+        key = str(d)[6:]  # "torch.qint8" -> "qint8"
+    elif isinstance(d, np.dtype) or (isinstance(d, type) and issubclass(d, np.generic)):
+        key = np.dtype(d).name
+    else:
+        raise fail_type(op, f"{name} is {describe(d)} but expected a torch dtype, a NumPy dtype or a string")
+    code = _QDTYPE_NAMES.get(key)
+    if code is None:
+        raise fail_value(
+            op,
+            f"{name} is {d} but expected one of torch.qint8, torch.quint8, torch.qint32 / torch.int32, "
+            "torch.quint4x2 (NumPy: int8, uint8, int32; strings: 'qint8', 'quint8', 'qint32', 'quint4x2')",
+        )
+    return code
+
+
+def storage_of(code: int) -> str:
+    """Name of the integer dtype that stores a quantized output (quint4x2 packs 8 int4 per int32)."""
+    return {QINT8: "int8", QUINT8: "uint8", QINT32: "int32", QUINT4X2: "int32"}[code]
+
+
+def quant_mode(op: str, mode: Any) -> bool:
+    """'SYM' / 'ASYM' (or QuantMode) -> asym flag."""
+    if isinstance(mode, QuantMode):
+        return mode is QuantMode.ASYM
+    if not isinstance(mode, str):
+        raise fail_type(op, f"mode is {describe(mode)} but expected 'SYM', 'ASYM' or xquant.QuantMode")
+    m = mode.upper()
+    if m.startswith("QUANTMODE."):
+        m = m[10:]
+    if m not in ("SYM", "ASYM"):
+        raise fail_value(op, f"mode is {mode!r} but expected 'SYM' or 'ASYM'")
+    return m == "ASYM"
+
+
+def dynamic_mode(op: str, quant_mode: Any) -> bool:
+    """'pertoken' / 'pertensor' -> per_tensor flag."""
+    if not isinstance(quant_mode, str):
+        raise fail_type(op, f"quant_mode is {describe(quant_mode)} but expected 'pertoken' or 'pertensor'")
+    if quant_mode not in ("pertoken", "pertensor"):
+        raise fail_value(op, f"quant_mode is {quant_mode!r} but expected 'pertoken' or 'pertensor'")
+    return quant_mode == "pertensor"
+
+
+def dst_type_code(op: str, dst_type: Any) -> int:
+    """npu_dynamic_quant_asymmetric's dst_type: None -> qint8."""
+    return QINT8 if dst_type is None else quant_dtype_code(op, "dst_type", dst_type)
+
+
+def quantized_shape(shape: tuple, code: int) -> tuple:
+    """Output shape of a quantizing operator: quint4x2 divides the last dimension by 8. Lenient: for an
+    invalid input the C++ library raises its own error before it looks at the output."""
+    if code == QUINT4X2 and len(shape) >= 1:
+        return tuple(shape[:-1]) + (shape[-1] // 8,)
+    return tuple(shape)
+
+
+def dynamic_shapes(shape: tuple, code: int, per_tensor: bool) -> tuple[tuple, tuple]:
+    """(y shape, scale / offset shape) of npu_dynamic_quant_asymmetric (lenient, as quantized_shape)."""
+    y = quantized_shape(shape, code)
+    params = (1,) if per_tensor else tuple(shape[:-1])
+    return y, params

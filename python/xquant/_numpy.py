@@ -1,0 +1,211 @@
+"""NumPy front end: prepares arrays (zero-copy when already dense), allocates NumPy outputs and calls the
+compiled core. bfloat16 arrays (ml_dtypes) travel to C++ as uint16 views of the same memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _args, _core
+from ._args import NP_BFLOAT16, fail_type, fail_value
+
+_UINT16 = np.dtype(np.uint16)
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    """The array as C++ sees it: bfloat16 as uint16 bits (same memory)."""
+    return a.view(np.uint16) if NP_BFLOAT16 is not None and a.dtype == NP_BFLOAT16 else a
+
+
+def _check_array(op: str, name: str, a: Any) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise fail_type(op, f"{name} is {_args.describe(a)} but expected a numpy.ndarray (the kind of the main input)")
+    if a.dtype == _UINT16:
+        raise fail_type(op, f"{name} has dtype uint16 which xquant does not support "
+                            "(float32, float16, bfloat16, int8, uint8, int32, int64)")
+    return a
+
+
+def arg(op: str, name: str, a: Any) -> np.ndarray:
+    """An input: made dense, aligned and native-endian if it is not (a copy only then)."""
+    a = _check_array(op, name, a)
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        a = a.copy(order="C")
+    return _raw(a)
+
+
+def opt_arg(op: str, name: str, a: Any) -> np.ndarray | None:
+    return None if a is None else arg(op, name, a)
+
+
+def param_array(op: str, name: str, v: Any, dtype: np.dtype) -> np.ndarray:
+    """A parameter tensor that may also be given as a Python / NumPy real number (-> 0-d array of dtype),
+    in the caller's dtype (not yet prepared for C++)."""
+    if isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return np.asarray(v, dtype=dtype)
+    return _check_array(op, name, v)
+
+
+def param(op: str, name: str, v: Any, dtype: np.dtype) -> np.ndarray:
+    return arg(op, name, param_array(op, name, v, dtype))
+
+
+def output(op: str, name: str, a: Any) -> np.ndarray:
+    """An array written in place: must already be dense, aligned, native and writable (never copied)."""
+    a = _check_array(op, name, a)
+    if not a.flags.writeable:
+        raise fail_value(op, f"{name} is a read-only array but expected a writable one")
+    if not (a.flags.c_contiguous and a.flags.aligned and a.dtype.isnative):
+        raise fail_value(
+            op,
+            f"{name} is not a dense (C-contiguous, aligned, native-endian) array; an in-place call cannot make it "
+            "contiguous for you (pass np.ascontiguousarray(...) and use the result)",
+        )
+    return _raw(a)
+
+
+def _empty(shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(array returned to the caller, the same memory as C++ sees it)."""
+    a = np.empty(shape, dtype=dtype)
+    return a, _raw(a)
+
+
+# ---- fake tensor quant ------------------------------------------------------------------------------------
+
+def fake_tensor_quant(op: str, inputs: np.ndarray, amax: Any, axis: int | None, num_bits: int, is_unsigned: bool,
+                      narrow_range: bool) -> np.ndarray:
+    x = arg(op, "inputs", inputs)
+    a = param(op, "amax", amax, np.dtype(np.float32))
+    out, raw = _empty(x.shape, inputs.dtype)
+    _core.fake_tensor_quant(raw, x, a, axis, num_bits, is_unsigned, narrow_range)
+    return out
+
+
+def fake_tensor_quant_inplace(op: str, inputs: np.ndarray, amax: Any, num_bits: int, is_unsigned: bool,
+                              narrow_range: bool) -> np.ndarray:
+    x = output(op, "inputs", inputs)
+    a = param(op, "amax", amax, np.dtype(np.float32))
+    _core.fake_tensor_quant_inplace(x, a, num_bits, is_unsigned, narrow_range)
+    return inputs
+
+
+def fake_tensor_quant_backward(op: str, grad_out: np.ndarray, inputs: np.ndarray, amax: Any, axis: int | None,
+                               num_bits: int, is_unsigned: bool, narrow_range: bool,
+                               want_grad_amax: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    g = arg(op, "grad_out", grad_out)
+    x = arg(op, "inputs", inputs)
+    amax_arr = param_array(op, "amax", amax, np.dtype(np.float32))
+    a = arg(op, "amax", amax_arr)
+    gi, gi_raw = _empty(x.shape, inputs.dtype)
+    ga, ga_raw = _empty(a.shape, amax_arr.dtype) if want_grad_amax else (None, None)
+    _core.fake_tensor_quant_backward(gi_raw, ga_raw, g, x, a, axis, num_bits, is_unsigned, narrow_range)
+    return gi, ga
+
+
+# ---- npu_quantize -------------------------------------------------------------------------------------------
+
+def quantize(op: str, input: np.ndarray, scales: Any, zero_points: Any, dtype: Any, axis: int,
+             div_mode: bool) -> np.ndarray:
+    code = _args.quant_dtype_code(op, "dtype", dtype)
+    x = arg(op, "input", input)
+    s = arg(op, "scales", scales)
+    zp = opt_arg(op, "zero_points", zero_points)
+    out = np.empty(_args.quantized_shape(x.shape, code), dtype=_args.storage_of(code))
+    _core.quantize(out, x, s, zp, code, axis, div_mode)
+    return out
+
+
+# ---- pypto tile quant -------------------------------------------------------------------------------------
+
+def _tile_pitch_ok(a: np.ndarray) -> bool:
+    """Row-major rows with unit column stride, possibly padded (a slice of a wider array)."""
+    if a.ndim != 2 or a.size == 0:
+        return True  # not 2-D: C++ reports the shape; empty: nothing is read or written
+    if not a.flags.aligned or not a.dtype.isnative:
+        return False
+    rows, cols = a.shape
+    s0, s1 = a.strides
+    item = a.itemsize
+    return (cols <= 1 or s1 == item) and (rows <= 1 or (s0 >= 0 and s0 % item == 0))
+
+
+def _tile_in(op: str, name: str, a: Any) -> np.ndarray:
+    a = _check_array(op, name, a)
+    if not _tile_pitch_ok(a):
+        a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("="), copy=False))
+    return _raw(a)
+
+
+def tile_quant(op: str, out: Any, src: Any, scale: Any, mode: Any, offset: Any) -> None:
+    asym = _args.quant_mode(op, mode)
+    o = _check_array(op, "out", out)
+    if not o.flags.writeable:
+        raise fail_value(op, "out is a read-only array but expected a writable one")
+    if not _tile_pitch_ok(o):
+        raise fail_value(
+            op, "out must be a 2-D row-major array with unit column stride (rows may be padded); it is written in place"
+        )
+    s = _tile_in(op, "src", src)
+    sc = _tile_in(op, "scale", scale)
+    off = None if offset is None else _tile_in(op, "offset", offset)
+    if off is not None and sc.ndim == 2 and off.ndim == 2 and sc.strides[0] != off.strides[0]:
+        # The NPU needs scale and offset in tiles of one physical shape; off the NPU, give both a dense layout.
+        sc, off = np.ascontiguousarray(sc), np.ascontiguousarray(off)
+    _core.tile_quant(o, s, sc, asym, off)
+
+
+# ---- npu_dynamic_quant_asymmetric --------------------------------------------------------------------------
+
+def dynamic_quant_asymmetric(op: str, x: Any, smooth_scales: Any, group_index: Any, dst_type: Any,
+                             quant_mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    code = _args.dst_type_code(op, dst_type)
+    per_tensor = _args.dynamic_mode(op, quant_mode)
+    xv = arg(op, "x", x)
+    sm = opt_arg(op, "smooth_scales", smooth_scales)
+    gi = opt_arg(op, "group_index", group_index)
+    y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, per_tensor)
+    y = np.empty(y_shape, dtype=_args.storage_of(code))
+    scale = np.empty(p_shape, dtype=np.float32)
+    offset = np.empty(p_shape, dtype=np.float32)
+    _core.dynamic_quant_asymmetric(y, scale, offset, xv, sm, gi, code, per_tensor)
+    return y, scale, offset
+
+
+# ---- ActsULQ ------------------------------------------------------------------------------------------------
+
+def _broadcast(*shapes: tuple) -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return tuple(shapes[0])  # the C++ library reports the mismatch, naming the argument
+
+
+def acts_ulq(op: str, x: Any, clamp_min: Any, clamp_max: Any, fixed_min: bool,
+             num_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    xv = arg(op, "x", x)
+    lo = param(op, "clamp_min", clamp_min, x.dtype)
+    hi = param(op, "clamp_max", clamp_max, x.dtype)
+    shape = _broadcast(xv.shape, lo.shape, hi.shape)
+    outs = [_empty(shape, x.dtype) for _ in range(4)]
+    _core.acts_ulq(*(r for _, r in outs), xv, lo, hi, fixed_min, num_bits)
+    return tuple(o for o, _ in outs)  # type: ignore[return-value]
+
+
+def acts_ulq_backward(op: str, y_grad: Any, x_shape: tuple, clamp_min: Any, clamp_max: Any, clamp_min_mask: Any,
+                      clamp_max_mask: Any, x_clamped_loss: Any, fixed_min: bool,
+                      num_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    dy = arg(op, "y_grad", y_grad)
+    lo = arg(op, "clamp_min", clamp_min)
+    hi = arg(op, "clamp_max", clamp_max)
+    m0 = arg(op, "clamp_min_mask", clamp_min_mask)
+    m1 = arg(op, "clamp_max_mask", clamp_max_mask)
+    ls = arg(op, "x_clamped_loss", x_clamped_loss)
+    dt = clamp_min.dtype
+    xg, xg_raw = _empty(tuple(x_shape), dt)
+    g0, g0_raw = _empty(lo.shape, dt)
+    g1, g1_raw = _empty(hi.shape, dt)
+    _core.acts_ulq_backward(xg_raw, g0_raw, g1_raw, dy, lo, hi, m0, m1, ls, fixed_min, num_bits)
+    return xg, g0, g1

@@ -1,0 +1,219 @@
+"""The seeds' Python API, name for name and argument for argument, off the NPU.
+
+Code written for Ascend runs by changing its import::
+
+    from mx_driving import npu_fake_tensor_quant      ->  from xquant.npu import npu_fake_tensor_quant
+    torch_npu.npu_quantize(...)                        ->  xquant.npu.npu_quantize(...)
+    torch_npu.npu_dynamic_quant_asymmetric(...)        ->  xquant.npu.npu_dynamic_quant_asymmetric(...)
+    pypto_pro.language.quant(out, src, scale, ...)     ->  xquant.npu.quant(out, src, scale, ...)
+    ActsULQ (CANN graph operator)                      ->  xquant.npu.acts_ulq(...)
+
+Every function takes NumPy arrays or PyTorch CPU tensors and returns the same kind (NumPy in, NumPy out;
+torch in, torch out). Contiguous data is not copied; non-contiguous inputs are made contiguous for the
+caller (in-place calls on non-contiguous data raise instead). float32, float16 and bfloat16 (torch, or
+NumPy through ml_dtypes) are accepted everywhere. The GIL is released while the C++ kernels run.
+Arithmetic is float32 with the exact operation order and round-half-to-even of docs/semantics (SPEC.md);
+errors of the C++ library arrive as TypeError (a dtype the operator does not accept) or ValueError
+(everything else) with the library's message. For torch tensors the functions are torch.library custom
+operators (torch.ops.xquant.*) with fake implementations and autograd (see xquant._torch_ops).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from . import _args, _numpy
+from ._args import QuantMode
+
+__all__ = [
+    "npu_fake_tensor_quant",
+    "npu_fake_tensor_quant_inplace",
+    "npu_fake_tensor_quant_with_axis",
+    "npu_quantize",
+    "npu_dynamic_quant_asymmetric",
+    "quant",
+    "acts_ulq",
+    "QuantMode",
+]
+
+_torch_backend = None  # xquant._torch_ops once torch is in use
+
+
+def _load_torch_backend():
+    """xquant._torch_ops (registering the custom operators) if torch has been imported, else None."""
+    global _torch_backend
+    if _torch_backend is None and "torch" in sys.modules:
+        from . import _torch_ops
+
+        _torch_backend = _torch_ops
+    return _torch_backend
+
+
+def _backend(op: str, name: str, x: Any):
+    """The front end for the kind of the main input: NumPy or torch; anything else is a TypeError."""
+    if isinstance(x, np.ndarray):
+        return _numpy
+    tb = _torch_backend if _torch_backend is not None else _load_torch_backend()
+    if tb is not None and isinstance(x, tb.Tensor):
+        return tb
+    raise _args.fail_type(op, f"{name} is {_args.describe(x)} but expected a numpy.ndarray or a torch.Tensor")
+
+
+def _fq_options(op: str, num_bits: Any, is_unsigned: Any, narrow_range: Any) -> tuple[int, bool, bool]:
+    return (_args.as_int(op, "num_bits", num_bits), _args.as_bool(op, "is_unsigned", is_unsigned),
+            _args.as_bool(op, "narrow_range", narrow_range))
+
+
+# ---- seed 01: mx_driving.npu_fake_tensor_quant* -----------------------------------------------------------
+
+def npu_fake_tensor_quant(inputs, amax, num_bits: int = 8, is_unsigned: bool = False, narrow_range: bool = True):
+    """Per-tensor fake quantization (quantize, then dequantize) for quantization-aware training.
+
+    Formula (float32, SPEC section 1)::
+
+        bound     = 2^(num_bits - 1 + is_unsigned) - 1           (exact integers)
+        max_bound = bound
+        min_bound = is_unsigned ? 0 : -(bound + (narrow_range ? 0 : 1))
+        scale     = max_bound / amax                              (float32 division)
+        out       = clamp(rint(inputs * scale), min_bound, max_bound) / scale
+
+    ``rint`` rounds half to even. ``amax`` has exactly one element (a 0-d or [1] tensor, or a Python
+    number), finite and >= 0; where scale is not finite or is 0 the output is 0 (NaN stays NaN).
+    ``num_bits`` in [1, 32]. Returns a new array/tensor of ``inputs``' dtype and shape.
+
+    Autograd (torch): straight-through with clipping, ``grad_in = grad_out`` where
+    ``min_bound/scale <= x <= max_bound/scale`` else 0; if ``amax`` requires grad it gets
+    ``sum(grad_out * (x > max_bound/scale ? 1 : x < min_bound/scale ? min_bound/max_bound : 0))``.
+    """
+    op = "fake_tensor_quant"
+    b = _backend(op, "inputs", inputs)
+    return b.fake_tensor_quant(op, inputs, amax, None, *_fq_options(op, num_bits, is_unsigned, narrow_range))
+
+
+def npu_fake_tensor_quant_inplace(inputs, amax, num_bits: int = 8, is_unsigned: bool = False,
+                                  narrow_range: bool = True):
+    """:func:`npu_fake_tensor_quant` written into ``inputs``, which is returned (same object, same memory).
+
+    ``inputs`` must be contiguous and writable (else ValueError); on any error it is left unmodified. No
+    autograd: a torch tensor that requires grad (grad mode on) is refused with ValueError; train with
+    npu_fake_tensor_quant.
+    """
+    op = "fake_tensor_quant_inplace"
+    b = _backend(op, "inputs", inputs)
+    return b.fake_tensor_quant_inplace(op, inputs, amax, *_fq_options(op, num_bits, is_unsigned, narrow_range))
+
+
+def npu_fake_tensor_quant_with_axis(inputs, amax, axis: int, num_bits: int = 8, is_unsigned: bool = False,
+                                    narrow_range: bool = True):
+    """Per-axis (per-channel) fake quantization: the formula of :func:`npu_fake_tensor_quant` with
+    ``amax[c]`` (1-D, ``inputs.shape[axis]`` elements) for every slice ``c`` along ``axis``.
+
+    ``axis`` may be negative (Python style). Autograd as for the per-tensor form, ``amax``'s gradient
+    reduced per channel.
+    """
+    op = "fake_tensor_quant_with_axis"
+    b = _backend(op, "inputs", inputs)
+    ax = _args.as_int(op, "axis", axis)
+    return b.fake_tensor_quant(op, inputs, amax, ax, *_fq_options(op, num_bits, is_unsigned, narrow_range))
+
+
+# ---- seed 02: torch_npu.npu_quantize ------------------------------------------------------------------------
+
+def npu_quantize(input, scales, zero_points, dtype, axis: int = 1, div_mode: bool = True):
+    """Static quantization to plain integer outputs (SPEC section 2)::
+
+        div_mode=True : y = sat(rint(input / scales + zero_points))   dtype qint8, quint8, qint32 / int32
+        div_mode=False: y = sat(rint(input * scales + zero_points))   dtype qint8 or quint4x2
+
+    (division / multiplication, then addition, in float32; one rounding, half to even; NaN -> 0, +-Inf and
+    out-of-range values saturate.) ``dtype``: torch.qint8, torch.quint8, torch.qint32 or torch.int32,
+    torch.quint4x2 (NumPy: np.int8, np.uint8, np.int32, or the strings 'qint8', 'quint8', 'qint32' /
+    'int32', 'quint4x2'). Outputs are int8, uint8, int32, and for quint4x2 int32 words each packing eight
+    int4 (element 8k+j in bits [4j, 4j+3] of word k; the last dimension divided by 8).
+
+    div_mode=True: ``scales`` is 1-D with 1 element (per-tensor, axis ignored) or ``input.shape[axis]``
+    elements; axis wraps Python style; ``zero_points`` None, or scales' shape, int8 / uint8 / int32 /
+    floating. div_mode=False: ``axis == -2`` selects the second-to-last dimension, any other axis > -2 the
+    last one; ``scales`` 1-D or of input's rank with 1s except on that axis; ``zero_points`` matches scales.
+    """
+    op = "quantize"
+    b = _backend(op, "input", input)
+    return b.quantize(op, input, scales, zero_points, dtype, _args.as_int(op, "axis", axis),
+                      _args.as_bool(op, "div_mode", div_mode))
+
+
+# ---- seed 03: pypto_pro.language.quant ----------------------------------------------------------------------
+
+def quant(out, src, scale, mode: Any = QuantMode.SYM, offset=None) -> None:
+    """Tile quantization FP32 -> INT8 (SYM) / UINT8 (ASYM), written into ``out`` (SPEC section 3)::
+
+        SYM : out[i, j] = sat_int8 (rint(src[i, j] * scale[i, 0]))
+        ASYM: out[i, j] = sat_uint8(rint(src[i, j] * scale[i, 0] + offset[i, 0]))   (one rounding)
+
+    ``src`` float32 [M, N]; ``scale`` (a multiplier, 1/s) and ``offset`` float32 [M, 1]; ``out`` int8
+    (SYM) or uint8 (ASYM) [M, N]. ``out`` may be a row slice of a wider array (its row pitch is taken from
+    its strides); only its [M, N] region is written. ``mode``: 'SYM' / 'ASYM' or xquant.QuantMode.
+    ``offset`` is required for ASYM and rejected for SYM. Returns None, like pypto.
+    """
+    op = "tile_quant"
+    b = _backend(op, "out", out)
+    _args.quant_mode(op, mode)  # checked before the arrays, for both kinds
+    b.tile_quant(op, out, src, scale, mode, offset)
+
+
+# ---- seed 04: torch_npu.npu_dynamic_quant_asymmetric ------------------------------------------------------
+
+def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst_type=None,
+                                 quant_mode: str = "pertoken"):
+    """Dynamic asymmetric quantization per token (row) or per tensor; returns ``(y, scale, offset)``::
+
+        x'     = smooth_scales ? x * smooth_scales[expert(row)] : x               (float32)
+        scale  = max((rowMax(x') - rowMin(x')) / (DST_MAX - DST_MIN), 1e-12)
+        offset = DST_MAX - rowMax(x') / scale
+        y      = sat(rint(x' / scale + offset))
+
+    ``x`` rank >= 2 (rows: every dimension but the last). ``smooth_scales`` [H], or [E, H] with
+    ``group_index`` (int32 / int64 [E], non-decreasing cumulative row ends, the last == rows). ``dst_type``
+    None / torch.qint8 / torch.int8 -> int8 [-128, 127]; torch.quint4x2 -> int4 [-8, 7] packed eight per
+    int32 (H % 8 == 0). ``scale`` and ``offset`` are float32 of shape x.shape[:-1] ("pertoken") or (1,)
+    ("pertensor"; not with smooth_scales). A row containing NaN gets NaN scale / offset and y = 0.
+    """
+    op = "dynamic_quant_asymmetric"
+    b = _backend(op, "x", x)
+    _args.dynamic_mode(op, quant_mode)
+    return b.dynamic_quant_asymmetric(op, x, smooth_scales, group_index, dst_type, quant_mode)
+
+
+# ---- seed 05: ActsULQ ---------------------------------------------------------------------------------------
+
+def acts_ulq(x, clamp_min, clamp_max, fixed_min: bool = False, num_bits: int = 8):
+    """ActsULQ: learnable-clip fake quantization with masks and quantization loss (SPEC section 5).
+    Returns ``(y, clamp_min_mask, clamp_max_mask, x_clamped_loss)``, all of the broadcast shape of the
+    inputs and x's dtype::
+
+        LEVELS  = 2^num_bits - 1,  EPS = 1.192092896e-7
+        ori_min = fixed_min ? 0 : min(clamp_min, 0);   ori_max = max(clamp_max, LEVELS * EPS)
+        s       = (ori_max - ori_min) / LEVELS;        off = rint(ori_min / s)
+        clip_lo = s * off;  clip_hi = s * (off + LEVELS);  xc = min(max(x, clip_lo), clip_hi)
+        clamp_min_mask = x >= clip_lo;                 clamp_max_mask = x <= clip_hi
+        raw = xc / s;  rx = rint(raw);                 y = rx * s
+        x_clamped_loss = both masks ? (rx - raw) / LEVELS : (rint(ori_min / s) - ori_min / s) / LEVELS
+
+    ``x``, ``clamp_min``, ``clamp_max`` broadcast NumPy style (rank <= 8) and share one floating dtype
+    (clamps may also be Python numbers). ``num_bits`` in [2, 16] (the NPU documents 8).
+
+    Autograd (torch), through y only (the masks and the loss are not differentiable)::
+
+        x_grad         = y_grad * clamp_min_mask * clamp_max_mask
+        clamp_min_grad = sum(y_grad * ((1 - clamp_min_mask) - x_clamped_loss)), 0 where fixed_min or clamp_min > 0
+        clamp_max_grad = sum(y_grad * (x_clamped_loss + (1 - clamp_max_mask))), 0 where clamp_max < LEVELS * EPS
+
+    each summed down to the shape of its input.
+    """
+    op = "acts_ulq"
+    b = _backend(op, "x", x)
+    return b.acts_ulq(op, x, clamp_min, clamp_max, _args.as_bool(op, "fixed_min", fixed_min),
+                      _args.as_int(op, "num_bits", num_bits))

@@ -1,0 +1,23 @@
+"""pytest configuration of the xquant Python suite: fixed thread count, importable helpers."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # golden.py, tutil.py
+
+try:  # every test module requires torch and ml_dtypes (installed by scripts/setup-python) and skips,
+    import torch  # naming the missing one, without them
+
+    torch.set_num_threads(2)  # explicit, whatever the machine; xquant's own threads: xquant.set_num_threads
+    torch.manual_seed(0)
+except ImportError:
+    pass
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+
+    return np.random.default_rng(12345)
