@@ -104,7 +104,7 @@ void quantize_examples() {
   xq::Tensor y4 = xq::quantize(x4, s4, std::nullopt, xq::QuantDType::quint4x2, -1, false);
   std::printf("div_mode=False, quint4x2, x [2, 16] -> int32 [2, 2]: word 0 = 0x%08x\n",
               static_cast<unsigned>(y4.data<std::int32_t>()[0]));
-  print_row("x[0][0:8] * 4", x4.data<float>(), 8);
+  print_row("x[0][0:8] (y = rint(x * 4))", x4.data<float>(), 8);
 }
 
 void tile_quant_example() {

@@ -1,0 +1,179 @@
+// Google Benchmark of the xquant operators on the seed documents' shapes and on small shapes, with a
+// memcpy bandwidth probe using the same threads. bytes_per_second counts bytes read + bytes written per
+// call. Run: build/release/bench/bench_ops --benchmark_min_time=0.2 (see docs/performance.md).
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstring>
+#include <random>
+
+#include "xquant/runtime.hpp"
+#include "xquant/xquant.hpp"
+
+namespace xq = xquant;
+
+namespace {
+
+xq::Tensor random_tensor(xq::DType dt, xq::Shape shape, float range = 4.f) {
+  xq::Tensor f(xq::DType::float32, shape);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-range, range);
+  float* p = f.data<float>();
+  for (std::int64_t i = 0; i < f.numel(); ++i) p[i] = u(rng);
+  if (dt == xq::DType::float32) return f;
+  xq::Tensor t(dt, shape);
+  auto* q = t.data<std::uint16_t>();
+  for (std::int64_t i = 0; i < f.numel(); ++i) q[i] = dt == xq::DType::float16 ? xq::float_to_half(p[i]) : xq::float_to_bfloat16(p[i]);
+  return t;
+}
+
+xq::Tensor filled(xq::Shape shape, float v) {
+  xq::Tensor t(xq::DType::float32, shape);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = v;
+  return t;
+}
+
+void set_bytes(benchmark::State& st, double bytes_per_call) {
+  st.SetBytesProcessed(static_cast<std::int64_t>(bytes_per_call * static_cast<double>(st.iterations())));
+}
+
+// memcpy of n float32 by every thread on its own slice: the bandwidth line (bytes = read + write).
+void BM_memcpy_probe(benchmark::State& st) {
+  const std::int64_t n = st.range(0);
+  xq::Tensor a = random_tensor(xq::DType::float32, {n}), b(xq::DType::float32, {n});
+  std::memset(b.data(), 0, b.nbytes());
+  // Small copies stay on one thread, as xquant's kernels do below 256 KiB of traffic.
+  const int t = 8 * n < (std::int64_t{1} << 18) ? 1 : xq::get_num_threads();
+  for (auto _ : st) {
+#pragma omp parallel num_threads(t)
+    {
+      const std::int64_t k = omp_get_thread_num(), T = omp_get_num_threads();
+      const std::int64_t lo = n * k / T, hi = n * (k + 1) / T;
+      std::memcpy(b.data<float>() + lo, a.data<float>() + lo, static_cast<std::size_t>(hi - lo) * 4);
+    }
+    benchmark::ClobberMemory();
+  }
+  set_bytes(st, 8.0 * static_cast<double>(n));
+}
+
+void BM_fake_quant_per_tensor(benchmark::State& st) {
+  const std::int64_t n = st.range(0);
+  xq::Tensor x = random_tensor(xq::DType::float32, {n}), y(xq::DType::float32, {n}), amax = filled({1}, 3.f);
+  xq::fake_tensor_quant_out(y, x, amax);  // warm-up: first-touch page faults and thread start are not the steady state
+  for (auto _ : st) xq::fake_tensor_quant_out(y, x, amax);
+  set_bytes(st, 8.0 * static_cast<double>(n));
+}
+
+void BM_fake_quant_per_tensor_alloc(benchmark::State& st) {
+  const std::int64_t n = st.range(0);
+  xq::Tensor x = random_tensor(xq::DType::float32, {n}), amax = filled({1}, 3.f);
+  benchmark::DoNotOptimize(xq::fake_tensor_quant(x, amax).data());  // warm-up
+  for (auto _ : st) benchmark::DoNotOptimize(xq::fake_tensor_quant(x, amax).data());
+  set_bytes(st, 8.0 * static_cast<double>(n));
+}
+
+void BM_fake_quant_axis(benchmark::State& st) {
+  const std::int64_t axis = st.range(0);
+  const xq::Shape shape = {32, 8, 512, 768};
+  xq::Tensor x = random_tensor(xq::DType::float32, shape), y(xq::DType::float32, shape);
+  xq::Tensor amax = filled({shape[static_cast<std::size_t>(axis)]}, 3.f);
+  xq::fake_tensor_quant_with_axis_out(y, x, amax, axis);  // warm-up: first-touch page faults and thread start are not the steady state
+  for (auto _ : st) xq::fake_tensor_quant_with_axis_out(y, x, amax, axis);
+  set_bytes(st, 8.0 * static_cast<double>(x.numel()));
+}
+
+void BM_fake_quant_backward(benchmark::State& st) {
+  const std::int64_t n = st.range(0);
+  xq::Tensor x = random_tensor(xq::DType::float32, {n}), g = random_tensor(xq::DType::float32, {n});
+  xq::Tensor gi(xq::DType::float32, {n}), ga(xq::DType::float32, {1}), amax = filled({1}, 3.f);
+  xq::fake_tensor_quant_backward_out(gi, ga.view(), g, x, amax, std::nullopt);  // warm-up: first-touch page faults and thread start are not the steady state
+  for (auto _ : st) xq::fake_tensor_quant_backward_out(gi, ga.view(), g, x, amax, std::nullopt);
+  set_bytes(st, 12.0 * static_cast<double>(n));
+}
+
+void BM_quantize_per_channel(benchmark::State& st) {
+  const auto q = static_cast<xq::QuantDType>(st.range(0));
+  const xq::Shape shape = {4096, 4096};
+  xq::Tensor x = random_tensor(xq::DType::float32, shape);
+  const bool div = q != xq::QuantDType::quint4x2;
+  // int8 (div mode): per-channel on axis 0; int4 (mul mode): per-channel on the last axis
+  xq::Tensor scales = filled({4096}, div ? 0.03f : 2.f);
+  xq::Tensor y(xq::storage_dtype(q), xq::quantize_output_shape(shape, q));
+  xq::quantize_out(y, x, scales, std::nullopt, q, div ? 0 : -1, div);  // warm-up: first-touch page faults and thread start are not the steady state
+  for (auto _ : st) xq::quantize_out(y, x, scales, std::nullopt, q, div ? 0 : -1, div);
+  set_bytes(st, static_cast<double>(x.nbytes() + y.nbytes()));
+}
+
+void BM_dynamic_quant(benchmark::State& st) {
+  const auto dt = static_cast<xq::DType>(st.range(0));
+  const auto q = static_cast<xq::QuantDType>(st.range(1));
+  const bool smooth = st.range(2) != 0;
+  const std::int64_t rows = st.range(3), cols = st.range(4);
+  xq::Tensor x = random_tensor(dt, {rows, cols});
+  xq::Tensor sm = random_tensor(dt, {cols}, 1.f);
+  xq::Tensor y(xq::storage_dtype(q), xq::quantize_output_shape({rows, cols}, q));
+  xq::Tensor scale(xq::DType::float32, {rows}), offset(xq::DType::float32, {rows});
+  xq::dynamic_quant_asymmetric_out(y, scale, offset, x, smooth ? std::optional<xq::ConstTensorView>(sm.view()) : std::nullopt,
+                                     std::nullopt, q);  // warm-up
+  for (auto _ : st)
+    xq::dynamic_quant_asymmetric_out(y, scale, offset, x, smooth ? std::optional<xq::ConstTensorView>(sm.view()) : std::nullopt,
+                                     std::nullopt, q);
+  set_bytes(st, static_cast<double>(x.nbytes() + y.nbytes() + 8 * rows));
+}
+
+void BM_acts_ulq(benchmark::State& st) {
+  const std::int64_t n = st.range(0);
+  xq::Tensor x = random_tensor(xq::DType::float32, {n});
+  xq::Tensor cmin = filled({1}, -1.5f), cmax = filled({1}, 2.f);
+  xq::Tensor y(xq::DType::float32, {n}), mn(xq::DType::float32, {n}), mx(xq::DType::float32, {n}), loss(xq::DType::float32, {n});
+  xq::acts_ulq_out(y, mn, mx, loss, x, cmin, cmax);  // warm-up: first-touch page faults and thread start are not the steady state
+  for (auto _ : st) xq::acts_ulq_out(y, mn, mx, loss, x, cmin, cmax);
+  set_bytes(st, 20.0 * static_cast<double>(n));
+}
+
+void BM_acts_ulq_backward(benchmark::State& st) {
+  const std::int64_t n = st.range(0);
+  xq::Tensor x = random_tensor(xq::DType::float32, {n}), dy = random_tensor(xq::DType::float32, {n});
+  xq::Tensor cmin = filled({1}, -1.5f), cmax = filled({1}, 2.f);
+  auto f = xq::acts_ulq(x, cmin, cmax);
+  xq::Tensor gx(xq::DType::float32, {n}), gmin(xq::DType::float32, {1}), gmax(xq::DType::float32, {1});
+  xq::acts_ulq_backward_out(gx, gmin, gmax, dy, cmin, cmax, f.clamp_min_mask, f.clamp_max_mask, f.x_clamped_loss);  // warm-up
+  for (auto _ : st)
+    xq::acts_ulq_backward_out(gx, gmin, gmax, dy, cmin, cmax, f.clamp_min_mask, f.clamp_max_mask, f.x_clamped_loss);
+  set_bytes(st, 20.0 * static_cast<double>(n));
+}
+
+void BM_tile_quant(benchmark::State& st) {
+  xq::Tensor src = random_tensor(xq::DType::float32, {64, 128}, 40.f), scale = filled({64, 1}, 4.f);
+  xq::Tensor out(xq::DType::int8, {64, 128});
+  xq::tile_quant(xq::TileView{out.data(), xq::DType::int8, 64, 128, 128}, xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
+                   xq::ConstTileView(scale.data(), xq::DType::float32, 64, 1, 1));  // warm-up
+  for (auto _ : st)
+    xq::tile_quant(xq::TileView{out.data(), xq::DType::int8, 64, 128, 128}, xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
+                   xq::ConstTileView(scale.data(), xq::DType::float32, 64, 1, 1));
+  set_bytes(st, 5.0 * 64 * 128);
+}
+
+constexpr std::int64_t kBig = 100663296;  // the seed's global fake-quant shape
+const auto f32 = static_cast<std::int64_t>(xq::DType::float32);
+const auto bf16 = static_cast<std::int64_t>(xq::DType::bfloat16);
+const auto i8 = static_cast<std::int64_t>(xq::QuantDType::qint8);
+const auto i4 = static_cast<std::int64_t>(xq::QuantDType::quint4x2);
+
+BENCHMARK(BM_memcpy_probe)->Arg(kBig)->Arg(1024)->Arg(4096)->Arg(65536)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_fake_quant_per_tensor)->Arg(kBig)->Arg(1024)->Arg(4096)->Arg(65536)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_fake_quant_per_tensor_alloc)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_fake_quant_axis)->Arg(1)->Arg(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_fake_quant_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize_per_channel)->Arg(i8)->Arg(i4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dynamic_quant)
+    ->Args({bf16, i8, 0, 8192, 4096})->Args({f32, i8, 0, 8192, 4096})->Args({bf16, i4, 0, 8192, 4096})
+    ->Args({bf16, i8, 1, 8192, 4096})->Args({f32, i4, 1, 8192, 4096})->Args({f32, i8, 0, 1, 1024})->Args({f32, i8, 0, 1, 4096})
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_acts_ulq)->Arg(kBig)->Arg(4096)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_acts_ulq_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_tile_quant)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
