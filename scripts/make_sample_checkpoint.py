@@ -117,7 +117,9 @@ def save(encoded, path, metadata):
         safetensors.serialize_file(specs, path, metadata=metadata)
 
 
-METADATA = {"format": "pt", "generator": "scripts/make_sample_checkpoint.py", "seed": str(SEED)}
+# One entry only: the official writer keeps metadata in a hash map, whose order (and so the bytes of
+# the header) would change from run to run with several entries.
+METADATA = {"format": "pt"}
 
 
 def write(path):
@@ -128,6 +130,9 @@ def write(path):
     os.close(fd)
     try:
         save(encoded, tmp, METADATA)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is not meant for a data file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -1,0 +1,64 @@
+// Files: the read-only mapped input, and the atomic output (a temporary file in the destination's
+// directory, synced and renamed into place only on success; removed on failure, on an exception and on
+// SIGINT / SIGTERM).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace xqcli {
+
+// The whole input file mapped read-only. Open / stat / map failures are I/O errors (exit 2); a path
+// that is not a regular file or an empty file is bad input (exit 1).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::byte* data() const noexcept { return data_; }
+  std::uint64_t size() const noexcept { return size_; }
+  // Drops the pages of [offset, offset + len) from this process's mapping (they stay in the page
+  // cache): keeps the resident set bounded while a large file streams through.
+  void release(std::uint64_t offset, std::uint64_t len) const noexcept;
+
+ private:
+  const std::byte* data_ = nullptr;
+  std::uint64_t size_ = 0;
+};
+
+// Writes `path` atomically. The constructor refuses an existing `path` unless `force` (exit 1) and
+// creates ".<name>.xquant-XXXXXX" beside it; commit() syncs, renames into place (without replacing a
+// file that appeared meanwhile unless `force`) and syncs the directory. Without commit() the temporary
+// file is removed by the destructor; a signal handler removes it on SIGINT / SIGTERM.
+class AtomicOutput {
+ public:
+  AtomicOutput(const std::string& path, bool force);
+  ~AtomicOutput();
+  AtomicOutput(const AtomicOutput&) = delete;
+  AtomicOutput& operator=(const AtomicOutput&) = delete;
+
+  void write_at(const void* data, std::size_t len, std::uint64_t offset);
+  void commit();
+  const std::string& temp_path() const noexcept { return temp_; }
+  std::uint64_t bytes_written() const noexcept { return written_; }
+
+ private:
+  std::string path_;
+  std::string temp_;
+  int fd_ = -1;
+  int slot_ = -1;  // signal-cleanup registration
+  bool force_ = false;
+  bool committed_ = false;
+  std::uint64_t written_ = 0;
+};
+
+// Refuses (exit 1) when `path` exists and not `force`: checked before any work starts.
+void check_can_create(const std::string& path, bool force);
+
+// Installs the SIGINT / SIGTERM / SIGBUS handlers that remove registered temporary files and exit
+// (130 / 143 / 2). Idempotent.
+void install_signal_cleanup();
+
+}  // namespace xqcli

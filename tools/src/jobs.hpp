@@ -1,0 +1,77 @@
+// The three subcommands. Each throws CliError (exit 1 or 2) on failure, after which no output file
+// exists (the atomic writer removes its temporary file).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "passes.hpp"
+#include "plan.hpp"
+#include "safetensors.hpp"
+
+namespace xqcli {
+
+struct QuantizeOptions {
+  std::string input;
+  std::string output;
+  std::string report_path;  // empty: no JSON report
+  QuantScheme scheme;
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+  bool strict = false;  // a tensor that the options cannot quantize is an error, not a warning
+  bool force = false;
+  bool quiet = false;
+  int threads = 0;      // 0: OpenMP's default
+};
+
+struct TensorResult {
+  std::string name;
+  StDType dtype = StDType::F32;
+  Dims shape;
+  bool quantized = false;
+  std::string reason;  // why kept
+  bool warned = false;
+  std::int64_t channel_dim = -1;
+  std::int64_t channels = 1;
+  StDType stored_dtype = StDType::F32;
+  Dims stored_shape;
+  ErrorStats error;
+  std::uint64_t bytes_in = 0;   // the tensor's bytes in the input
+  std::uint64_t bytes_out = 0;  // its bytes in the output (with scales and zero points)
+};
+
+struct QuantizeResult {
+  std::vector<TensorResult> tensors;  // in input data order
+  std::uint64_t file_bytes_in = 0;
+  std::uint64_t file_bytes_out = 0;
+  double seconds = 0.0;
+  ErrorStats total;  // over every quantized tensor
+};
+
+QuantizeResult run_quantize(const QuantizeOptions& o);
+void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult& r);
+std::string report_json(const QuantizeOptions& o, const QuantizeResult& r);
+
+struct DequantizeOptions {
+  std::string input;
+  std::string output;
+  std::optional<StDType> dtype;  // nullopt: each tensor's original dtype
+  bool force = false;
+  bool quiet = false;
+  int threads = 0;
+};
+void run_dequantize(const DequantizeOptions& o);
+
+struct InspectOptions {
+  std::string path;
+  bool json = false;
+};
+void run_inspect(const InspectOptions& o, std::FILE* out);
+
+// Applies --threads (0 keeps OpenMP's default) and forbids nested parallel regions, so a parallel
+// kernel called from the tool's own parallel loop runs on its calling thread.
+void configure_threads(int threads);
+
+}  // namespace xqcli

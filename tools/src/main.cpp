@@ -1,0 +1,124 @@
+// xquant: quantize safetensors checkpoints to int8 / int4 with the library's npu_quantize, dequantize
+// them back, inspect files. See docs/cli.md.
+#include <cstdio>
+#include <exception>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "errors.hpp"
+#include "jobs.hpp"
+#include "xquant/error.hpp"
+#include "xquant/version.hpp"
+
+namespace {
+
+std::optional<xqcli::StDType> parse_out_dtype(const std::string& s) {
+  if (s == "original") return std::nullopt;
+  if (s == "F32" || s == "float32") return xqcli::StDType::F32;
+  if (s == "F16" || s == "float16") return xqcli::StDType::F16;
+  return xqcli::StDType::BF16;  // "BF16" / "bfloat16": the option's check admits nothing else
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"xquant: quantize safetensors checkpoints to int8 / int4 (npu_quantize semantics), dequantize "
+               "them, inspect files.\nExit codes: 0 success, 1 usage error or bad input, 2 I/O error, "
+               "130 interrupted."};
+  app.name("xquant");
+  app.set_version_flag("--version", std::string("xquant ") + xquant::kVersion);
+  app.require_subcommand(1);
+
+  // ---- quantize ----
+  xqcli::QuantizeOptions q;
+  std::string scheme = "per-channel";
+  auto* qc = app.add_subcommand("quantize", "Quantize the floating tensors of rank >= 2 of a checkpoint");
+  qc->add_option("input", q.input, "Input .safetensors file")->required();
+  qc->add_option("-o,--output", q.output, "Output .safetensors file (written atomically)")->required();
+  qc->add_option("--bits", q.scheme.bits, "8: int8 (qint8); 4: int4 packed eight per int32 (quint4x2)")
+      ->check(CLI::IsMember({8, 4}))
+      ->default_val(8);
+  qc->add_option("--scheme", scheme, "Scales per channel or one per tensor")
+      ->check(CLI::IsMember({"per-channel", "per-tensor"}))
+      ->default_val("per-channel");
+  qc->add_option("--axis", q.scheme.axis, "Channel axis of per-channel scales (negative counts from the end)")
+      ->default_val(0);
+  bool symmetric = false;
+  auto* sym = qc->add_flag("--symmetric", symmetric, "Symmetric: zero point 0, scale = amax / qmax (default)");
+  bool asymmetric = false;
+  qc->add_flag("--asymmetric", asymmetric, "Asymmetric: min / max range with a float32 zero point")->excludes(sym);
+  // One value per occurrence, every occurrence kept (a vector option would otherwise swallow the input path).
+  qc->add_option("--include", q.include, "Quantize only tensors whose name matches this POSIX extended regex (repeatable)")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->take_all();
+  qc->add_option("--exclude", q.exclude, "Keep tensors whose name matches this POSIX extended regex as they are (repeatable)")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->take_all();
+  qc->add_flag("--strict", q.strict, "Fail (exit 1) on a tensor the options cannot quantize instead of keeping it");
+  qc->add_option("--report", q.report_path, "Also write the report as JSON to this file (written atomically)");
+  qc->add_option("--threads", q.threads, "Worker threads (0: all cores)")->check(CLI::NonNegativeNumber)->default_val(0);
+  qc->add_flag("-f,--force", q.force, "Replace existing output / report files");
+  qc->add_flag("-q,--quiet", q.quiet, "No progress bar, warnings or report on the terminal");
+
+  // ---- dequantize ----
+  xqcli::DequantizeOptions d;
+  std::string out_dtype = "original";
+  auto* dc = app.add_subcommand("dequantize", "Turn a file written by quantize back into floating point");
+  dc->add_option("input", d.input, "Input .safetensors file written by xquant quantize")->required();
+  dc->add_option("-o,--output", d.output, "Output .safetensors file (written atomically)")->required();
+  dc->add_option("--dtype", out_dtype, "Output dtype of dequantized tensors (original: as before quantization)")
+      ->check(CLI::IsMember({"original", "F32", "F16", "BF16", "float32", "float16", "bfloat16"}))
+      ->default_val("original");
+  dc->add_option("--threads", d.threads, "Worker threads (0: all cores)")->check(CLI::NonNegativeNumber)->default_val(0);
+  dc->add_flag("-f,--force", d.force, "Replace an existing output file");
+  dc->add_flag("-q,--quiet", d.quiet, "No progress bar");
+
+  // ---- inspect ----
+  xqcli::InspectOptions in;
+  auto* ic = app.add_subcommand("inspect", "List the tensors of a .safetensors file");
+  ic->add_option("file", in.path, "The .safetensors file")->required();
+  ic->add_flag("--json", in.json, "Print JSON instead of a table");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : xqcli::kExitBadInput;
+  }
+
+  if (qc->parsed()) {
+    q.scheme.per_channel = scheme == "per-channel";
+    q.scheme.symmetric = !asymmetric;
+    const auto result = xqcli::run_quantize(q);
+    if (!q.quiet) xqcli::print_report(stdout, q, result);
+  } else if (dc->parsed()) {
+    d.dtype = parse_out_dtype(out_dtype);
+    xqcli::run_dequantize(d);
+  } else if (ic->parsed()) {
+    xqcli::run_inspect(in, stdout);
+  }
+  return xqcli::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const xqcli::CliError& e) {
+    std::fprintf(stderr, "xquant: error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "xquant: error: out of memory\n");
+    return xqcli::kExitIo;
+  } catch (const xquant::Error& e) {
+    std::fprintf(stderr, "xquant: error: %s\n", e.what());
+    return xqcli::kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xquant: error: %s\n", e.what());
+    return xqcli::kExitBadInput;
+  }
+}
