@@ -104,8 +104,11 @@ template <DType DT>
 void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream) {
   const std::int64_t H = a.cols;
   const std::int64_t padded = H + static_cast<std::int64_t>(kMaxLanes);
-  std::vector<float> buf(static_cast<std::size_t>(padded));
-  std::vector<std::int8_t> qtmp(a.dst == QuantDType::quint4x2 ? static_cast<std::size_t>(padded) : 0);
+  // Per-thread scratch kept across calls: no allocation (and no zero-fill) on the per-call path.
+  thread_local std::vector<float> buf;
+  thread_local std::vector<std::int8_t> qtmp;
+  if (buf.size() < static_cast<std::size_t>(padded)) buf.resize(static_cast<std::size_t>(padded));
+  if (a.dst == QuantDType::quint4x2 && qtmp.size() < static_cast<std::size_t>(padded)) qtmp.resize(static_cast<std::size_t>(padded));
   const bool int4 = a.dst == QuantDType::quint4x2;
   std::int64_t e = 0;
   for (std::int64_t r = r0; r < r1; ++r) {
@@ -140,7 +143,7 @@ void Rows(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, s
 template <DType DT>
 RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1) {
   constexpr std::int64_t kPiece = 4096;
-  std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
+  thread_local std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
   RowMinMax acc{0.f, 0.f, false, true};
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const RowMinMax m = SmoothAndReduce<DT>(a.x, p, std::min(kPiece, b1 - p), nullptr, buf.data());
@@ -168,8 +171,8 @@ RowMinMax RangeMinMax(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b
 template <DType DT>
 void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset, bool stream) {
   constexpr std::int64_t kPiece = 4096;
-  std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
-  std::vector<std::int8_t> qtmp(static_cast<std::size_t>(kPiece) + kMaxLanes);
+  thread_local std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
+  thread_local std::vector<std::int8_t> qtmp(static_cast<std::size_t>(kPiece) + kMaxLanes);
   const bool int4 = a.dst == QuantDType::quint4x2;
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const std::int64_t n = std::min(kPiece, b1 - p);
