@@ -81,6 +81,8 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
       xquant::set_num_threads(threads);
       // thread counts 1 and 3 also run with non-temporal stores forced on (normally only >= 16 MiB)
       xquant::detail::set_stream_min_bytes(threads % 2 == 1 ? 0 : xquant::detail::kStreamMinBytes);
+      // every call with more than one piece of work is split over the threads (normally only >= 2 MiB)
+      xquant::detail::set_parallel_min_bytes(0);
       std::vector<Placed> out;
       std::vector<TensorView> views;
       for (auto& [dt, shape] : outputs) out.emplace_back(dt, shape, 3);  // misaligned by 3 elements
@@ -102,6 +104,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
           hwy::SetSupportedTargetsForTest(0);
           xquant::set_num_threads(0);
           xquant::detail::set_stream_min_bytes(xquant::detail::kStreamMinBytes);
+          xquant::detail::set_parallel_min_bytes(xquant::detail::kParallelMinBytes);
           return;
         }
       }
@@ -110,6 +113,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
   hwy::SetSupportedTargetsForTest(0);
   xquant::set_num_threads(0);
   xquant::detail::set_stream_min_bytes(xquant::detail::kStreamMinBytes);
+  xquant::detail::set_parallel_min_bytes(xquant::detail::kParallelMinBytes);
 }
 
 const std::int64_t kLengths[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1023, 1024, 1025, 4096, 70001};

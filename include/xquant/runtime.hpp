@@ -1,5 +1,6 @@
 // Process-wide runtime settings: worker threads and the kernel backend.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace xquant {
@@ -16,6 +17,13 @@ enum class Backend {
 };
 void set_backend(Backend b);
 Backend get_backend();
+
+// Large xquant::Tensor allocations (>= 2 MiB, huge-page backed) are returned to a per-process cache when
+// freed, and reused by later allocations of the same rounded size: first-touch page faults and the
+// kernel's zero-fill of fresh pages cost about as much as a memory-bound operator. Default limit 2 GiB;
+// 0 disables the cache and releases what it holds.
+void set_memory_cache_limit(std::size_t bytes);
+std::size_t get_memory_cache_limit();
 
 // The SIMD target the cpu backend runs on this machine, e.g. "AVX3", "AVX2", "SSE4", "SCALAR".
 std::string simd_target();

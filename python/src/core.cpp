@@ -13,6 +13,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <climits>
 #include <cstdint>
@@ -303,6 +304,25 @@ std::string get_backend() { return xquant::get_backend() == xquant::Backend::cpu
 
 }  // namespace
 
+// A torch tensor over an xquant::Tensor allocation (owned through a capsule): large outputs get
+// huge-page-backed, 2 MiB-aligned memory that xquant's allocation cache reuses across calls, instead of
+// fresh 4 KiB pages that fault and are zero-filled on first touch (xquant/runtime.hpp).
+nb::ndarray<nb::pytorch, nb::device::cpu> empty_torch(const std::vector<std::int64_t>& shape, const std::string& dtype) {
+  DType dt;
+  nb::dlpack::dtype code;
+  if (dtype == "float32") { dt = DType::float32; code = nb::dtype<float>(); }
+  else if (dtype == "float16") { dt = DType::float16; code = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1}; }
+  else if (dtype == "bfloat16") { dt = DType::bfloat16; code = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1}; }
+  else if (dtype == "int8") { dt = DType::int8; code = nb::dtype<std::int8_t>(); }
+  else if (dtype == "uint8") { dt = DType::uint8; code = nb::dtype<std::uint8_t>(); }
+  else if (dtype == "int32") { dt = DType::int32; code = nb::dtype<std::int32_t>(); }
+  else throw nb::type_error(("xquant::empty: dtype " + dtype + " is not supported").c_str());
+  auto* t = new xquant::Tensor(dt, Shape(shape.begin(), shape.end()));
+  nb::capsule owner(t, [](void* p) noexcept { delete static_cast<xquant::Tensor*>(p); });
+  std::vector<std::size_t> dims(shape.begin(), shape.end());
+  return nb::ndarray<nb::pytorch, nb::device::cpu>(t->data(), dims.size(), dims.data(), owner, nullptr, code);
+}
+
 NB_MODULE(_core, m) {
   m.doc() = "xquant's compiled core: thin out-variant bindings used by xquant.npu (not a public API).";
   m.attr("__version__") = xquant::kVersion;
@@ -334,6 +354,9 @@ NB_MODULE(_core, m) {
         "smooth_scales"_a.none(), "group_index"_a.none(), "dst_type"_a, "per_tensor"_a);
   m.def("acts_ulq", &acts_ulq, "y"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "x"_a,
         "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a);
+  m.def("empty_torch", &empty_torch, "shape"_a, "dtype"_a);
+  m.def("set_memory_cache_limit", &xquant::set_memory_cache_limit, "bytes"_a);
+  m.def("get_memory_cache_limit", &xquant::get_memory_cache_limit);
   m.def("set_num_threads", &set_num_threads, "n"_a);
   m.def("get_num_threads", &xquant::get_num_threads);
   m.def("set_backend", &set_backend, "backend"_a);

@@ -104,6 +104,28 @@ def quant_dtype(op: str, name: str, d: Any) -> torch.dtype:
     return t
 
 
+# Outputs of at least this many bytes are allocated by xquant (huge-page backed, reused across calls by
+# its allocation cache) rather than by torch.empty: fresh 4 KiB pages cost a fault and a zero-fill each.
+_XQ_ALLOC_MIN_BYTES = 2 << 20
+_TORCH_DTYPE_NAME = {torch.float32: ("float32", 4), torch.float16: ("float16", 2), torch.bfloat16: ("bfloat16", 2),
+                     torch.int8: ("int8", 1), torch.uint8: ("uint8", 1), torch.int32: ("int32", 4)}
+
+
+def _empty(shape, dtype: torch.dtype) -> Tensor:
+    shape = [int(d) for d in shape]
+    n = 1
+    for d in shape:
+        n *= d
+    entry = _TORCH_DTYPE_NAME.get(dtype)
+    if entry is None or n * entry[1] < _XQ_ALLOC_MIN_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    return _core.empty_torch(shape, entry[0])
+
+
+def _empty_like(x: Tensor) -> Tensor:
+    return _empty(x.shape, x.dtype)
+
+
 def _code(op: str, name: str, d: torch.dtype) -> int:
     code = _QDTYPES.get(d)
     if code is None:
@@ -119,7 +141,7 @@ def _fake_tensor_quant(inputs: Tensor, amax: Tensor, num_bits: int = 8, is_unsig
                        narrow_range: bool = True) -> Tensor:
     op = "fake_tensor_quant"
     x, a = _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
-    out = torch.empty_like(x)
+    out = _empty_like(x)
     _core.fake_tensor_quant(out, x, a, None, num_bits, is_unsigned, narrow_range)
     return out
 
@@ -134,7 +156,7 @@ def _fake_tensor_quant_with_axis(inputs: Tensor, amax: Tensor, axis: int, num_bi
                                  is_unsigned: bool = False, narrow_range: bool = True) -> Tensor:
     op = "fake_tensor_quant_with_axis"
     x, a = _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
-    out = torch.empty_like(x)
+    out = _empty_like(x)
     _core.fake_tensor_quant(out, x, a, axis, num_bits, is_unsigned, narrow_range)
     return out
 
@@ -163,7 +185,7 @@ def _fake_tensor_quant_backward(grad_out: Tensor, inputs: Tensor, amax: Tensor, 
                                 want_grad_amax: bool) -> tuple[Tensor, Tensor]:
     op = "fake_tensor_quant_backward"
     g, x, a = _cpp(op, "grad_out", grad_out), _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
-    grad_inputs = torch.empty_like(x)
+    grad_inputs = _empty_like(x)
     grad_amax = torch.empty_like(a) if want_grad_amax else a.new_empty((0,))
     _core.fake_tensor_quant_backward(grad_inputs, grad_amax if want_grad_amax else None, g, x, a, axis, num_bits,
                                      is_unsigned, narrow_range)
@@ -237,7 +259,7 @@ def _quantize(input: Tensor, scales: Tensor, zero_points: Optional[Tensor], dtyp
     op = "quantize"
     code = _code(op, "dtype", dtype)
     x = _cpp(op, "input", input)
-    out = torch.empty(_args.quantized_shape(tuple(x.shape), code), dtype=_STORAGE[code])
+    out = _empty(_args.quantized_shape(tuple(x.shape), code), _STORAGE[code])
     _core.quantize(out, x, _cpp(op, "scales", scales), _opt_cpp(op, "zero_points", zero_points), code, axis,
                    div_mode)
     return out
@@ -315,7 +337,7 @@ def _dynamic_quant_asymmetric(x: Tensor, smooth_scales: Optional[Tensor] = None,
     per_tensor = _args.dynamic_mode(op, quant_mode)
     xv = _cpp(op, "x", x)
     y_shape, p_shape = _args.dynamic_shapes(tuple(xv.shape), code, per_tensor)
-    y = torch.empty(y_shape, dtype=_STORAGE[code])
+    y = _empty(y_shape, _STORAGE[code])
     scale = torch.empty(p_shape, dtype=torch.float32)
     offset = torch.empty(p_shape, dtype=torch.float32)
     _core.dynamic_quant_asymmetric(y, scale, offset, xv, _opt_cpp(op, "smooth_scales", smooth_scales),
@@ -357,7 +379,7 @@ def _acts_ulq(x: Tensor, clamp_min: Tensor, clamp_max: Tensor, fixed_min: bool =
     op = "acts_ulq"
     xv, lo, hi = _cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max)
     shape = _broadcast(xv.shape, lo.shape, hi.shape)
-    y, m0, m1, loss = (torch.empty(shape, dtype=xv.dtype) for _ in range(4))
+    y, m0, m1, loss = (_empty(shape, xv.dtype) for _ in range(4))
     _core.acts_ulq(y, m0, m1, loss, xv, lo, hi, fixed_min, num_bits)
     return y, m0, m1, loss
 
@@ -375,7 +397,7 @@ def _acts_ulq_backward(y_grad: Tensor, x_shape: list[int], clamp_min: Tensor, cl
     op = "acts_ulq_backward"
     lo, hi = _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max)
     dt = lo.dtype
-    x_grad = torch.empty(list(x_shape), dtype=dt)
+    x_grad = _empty(list(x_shape), dt)
     g0, g1 = torch.empty_like(lo), torch.empty_like(hi)
     _core.acts_ulq_backward(x_grad, g0, g1, _cpp(op, "y_grad", y_grad), lo, hi,
                             _cpp(op, "clamp_min_mask", clamp_min_mask), _cpp(op, "clamp_max_mask", clamp_max_mask),

@@ -39,7 +39,10 @@ int worker_threads() { return get_num_threads(); }
 
 namespace {
 std::atomic<std::int64_t> g_stream_min_bytes{kStreamMinBytes};
+std::atomic<std::int64_t> g_parallel_min_bytes{kParallelMinBytes};
 }
+std::int64_t parallel_min_bytes() { return g_parallel_min_bytes.load(std::memory_order_relaxed); }
+void set_parallel_min_bytes(std::int64_t b) { g_parallel_min_bytes.store(b, std::memory_order_relaxed); }
 std::int64_t stream_min_bytes() { return g_stream_min_bytes.load(std::memory_order_relaxed); }
 void set_stream_min_bytes(std::int64_t b) { g_stream_min_bytes.store(b, std::memory_order_relaxed); }
 

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 #include <new>
 #include <utility>
 
@@ -41,6 +43,78 @@ namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kSmallAlign = 64;
 
+// Freed huge-page mappings are kept (up to a byte limit) and handed out again for allocations of the same
+// rounded size: a fresh mapping costs a page fault and a kernel zero-fill per page on first touch (about
+// as much as the operator itself), and training / inference loops allocate the same shapes every step.
+class MappingCache {
+ public:
+  void* take(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->second == bytes) {
+        void* p = it->first;
+        free_.erase(it);
+        cached_ -= bytes;
+        return p;
+      }
+    return nullptr;
+  }
+  // Keeps the mapping if it fits under the limit (evicting the oldest ones), else unmaps it.
+  void give(void* p, std::size_t bytes) {
+    std::vector<std::pair<void*, std::size_t>> evicted;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (bytes > limit_) {
+        evicted.emplace_back(p, bytes);
+      } else {
+        while (cached_ + bytes > limit_ && !free_.empty()) {
+          evicted.push_back(free_.front());
+          cached_ -= free_.front().second;
+          free_.erase(free_.begin());
+        }
+        free_.emplace_back(p, bytes);
+        cached_ += bytes;
+      }
+    }
+    for (auto& [q, n] : evicted) munmap(q, n);
+  }
+  void set_limit(std::size_t limit) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      limit_ = limit;
+    }
+    give_back_over_limit();
+  }
+  std::size_t limit() {
+    std::lock_guard<std::mutex> lock(m_);
+    return limit_;
+  }
+  void give_back_over_limit() {
+    std::vector<std::pair<void*, std::size_t>> evicted;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      while (cached_ > limit_ && !free_.empty()) {
+        evicted.push_back(free_.front());
+        cached_ -= free_.front().second;
+        free_.erase(free_.begin());
+      }
+    }
+    for (auto& [q, n] : evicted) munmap(q, n);
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::pair<void*, std::size_t>> free_;  // oldest first
+  std::size_t cached_ = 0;
+  std::size_t limit_ = std::size_t{2} << 30;  // 2 GiB
+};
+
+// Never destroyed: tensors with static storage duration may be freed after any other static.
+MappingCache& mapping_cache() {
+  static auto* cache = new MappingCache;
+  return *cache;
+}
+
 [[noreturn]] void throw_oom(std::size_t bytes, const Shape& shape) {
   throw Error(ErrorCode::out_of_memory, "shape",
               "xquant::Tensor: cannot allocate " + std::to_string(bytes) + " bytes for a tensor of shape " + shape_str(shape));
@@ -56,6 +130,11 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
   if (nbytes_ >= kHugePage) {
     // Map an extra huge page so that a 2 MiB aligned start exists, then trim both ends.
     const std::size_t rounded = (nbytes_ + kHugePage - 1) / kHugePage * kHugePage;
+    if (void* cached = mapping_cache().take(rounded)) {
+      data_ = cached;
+      mapped_bytes_ = rounded;
+      return;
+    }
     const std::size_t total = rounded + kHugePage;
     void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) throw_oom(nbytes_, shape_);
@@ -75,7 +154,7 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
 
 Tensor Tensor::zeros(DType dtype, Shape shape) {
   Tensor t(dtype, std::move(shape));
-  if (t.mapped_bytes_ == 0 && t.nbytes_ > 0) std::memset(t.data_, 0, t.nbytes_);  // mmap memory is already zero
+  if (t.nbytes_ > 0) std::memset(t.data_, 0, t.nbytes_);  // (a reused mapping is not zero)
   return t;
 }
 
@@ -88,7 +167,7 @@ Tensor Tensor::copy_of(const ConstTensorView& v) {
 void Tensor::release() noexcept {
   if (data_ != nullptr) {
     if (mapped_bytes_ > 0)
-      munmap(data_, mapped_bytes_);
+      mapping_cache().give(data_, mapped_bytes_);
     else
       ::operator delete(data_, std::align_val_t{kSmallAlign});
   }
@@ -121,5 +200,8 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
   }
   return *this;
 }
+
+void set_memory_cache_limit(std::size_t bytes) { mapping_cache().set_limit(bytes); }
+std::size_t get_memory_cache_limit() { return mapping_cache().limit(); }
 
 }  // namespace xquant

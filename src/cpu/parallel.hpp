@@ -11,9 +11,10 @@ namespace xquant::detail {
 
 int worker_threads();  // the configured count (runtime.cpp)
 
-// Below this many bytes of traffic a call stays on the calling thread: waking a team costs more than
-// the work (the per-call overhead target is < 1 us for 4 Ki elements).
-inline constexpr std::int64_t kParallelMinBytes = std::int64_t{1} << 18;
+// Below this many bytes of traffic a call stays on the calling thread: one core moves 2 MiB in ~100 us,
+// while waking a sleeping OpenMP team costs 10-100 us on a loaded machine (and more when another OpenMP
+// runtime, e.g. PyTorch's, shares the cores). The per-call overhead target is < 1 us for 4 Ki elements.
+inline constexpr std::int64_t kParallelMinBytes = std::int64_t{2} << 20;
 
 // Outputs of at least this many bytes are written with non-temporal (streaming) stores: they exceed
 // the 32 MiB last-level cache of the development machine by the time the call ends, so caching them
@@ -23,8 +24,11 @@ std::int64_t stream_min_bytes();          // kStreamMinBytes unless a test chang
 void set_stream_min_bytes(std::int64_t);  // tests: 0 streams every output that can be aligned
 inline bool use_stream(std::int64_t output_bytes) { return output_bytes >= stream_min_bytes(); }
 
+std::int64_t parallel_min_bytes();          // kParallelMinBytes unless a test changed it (runtime.cpp)
+void set_parallel_min_bytes(std::int64_t);  // tests: 0 splits every call that has more than one piece
+
 inline int threads_for(std::int64_t bytes) {
-  if (bytes < kParallelMinBytes) return 1;
+  if (bytes < parallel_min_bytes()) return 1;
   return worker_threads();
 }
 

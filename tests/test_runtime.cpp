@@ -1,0 +1,46 @@
+// Runtime settings: threads, backend, the SIMD target name and the large-allocation cache.
+#include <cstring>
+
+#include "test_util.hpp"
+#include "xquant/runtime.hpp"
+
+namespace {
+using namespace xqtest;
+
+TEST(Runtime, ThreadsAndBackend) {
+  xquant::set_num_threads(3);
+  EXPECT_EQ(xquant::get_num_threads(), 3);
+  xquant::set_num_threads(0);
+  EXPECT_GE(xquant::get_num_threads(), 1);
+  expect_error([] { xquant::set_num_threads(-1); }, xquant::ErrorCode::invalid_argument, "n", {"-1"});
+  xquant::set_backend(xquant::Backend::reference);
+  EXPECT_EQ(xquant::get_backend(), xquant::Backend::reference);
+  xquant::set_backend(xquant::Backend::cpu);
+  EXPECT_EQ(xquant::get_backend(), xquant::Backend::cpu);
+  EXPECT_FALSE(xquant::simd_target().empty());
+}
+
+TEST(Runtime, LargeAllocationsAreReusedAndZerosStillZero) {
+  const std::size_t saved = xquant::get_memory_cache_limit();
+  xquant::set_memory_cache_limit(std::size_t{64} << 20);
+  void* first = nullptr;
+  {
+    Tensor a(DType::float32, {1 << 20});  // 4 MiB: huge-page backed
+    first = a.data();
+    std::memset(a.data(), 0x7F, a.nbytes());
+  }
+  {
+    Tensor b(DType::float32, {1 << 20});
+    EXPECT_EQ(b.data(), first) << "a freed mapping of the same size is handed out again";
+    std::memset(b.data(), 0x7F, b.nbytes());
+  }
+  Tensor z = Tensor::zeros(DType::float32, {1 << 20});
+  EXPECT_EQ(z.data(), first);
+  for (std::int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(z.data<std::uint32_t>()[i], 0u) << i;
+  // Limit 0: nothing is kept (the freed mapping is unmapped), so nothing can be handed out again.
+  xquant::set_memory_cache_limit(0);
+  EXPECT_EQ(xquant::get_memory_cache_limit(), 0u);
+  xquant::set_memory_cache_limit(saved);
+}
+
+}  // namespace
