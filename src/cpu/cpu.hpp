@@ -1,6 +1,8 @@
 // The cpu backend: Highway SIMD kernels (runtime dispatch over the targets compiled into the build) with
 // OpenMP threads. Bit-identical to the reference kernels (src/ref/) on every target and thread count.
 #pragma once
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "core/kernels.hpp"
@@ -25,7 +27,19 @@ void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& args);
 
 // Packs n (a multiple of 8) int8 values in [-8, 7] into int4 words: element 8k + j -> bits [4j, 4j + 3]
 // of word k, two's complement nibbles (quint4x2).
-void pack_int4_bytes(const std::int8_t* q, std::int64_t n, std::int32_t* words);
+// (Inline: it runs once per 8 output elements inside the kernels' loops.)
+inline void pack_int4_bytes(const std::int8_t* q, std::int64_t n, std::int32_t* words) {
+  for (std::int64_t k = 0; k < n / 8; ++k) {
+    std::uint64_t b;
+    std::memcpy(&b, q + 8 * k, 8);  // byte j = element 8k + j (little-endian)
+    b &= 0x0F0F0F0F0F0F0F0Full;     // two's complement nibbles
+    b = (b | (b >> 4)) & 0x00FF00FF00FF00FFull;
+    b = (b | (b >> 8)) & 0x0000FFFF0000FFFFull;
+    b = (b | (b >> 16)) & 0x00000000FFFFFFFFull;
+    const auto w = static_cast<std::uint32_t>(b);
+    std::memcpy(words + k, &w, 4);
+  }
+}
 
 // Canonical blocked sums (core/numeric.hpp, rule 5), SIMD: the value of one chunk of at most kSumChunk
 // float32 terms (its 16 double lanes folded by halving). Summing chunk values in order into a -0.0

@@ -160,19 +160,6 @@ void cpu_tile_quant(const TileQuantArgs& a) {
                   [&](std::int64_t r0, std::int64_t r1) { HWY_DYNAMIC_DISPATCH(TileRows)(a, r0, r1); });
 }
 
-void pack_int4_bytes(const std::int8_t* q, std::int64_t n, std::int32_t* words) {
-  for (std::int64_t k = 0; k < n / 8; ++k) {
-    std::uint64_t b;
-    std::memcpy(&b, q + 8 * k, 8);  // byte j = element 8k + j (little-endian)
-    b &= 0x0F0F0F0F0F0F0F0Full;     // two's complement nibbles
-    b = (b | (b >> 4)) & 0x00FF00FF00FF00FFull;
-    b = (b | (b >> 8)) & 0x0000FFFF0000FFFFull;
-    b = (b | (b >> 16)) & 0x00000000FFFFFFFFull;
-    const auto w = static_cast<std::uint32_t>(b);
-    std::memcpy(words + k, &w, 4);
-  }
-}
-
 void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer, std::int64_t channels,
                   std::int64_t inner, const QuantizeParams* params, bool div_mode) {
   const ChannelWalk walk(channels, inner);
