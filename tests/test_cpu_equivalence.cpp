@@ -219,11 +219,15 @@ TEST(CpuEquivalence, Quantize) {
       Tensor zps = make_float(DType::float32, {C}, zv);
       Placed x = placed_floats(dt, cs.shape, test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n), cs.q == QuantDType::qint32 ? 3e7f : 3.f), 1);
       const Shape yshape = xquant::quantize_output_shape(cs.shape, cs.q);
-      check_equivalent(
-          [&](std::vector<TensorView>& o) { xquant::quantize_out(o[0], x.view, scales, zps.view(), cs.q, cs.axis, cs.div_mode); },
-          {{xquant::storage_dtype(cs.q), yshape}},
-          "quantize " + xquant::shape_str(cs.shape) + " axis " + std::to_string(cs.axis) + " " +
-              std::string(xquant::quant_dtype_name(cs.q)) + (cs.div_mode ? " div" : " mul"));
+      for (bool with_zp : {true, false})  // without zero points the kernels skip the addition
+        check_equivalent(
+            [&](std::vector<TensorView>& o) {
+              xquant::quantize_out(o[0], x.view, scales, with_zp ? std::optional<ConstTensorView>(zps.view()) : std::nullopt,
+                                   cs.q, cs.axis, cs.div_mode);
+            },
+            {{xquant::storage_dtype(cs.q), yshape}},
+            "quantize " + xquant::shape_str(cs.shape) + " axis " + std::to_string(cs.axis) + " " +
+                std::string(xquant::quant_dtype_name(cs.q)) + (cs.div_mode ? " div" : " mul") + (with_zp ? " zp" : ""));
     }
 }
 

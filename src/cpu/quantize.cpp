@@ -32,6 +32,7 @@ struct QJob {
   const float* scale;            // periodic walk: expanded arrays
   const float* zero_point;
   bool stream;  // non-temporal stores for y (not int4)
+  bool has_zero_point;  // some zero point is not 0
 };
 #endif
 }  // namespace xquant::detail
@@ -61,8 +62,10 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   auto value = [&](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp) {
     const VF xv = LoadF<DT>(xb, xi);
     const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
-    const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
     const VF scaled = j.div_mode ? hn::Div(xv, sv) : hn::Mul(xv, sv);  // x / scale  or  x * scale
+    // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
+    if (!j.has_zero_point) return RoundEven(scaled);
+    const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
     return RoundEven(hn::Add(scaled, zv));                               // rint(... + zero_point)
   };
   constexpr std::size_t kOutSize = Q == QuantDType::qint32 ? 4 : 1;
@@ -137,7 +140,7 @@ void TileRows(const TileQuantArgs& a, std::int64_t r0, std::int64_t r1) {
   for (std::int64_t i = r0; i < r1; ++i) {
     const bool sym = a.mode == QuantMode::SYM;
     const QJob j{DType::float32, sym ? QuantDType::qint8 : QuantDType::quint8, false, a.src + i * a.src_pitch,
-                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr, false};
+                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr, false, true};
     const float s = a.scale[i * a.scale_pitch];
     if (sym)
       SpanT<DType::float32, QuantDType::qint8>(j, 0, a.cols, nullptr, nullptr, s, 0.0f);
@@ -175,7 +178,9 @@ void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t o
   }
   const std::int64_t n = outer * channels * inner;
   const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
-  const QJob j{dt, q, div_mode, x, y, &walk, params, scale.data(), zero_point.data(), stream};
+  bool has_zero_point = false;
+  for (std::int64_t c = 0; c < channels; ++c) has_zero_point = has_zero_point || params[c].zero_point != 0.0f;
+  const QJob j{dt, q, div_mode, x, y, &walk, params, scale.data(), zero_point.data(), stream, has_zero_point};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
                   [&](std::int64_t a, std::int64_t b) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, a, b); });
