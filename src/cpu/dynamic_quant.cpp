@@ -92,10 +92,22 @@ HWY_INLINE void QuantizeBuf(const float* buf, std::int64_t n, float scale, float
   auto value = [&](std::int64_t i) { return SaturateToI32Range(RoundEven(hn::Add(hn::Div(hn::LoadU(df, buf + i), s), o)), lo, hi); };
   auto step = [&]<bool kStream>(std::int64_t i) { StoreI8<kStream>(value(i), dst + i); };
   auto stage = [&](std::int64_t i, std::int64_t count) {  // buf is padded: whole vectors are readable
-    std::int8_t tmp[kMaxLanes];
+    std::int8_t tmp[kMaxLanes] = {};
     StoreI8(value(i), tmp);
     std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
   };
+#if XQUANT_HAVE_VECTOR_INT4
+  if (int4) {  // n % 8 == 0: whole vectors pack in registers, a last part vector through qtmp
+    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+    std::int64_t i = 0;
+    for (; i + N <= n; i += N) StoreInt4Words(value(i), y4 + i / 8);
+    if (i < n) {  // qtmp is padded to whole vectors
+      StoreI8(value(i), qtmp + i);
+      pack_int4_bytes(qtmp + i, n - i, y4 + i / 8);
+    }
+    return;
+  }
+#endif
   DriveSpan(n, stream && !int4, dst, 0, 1, step, stage);
   if (int4) pack_int4_bytes(qtmp, n, y4);
 }

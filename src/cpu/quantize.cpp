@@ -91,11 +91,16 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   };
   if constexpr (Q == QuantDType::quint4x2) {
     std::int64_t i = 0;
-    HWY_ALIGN std::int8_t tmp[kBlock];
+    auto* words = static_cast<std::int32_t*>(j.y);
+#if XQUANT_HAVE_VECTOR_INT4
+    for (; i + N <= n; i += N) StoreInt4Words(SaturateToI32Range(value(j.x, pos + i, i, sa, za), -8.0f, 7.0f), words + (pos + i) / 8);
+#else
+    HWY_ALIGN std::int8_t tmp[kBlock] = {};
     for (; i + kBlock <= n; i += kBlock) {
       for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(j.x, pos + i + k, i + k, sa, za), tmp, k);
-      pack_int4_bytes(tmp, kBlock, static_cast<std::int32_t*>(j.y) + (pos + i) / 8);
+      pack_int4_bytes(tmp, kBlock, words + (pos + i) / 8);
     }
+#endif
     if (i < n) stage(i, n - i);
   } else {
     auto step = [&]<bool kStream>(std::int64_t i) { StoreQ<Q, kStream>(value(j.x, pos + i, i, sa, za), j.y, pos + i); };

@@ -205,6 +205,31 @@ HWY_INLINE VI SaturateToI32(VF r) {
   return hn::IfThenElse(big, hn::Set(di, 2147483647), hn::ConvertTo(di, r));
 }
 
+// quint4x2 packing in registers for vectors of at least 8 lanes (AVX2, AVX-512): int32 lanes in [-8, 7]
+// -> Lanes / 8 words at w, element 8k + j in bits [4j, 4j + 3] of word k (the same SWAR steps as
+// pack_int4_bytes in cpu.hpp, on 64-bit lanes).
+#undef XQUANT_HAVE_VECTOR_INT4
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define XQUANT_HAVE_VECTOR_INT4 1
+HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
+  const DI8 d8;
+  const hn::Repartition<std::uint64_t, DI8> d64;
+  auto u = hn::BitCast(d64, hn::DemoteTo(d8, v));  // byte j of lane k = element 8k + j
+  u = hn::And(u, hn::Set(d64, 0x0F0F0F0F0F0F0F0Full));
+  u = hn::And(hn::Or(u, hn::ShiftRight<4>(u)), hn::Set(d64, 0x00FF00FF00FF00FFull));
+  u = hn::And(hn::Or(u, hn::ShiftRight<8>(u)), hn::Set(d64, 0x0000FFFF0000FFFFull));
+  u = hn::Or(u, hn::ShiftRight<16>(u));  // the word is in the low 32 bits of each 64-bit lane
+  HWY_ALIGN std::uint64_t lanes[kMaxLanes / 8];
+  hn::Store(u, d64, lanes);
+  for (std::size_t k = 0; k < hn::Lanes(d64); ++k) {
+    const auto word = static_cast<std::uint32_t>(lanes[k]);
+    std::memcpy(w + k, &word, 4);
+  }
+}
+#else
+#define XQUANT_HAVE_VECTOR_INT4 0
+#endif
+
 template <bool kStream = false>
 HWY_INLINE void StoreI8(VI v, std::int8_t* p) {
   if constexpr (kStream) hn::Stream(hn::DemoteTo(DI8(), v), DI8(), p); else hn::StoreU(hn::DemoteTo(DI8(), v), DI8(), p);
