@@ -4,8 +4,13 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <vector>
 
 #include "xquant/runtime.hpp"
 #include "xquant/xquant.hpp"
@@ -174,6 +179,119 @@ BENCHMARK(BM_acts_ulq)->Arg(kBig)->Arg(4096)->UseRealTime()->Unit(benchmark::kMi
 BENCHMARK(BM_acts_ulq_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_tile_quant)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+// ---- ratio mode: each out-variant interleaved with the memcpy probe ----
+// This machine's memory bandwidth drifts by 2x within minutes (it is shared), so a probe measured once
+// cannot be compared with an operator measured later. Here every round runs the operator and then the
+// probe; the ratio of the medians is the fraction of memcpy bandwidth.
+struct RatioCase {
+  const char* name;
+  double bytes;  // read + written per call
+  std::function<void()> run;
+};
+
+double seconds(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run_ratios(const char* json_path) {
+  const std::int64_t n = kBig;
+  xq::Tensor src = random_tensor(xq::DType::float32, {n}), dst(xq::DType::float32, {n});
+  std::memset(dst.data(), 0, dst.nbytes());
+  const int threads = xq::get_num_threads();
+  auto probe = [&] {
+#pragma omp parallel num_threads(threads)
+    {
+      const std::int64_t k = omp_get_thread_num(), T = omp_get_num_threads();
+      const std::int64_t lo = n * k / T, hi = n * (k + 1) / T;
+      std::memcpy(dst.data<float>() + lo, src.data<float>() + lo, static_cast<std::size_t>(hi - lo) * 4);
+    }
+  };
+  const double probe_bytes = 8.0 * static_cast<double>(n);
+  // operands
+  xq::Tensor x = random_tensor(xq::DType::float32, {n}), y(xq::DType::float32, {n}), g = random_tensor(xq::DType::float32, {n});
+  xq::Tensor amax = filled({1}, 3.f), ga(xq::DType::float32, {1});
+  const xq::Shape s4 = {32, 8, 512, 768};
+  xq::TensorView x4(x.data(), xq::DType::float32, s4), y4(y.data(), xq::DType::float32, s4);
+  xq::Tensor a8 = filled({8}, 3.f), a768 = filled({768}, 3.f);
+  xq::Tensor m = random_tensor(xq::DType::float32, {4096, 4096}), m_i8(xq::DType::int8, {4096, 4096}), m_i4(xq::DType::int32, {4096, 512});
+  xq::Tensor sc = filled({4096}, 0.03f), sc4 = filled({4096}, 2.f);
+  xq::Tensor xb = random_tensor(xq::DType::bfloat16, {8192, 4096}), xf = random_tensor(xq::DType::float32, {8192, 4096});
+  xq::Tensor smb = random_tensor(xq::DType::bfloat16, {4096}, 1.f), smf = random_tensor(xq::DType::float32, {4096}, 1.f);
+  xq::Tensor dy8(xq::DType::int8, {8192, 4096}), dy4(xq::DType::int32, {8192, 512});
+  xq::Tensor dsc(xq::DType::float32, {8192}), dof(xq::DType::float32, {8192});
+  xq::Tensor cmin = filled({1}, -1.5f), cmax = filled({1}, 2.f);
+  xq::Tensor o1(xq::DType::float32, {n}), o2(xq::DType::float32, {n}), o3(xq::DType::float32, {n});
+  xq::Tensor gmin(xq::DType::float32, {1}), gmax(xq::DType::float32, {1});
+  xq::acts_ulq_out(y, o1, o2, o3, x, cmin, cmax);
+  xq::Tensor mn = xq::Tensor::copy_of(o1), mx = xq::Tensor::copy_of(o2), loss = xq::Tensor::copy_of(o3);
+  const double N = static_cast<double>(n), M = 4096.0 * 4096.0, T = 8192.0 * 4096.0;
+  using Q = xq::QuantDType;
+  auto dyn = [&](const xq::Tensor& xin, const xq::Tensor* sm, Q q) {
+    xq::Tensor& yo = q == Q::qint8 ? dy8 : dy4;
+    xq::dynamic_quant_asymmetric_out(yo, dsc, dof, xin, sm ? std::optional<xq::ConstTensorView>(sm->view()) : std::nullopt,
+                                     std::nullopt, q);
+  };
+  const std::vector<RatioCase> cases = {
+      {"fake_tensor_quant_out [100663296] f32", 8 * N, [&] { xq::fake_tensor_quant_out(y, x, amax); }},
+      {"fake_tensor_quant_with_axis_out axis=1 [32,8,512,768]", 8 * N, [&] { xq::fake_tensor_quant_with_axis_out(y4, x4, a8, 1); }},
+      {"fake_tensor_quant_with_axis_out axis=3 [32,8,512,768]", 8 * N, [&] { xq::fake_tensor_quant_with_axis_out(y4, x4, a768, 3); }},
+      {"fake_tensor_quant_backward_out [100663296] + grad_amax", 12 * N,
+       [&] { xq::fake_tensor_quant_backward_out(o1, ga.view(), g, x, amax, std::nullopt); }},
+      {"quantize_out per-channel int8 [4096,4096]", 5 * M, [&] { xq::quantize_out(m_i8, m, sc, std::nullopt, Q::qint8, 0, true); }},
+      {"quantize_out per-channel quint4x2 [4096,4096]", 4.5 * M,
+       [&] { xq::quantize_out(m_i4, m, sc4, std::nullopt, Q::quint4x2, -1, false); }},
+      {"dynamic pertoken bf16->int8 [8192,4096]", 3 * T, [&] { dyn(xb, nullptr, Q::qint8); }},
+      {"dynamic pertoken bf16->int8 smooth", 3 * T, [&] { dyn(xb, &smb, Q::qint8); }},
+      {"dynamic pertoken bf16->int4", 2.5 * T, [&] { dyn(xb, nullptr, Q::quint4x2); }},
+      {"dynamic pertoken f32->int8", 5 * T, [&] { dyn(xf, nullptr, Q::qint8); }},
+      {"dynamic pertoken f32->int4 smooth", 4.5 * T, [&] { dyn(xf, &smf, Q::quint4x2); }},
+      {"acts_ulq_out [100663296] f32 (4 outputs)", 20 * N, [&] { xq::acts_ulq_out(y, o1, o2, o3, x, cmin, cmax); }},
+      {"acts_ulq_backward_out [100663296] f32", 20 * N,
+       [&] { xq::acts_ulq_backward_out(o1, gmin, gmax, g, cmin, cmax, mn, mx, loss); }},
+  };
+  std::printf("memcpy probe: %d threads, %.0f MB copied per call; %d interleaved rounds per case (medians)\n", threads,
+              4.0 * N / 1e6, 15);
+  std::printf("%-58s %9s %8s %9s %7s\n", "operator (out-variant)", "ms", "GB/s", "copy GB/s", "ratio");
+  std::FILE* js = json_path ? std::fopen(json_path, "w") : nullptr;
+  if (js) std::fprintf(js, "{\"threads\": %d, \"simd_target\": \"%s\", \"rows\": [\n", threads, xq::simd_target().c_str());
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    const RatioCase& c = cases[k];
+    c.run();  // warm-up
+    probe();
+    std::vector<double> top, tprobe;
+    for (int r = 0; r < 15; ++r) {
+      top.push_back(seconds(c.run));
+      tprobe.push_back(seconds(probe));
+    }
+    const double to = median(top), tp = median(tprobe);
+    const double gbs = c.bytes / to / 1e9, pgbs = probe_bytes / tp / 1e9;
+    std::printf("%-58s %9.3f %8.1f %9.1f %6.0f%%\n", c.name, to * 1e3, gbs, pgbs, 100 * gbs / pgbs);
+    if (js)
+      std::fprintf(js, "  {\"case\": \"%s\", \"ms\": %.4f, \"gbs\": %.2f, \"memcpy_gbs\": %.2f, \"ratio\": %.3f}%s\n", c.name,
+                   to * 1e3, gbs, pgbs, gbs / pgbs, k + 1 < cases.size() ? "," : "");
+  }
+  if (js) {
+    std::fprintf(js, "]}\n");
+    std::fclose(js);
+  }
+  return 0;
+}
+
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // bench_ops --ratios [FILE.json]: the interleaved operator / memcpy table (docs/performance.md).
+  if (argc >= 2 && std::strcmp(argv[1], "--ratios") == 0) return run_ratios(argc >= 3 ? argv[2] : nullptr);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

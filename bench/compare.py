@@ -45,14 +45,22 @@ if hasattr(xquant, "set_num_threads"):
 
 
 def median_time(fn, reps):
-    fn()  # warm-up (allocator, page faults, compilation)
-    fn()
-    ts = []
+    return median_times([fn], reps)[0]
+
+
+def median_times(fns, reps):
+    """Median time of each function; the calls are interleaved (one of each per round) so that the
+    machine's bandwidth drifting during the run affects all of them alike."""
+    for f in fns:  # warm-up (allocator, page faults, compilation)
+        f()
+        f()
+    ts = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        for k, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            ts[k].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts]
 
 
 def nbytes(*ts):
@@ -221,28 +229,34 @@ def main():
     bw = 2 * probe_src.numel() * 4 / t_copy
     print(f"memcpy probe (torch copy_, 402 MB, {ARGS.threads} threads): {t_copy * 1e3:.1f} ms = {bw / 1e9:.1f} GB/s (read + write)")
     rows = []
-    hdr = f"{'case':52s} {'xquant ms':>10s} {'GB/s':>6s} {'%bw':>5s} {'eager ms':>9s} {'x':>6s} {'compiled ms':>11s} {'x':>6s}  bit-exact eager/compiled"
+    hdr = f"{'case':52s} {'xquant ms':>10s} {'GB/s':>6s} {'%cpy':>5s} {'eager ms':>9s} {'x':>6s} {'compiled ms':>11s} {'x':>6s}  bit-exact eager/compiled"
     print(hdr)
     for c in cases():
         if ARGS.only and ARGS.only not in c["name"]:
             continue
-        t_xq = median_time(c["xq"], ARGS.reps)
-        t_eager = median_time(c["eager"], ARGS.reps)
-        ref = c["xq"]()
-        exact_eager = _compare(ref, c["eager"]())
-        t_comp, exact_comp = None, None
+        fns = [c["xq"], c["eager"]]
         if not ARGS.no_compile:
             comp = torch.compile(c["fn"])
-            t_comp = median_time(lambda: comp(*c["args"]), ARGS.reps)
-            exact_comp = _compare(ref, comp(*c["args"]))
+            fns.append(lambda comp=comp: comp(*c["args"]))
+        n_ops = len(fns)
+        big = c["bytes"] >= (64 << 20)
+        if big:  # the bandwidth line, measured in the same rounds as this case
+            fns.append(lambda: probe_dst.copy_(probe_src))
+        times = median_times(fns, ARGS.reps)
+        t_xq, t_eager = times[0], times[1]
+        t_comp = times[2] if n_ops > 2 else None
+        case_bw = 2 * probe_src.numel() * 4 / times[-1] if big else bw
+        ref = c["xq"]()
+        exact_eager = _compare(ref, c["eager"]())
+        exact_comp = _compare(ref, fns[2]()) if n_ops > 2 else None
         gbs = c["bytes"] / t_xq
         row = dict(case=c["name"], bytes=c["bytes"], xquant_s=t_xq, eager_s=t_eager, compiled_s=t_comp,
-                   xquant_gbs=gbs / 1e9, fraction_of_memcpy=gbs / bw, speedup_eager=t_eager / t_xq,
+                   xquant_gbs=gbs / 1e9, memcpy_gbs=case_bw / 1e9, fraction_of_memcpy=gbs / case_bw, speedup_eager=t_eager / t_xq,
                    speedup_compiled=(t_comp / t_xq) if t_comp else None, bitexact_eager=exact_eager,
                    bitexact_compiled=exact_comp)
         rows.append(row)
         comp_s = f"{t_comp * 1e3:11.2f} {t_comp / t_xq:6.1f}" if t_comp else f"{'-':>11s} {'-':>6s}"
-        print(f"{c['name']:52s} {t_xq * 1e3:10.3f} {gbs / 1e9:6.1f} {100 * gbs / bw:5.0f} {t_eager * 1e3:9.2f} "
+        print(f"{c['name']:52s} {t_xq * 1e3:10.3f} {gbs / 1e9:6.1f} {100 * gbs / case_bw:5.0f} {t_eager * 1e3:9.2f} "
               f"{t_eager / t_xq:6.1f} {comp_s}  {exact_eager}/{exact_comp}", flush=True)
     if ARGS.json:
         os.makedirs(os.path.dirname(os.path.abspath(ARGS.json)), exist_ok=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Plots GB/s per operator against the memcpy bandwidth line from the JSON written by bench_ops
-(Google Benchmark) and bench/compare.py.  Usage: plot.py bench_ops.json compare.json out.png"""
+"""Plots GB/s per operator against the memcpy bandwidth measured in the same rounds.
+Usage: plot.py ratios.json compare.json out.png   (from `bench_ops --ratios` and bench/compare.py)"""
 import json
 import sys
 
@@ -10,49 +10,39 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def median_rates(path):
-    data = json.load(open(path))
-    rates = {}
-    for b in data["benchmarks"]:
-        if b.get("aggregate_name", "median") != "median":
-            continue
-        name = b["run_name"].replace("/real_time", "")
-        rates[name] = b["bytes_per_second"] / 1e9
-    return rates
-
-
 def main():
-    ops, cmp_path, out = sys.argv[1:4]
-    rates = median_rates(ops)
-    probe = rates.pop("BM_memcpy_probe/100663296")
-    big = {k: v for k, v in rates.items() if not any(s in k for s in ("/1024", "/4096", "/65536", "/1/1024", "/1/4096", "tile"))}
+    ratios_path, cmp_path, out = sys.argv[1:4]
+    ratios = json.load(open(ratios_path))
     cmp = json.load(open(cmp_path))
-    fig, axes = plt.subplots(1, 2, figsize=(16, 7))
+    fig, axes = plt.subplots(1, 2, figsize=(17, 7.5))
+
     ax = axes[0]
-    names = list(big)
-    ax.barh(names, [big[n] for n in names], color="tab:blue")
-    ax.axvline(probe, color="tab:red", linestyle="--", label=f"memcpy probe {probe:.1f} GB/s")
-    ax.axvline(0.9 * probe, color="tab:orange", linestyle=":", label="90 % of memcpy")
-    ax.set_xlabel("GB/s (bytes read + written per call), median")
-    ax.set_title("C++ out-variants, large shapes")
-    ax.tick_params(axis="y", labelsize=7)
-    ax.legend(loc="lower right")
+    rows = ratios["rows"]
+    y = list(range(len(rows)))
+    ax.barh(y, [r["gbs"] for r in rows], color="tab:blue", label="xquant out-variant")
+    ax.scatter([r["memcpy_gbs"] for r in rows], y, color="tab:red", marker="|", s=400, label="memcpy probe (same rounds)")
+    ax.scatter([0.9 * r["memcpy_gbs"] for r in rows], y, color="tab:orange", marker="|", s=200, label="90 % of memcpy")
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["case"] for r in rows], fontsize=7)
+    ax.set_xlabel("GB/s (bytes read + written per call), median of 15 interleaved rounds")
+    ax.set_title(f"C++ out-variants vs memcpy ({ratios['threads']} threads, {ratios['simd_target']})")
+    ax.legend(loc="lower right", fontsize=8)
+
     ax = axes[1]
-    rows = [r for r in cmp["rows"]]
-    labels = [r["case"] for r in rows]
-    y = range(len(rows))
+    rows = cmp["rows"]
+    y = list(range(len(rows)))
     ax.barh([i + 0.27 for i in y], [r["bytes"] / r["xquant_s"] / 1e9 for r in rows], height=0.27, label="xquant")
-    ax.barh(list(y), [r["bytes"] / r["eager_s"] / 1e9 for r in rows], height=0.27, label="PyTorch eager")
+    ax.barh(y, [r["bytes"] / r["eager_s"] / 1e9 for r in rows], height=0.27, label="PyTorch eager")
     ax.barh([i - 0.27 for i in y], [r["bytes"] / r["compiled_s"] / 1e9 if r["compiled_s"] else 0 for r in rows],
-            height=0.27, label="torch.compile")
-    ax.axvline(cmp["memcpy_gbs"], color="tab:red", linestyle="--", label=f"memcpy probe {cmp['memcpy_gbs']:.1f} GB/s")
-    ax.set_yticks(list(y))
-    ax.set_yticklabels(labels, fontsize=7)
+            height=0.27, label="torch.compile (Inductor)")
+    ax.scatter([r["memcpy_gbs"] for r in rows], y, color="tab:red", marker="|", s=300, label="memcpy probe (same rounds)")
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["case"] for r in rows], fontsize=7)
     ax.set_xlabel("GB/s (bytes read + written per call), median")
-    ax.set_title(f"Python calls vs PyTorch ({cmp['threads']} threads)")
-    ax.legend(loc="lower right")
+    ax.set_title(f"Python calls (allocating) vs PyTorch, {cmp['threads']} threads, torch {cmp['torch']}")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=100)
     print(f"wrote {out}")
 
 
