@@ -266,7 +266,10 @@ TEST(CpuEquivalence, ActsUlq) {
       {{70001}, {1}, {1}},          {{33}, {}, {}},           {{4, 5, 300}, {5, 1}, {5, 1}},
       {{300, 37}, {37}, {1}},       {{2, 3, 4, 5}, {3, 1, 1}, {1, 4, 1}},  // clamp dims 1..2 -> C = 12
       {{7, 9}, {7, 9}, {1}},        {{3, 1}, {1, 4}, {1}},    // x broadcast: reference path
-      {{1025, 3}, {1}, {1}}};
+      {{1025, 3}, {1}, {1}},
+      {{4, 5, 300}, {5, 1}, {1}},          // clamp layouts differ: one backward pass per clamp tensor
+      {{4, 5, 300}, {4, 1, 1}, {4, 5, 1}}, // channels over [0, 1) and over [0, 2)
+      {{3, 70, 70}, {3, 70, 1}, {3, 70, 1}}};
   for (DType dt : kFloatTypes)
     for (const Case& cs : cases)
       for (bool fixed_min : {false, true})

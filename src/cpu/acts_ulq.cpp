@@ -3,9 +3,10 @@
 // Forward: when x is not broadcast, the clamp tensors' broadcast dimensions span a range [d0, d1) of
 // the output, which gives the [outer, C, inner] normal form with one parameter set (s, clip_lo, clip_hi,
 // loss_m, computed once per clamp pair by the shared ref::acts_ulq_params) per channel. All four outputs
-// are written in one pass. Backward: with scalar clamp tensors (the usual learnable clip), one fused pass
-// per 1024-element chunk writes x_grad and produces both clamp sums' chunk values. Other broadcast
-// layouts run the reference kernel.
+// are written in one pass. Backward: each clamp tensor's sums follow its own [outer, C, inner] layout;
+// one fused pass per 1024-term chunk of a channel writes x_grad and produces the chunk values of both
+// sums (two passes when the clamp tensors broadcast differently). x broadcast, clamps varying only along
+// short innermost runs, and clamps broadcast inside their own dims run the reference kernel.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/acts_ulq.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -44,7 +45,6 @@ struct UlqBwdJob {
   const void* max_mask;
   const void* loss;
   void* x_grad;
-  bool want_min, want_max;
 };
 #endif
 }  // namespace xquant::detail
@@ -193,11 +193,6 @@ bool dense_over_output(const BroadcastPlan& p, const std::int64_t* stride) {
   return true;
 }
 
-bool all_zero(const BroadcastPlan& p, const std::int64_t* stride) {
-  for (int d = 0; d < p.rank; ++d)
-    if (p.shape[d] > 1 && stride[d] != 0) return false;
-  return true;
-}
 
 }  // namespace
 
@@ -255,34 +250,100 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(UlqRange)(j, b0, b1); });
 }
 
-void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
-  const BroadcastPlan& p = a.plan;
-  // (Empty outputs go to the reference too: the clamp tensors may then be empty as well.)
-  if (plan_numel(p) == 0 || !dense_over_output(p, p.stride_x) || !all_zero(p, p.stride_min) || !all_zero(p, p.stride_max))
-    return ref::acts_ulq_backward(a);
-  // Scalar clamp tensors: each sum runs over every output position in order, so chunk k of both sums is
-  // elements [1024 k, 1024 (k + 1)), computed together with x_grad in one pass.
-  const std::int64_t n = plan_numel(p);
-  const float levels = ref::acts_ulq_levels(a.num_bits);
-  const bool want_min = !(a.fixed_min || load_float(a.dt, a.clamp_min, 0) > 0.0f);
-  const bool want_max = !(load_float(a.dt, a.clamp_max, 0) < levels * 1.192092896e-7f);
-  const UlqBwdJob j{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss, a.x_grad, want_min, want_max};
-  const std::int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
-  std::vector<double> vmin(static_cast<std::size_t>(chunks)), vmax(vmin.size());
-  const int t = threads_for(n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5);
+namespace {
+
+// How a clamp tensor broadcasts over the output: it varies exactly over the dims [d0, d1) (the others
+// are broadcast), so the output is [outer, C, inner] with clamp element c <-> channel c and the positions
+// summed into element c are (o, c, i) in increasing flat order: the term sequence n = o * inner + i.
+struct ClampLayout {
+  bool ok = false;
+  std::int64_t outer = 1, C = 1, inner = 1;
+  bool operator==(const ClampLayout& o) const { return outer == o.outer && C == o.C && inner == o.inner; }
+};
+
+ClampLayout clamp_layout(const BroadcastPlan& p, const std::int64_t* stride) {
+  int d0 = p.rank, d1 = 0;
+  for (int d = 0; d < p.rank; ++d)
+    if (p.shape[d] > 1 && stride[d] != 0) {
+      d0 = std::min(d0, d);
+      d1 = d + 1;
+    }
+  ClampLayout l;
+  l.ok = true;
+  if (d0 >= d1) {  // a scalar clamp: one channel spanning everything
+    l.inner = plan_numel(p);
+    return l;
+  }
+  for (int d = d0; d < d1; ++d)
+    if (p.shape[d] > 1 && stride[d] == 0) return ClampLayout{};  // broadcast inside its own range
+  for (int d = 0; d < d0; ++d) l.outer *= p.shape[d];
+  for (int d = d0; d < d1; ++d) l.C *= p.shape[d];
+  for (int d = d1; d < p.rank; ++d) l.inner *= p.shape[d];
+  return l;
+}
+
+// One fused pass over the layout: x_grad for every element (rewritten with the same values if a
+// second pass runs) and the chunk values of the requested sums, chunk k of channel c = terms
+// [1024 k, 1024 (k + 1)) of its sequence; every (c, k) is independent, so they run in parallel.
+void fused_pass(const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum_max, std::vector<double>& vmin,
+                std::vector<double>& vmax, std::int64_t bytes) {
+  const std::int64_t len = l.outer * l.inner, chunks = (len + kSumChunk - 1) / kSumChunk;
+  vmin.assign(static_cast<std::size_t>(l.C * chunks), 0.0);
+  vmax.assign(vmin.size(), 0.0);
+  const int t = threads_for(bytes);
 #pragma omp parallel num_threads(t)
   {
     std::vector<float> tmin(static_cast<std::size_t>(kSumChunk)), tmax(tmin.size());
 #pragma omp for schedule(static)
-    for (std::int64_t k = 0; k < chunks; ++k) {
-      const std::int64_t len = std::min(kSumChunk, n - k * kSumChunk);
-      HWY_DYNAMIC_DISPATCH(BwdChunk)(j, k * kSumChunk, len, tmin.data(), tmax.data());
-      if (want_min) vmin[static_cast<std::size_t>(k)] = cpu_chunk_value(tmin.data(), len);
-      if (want_max) vmax[static_cast<std::size_t>(k)] = cpu_chunk_value(tmax.data(), len);
+    for (std::int64_t ck = 0; ck < l.C * chunks; ++ck) {
+      const std::int64_t c = ck / chunks, k = ck % chunks;
+      std::int64_t n = k * kSumChunk, filled = 0;
+      const std::int64_t end = std::min(len, n + kSumChunk);
+      while (n < end) {
+        const std::int64_t o = n / l.inner, i = n % l.inner, run = std::min(end - n, l.inner - i);
+        HWY_DYNAMIC_DISPATCH(BwdChunk)(j, (o * l.C + c) * l.inner + i, run, tmin.data() + filled, tmax.data() + filled);
+        filled += run;
+        n += run;
+      }
+      if (sum_min) vmin[static_cast<std::size_t>(ck)] = cpu_chunk_value(tmin.data(), filled);
+      if (sum_max) vmax[static_cast<std::size_t>(ck)] = cpu_chunk_value(tmax.data(), filled);
     }
   }
-  store_float(a.dt, a.clamp_min_grad, 0, want_min ? finish_chunk_sum(vmin.data(), chunks) : 0.0f);
-  store_float(a.dt, a.clamp_max_grad, 0, want_max ? finish_chunk_sum(vmax.data(), chunks) : 0.0f);
+}
+
+}  // namespace
+
+void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
+  const BroadcastPlan& p = a.plan;
+  const std::int64_t n = plan_numel(p);
+  const ClampLayout lmin = clamp_layout(p, p.stride_min), lmax = clamp_layout(p, p.stride_max);
+  // Short runs (a clamp varying along the innermost dims) gain nothing from the chunk walk; x broadcast
+  // (x_grad is itself a reduction) is rare. Both, and empty outputs (the clamp tensors may then be empty
+  // too), run the reference kernel.
+  auto fast = [](const ClampLayout& l) { return l.ok && (l.C == 1 || l.inner >= kMinRun); };
+  if (n == 0 || !dense_over_output(p, p.stride_x) || !fast(lmin) || !fast(lmax)) return ref::acts_ulq_backward(a);
+  const float floor_max = ref::acts_ulq_levels(a.num_bits) * 1.192092896e-7f;  // LEVELS * EPS
+  const UlqBwdJob j{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss, a.x_grad};
+  const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5;
+  std::vector<double> vmin, vmax, unused;
+  if (lmin == lmax) {
+    fused_pass(j, lmin, true, true, vmin, vmax, bytes);
+  } else {  // different layouts: one pass per clamp tensor (the second rewrites x_grad identically)
+    fused_pass(j, lmin, true, false, vmin, unused, bytes);
+    fused_pass(j, lmax, false, true, unused, vmax, bytes);
+  }
+  // clamp_min_grad[c] = sum, 0 where fixed_min or clamp_min[c] > 0; clamp_max_grad[c] = sum, 0 where
+  // clamp_max[c] < LEVELS * EPS.
+  const std::int64_t cmin = (lmin.outer * lmin.inner + kSumChunk - 1) / kSumChunk;
+  for (std::int64_t c = 0; c < lmin.C; ++c) {
+    const bool zero = a.fixed_min || load_float(a.dt, a.clamp_min, c) > 0.0f;
+    store_float(a.dt, a.clamp_min_grad, c, zero ? 0.0f : finish_chunk_sum(vmin.data() + c * cmin, cmin));
+  }
+  const std::int64_t cmax = (lmax.outer * lmax.inner + kSumChunk - 1) / kSumChunk;
+  for (std::int64_t c = 0; c < lmax.C; ++c) {
+    const bool zero = load_float(a.dt, a.clamp_max, c) < floor_max;
+    store_float(a.dt, a.clamp_max_grad, c, zero ? 0.0f : finish_chunk_sum(vmax.data() + c * cmax, cmax));
+  }
 }
 
 }  // namespace xquant::detail
