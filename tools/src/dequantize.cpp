@@ -64,14 +64,9 @@ std::vector<float> read_floats(const MappedFile& in, const Header& h, const Tens
 void run_dequantize(const DequantizeOptions& o) {
   check_can_create(o.output, o.force);
   const MappedFile in(o.input);
-  Header h;
-  std::optional<QuantizedFileInfo> info;
-  try {
-    h = parse_header(in.data(), in.size());
-    info = parse_quant_metadata(h.metadata);
-  } catch (const CliError& e) {
-    throw CliError(e.exit_code(), o.input + ": " + e.what());
-  }
+  FileHeader parsed = read_file_header(in.data(), in.size(), o.input);
+  const Header& h = parsed.header;
+  const std::optional<QuantizedFileInfo>& info = parsed.info;
   if (!info) bad_input(o.input + ": not quantized by xquant (no xquant.format_version in its __metadata__)");
 
   std::map<std::string, Source> sources;

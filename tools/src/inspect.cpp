@@ -25,14 +25,9 @@ std::string axis_str(std::int64_t d) { return d < 0 ? "per-tensor" : "axis " + s
 
 void run_inspect(const InspectOptions& o, std::FILE* out) {
   const MappedFile in(o.path);
-  Header h;
-  std::optional<QuantizedFileInfo> info;
-  try {
-    h = parse_header(in.data(), in.size());
-    info = parse_quant_metadata(h.metadata);
-  } catch (const CliError& e) {
-    throw CliError(e.exit_code(), o.path + ": " + e.what());
-  }
+  FileHeader parsed = read_file_header(in.data(), in.size(), o.path);
+  const Header& h = parsed.header;
+  const std::optional<QuantizedFileInfo>& info = parsed.info;
   std::map<std::string, Role> roles;
   if (info)
     for (const auto& [name, qi] : info->tensors) {

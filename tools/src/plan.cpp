@@ -284,4 +284,15 @@ std::optional<QuantizedFileInfo> parse_quant_metadata(const std::map<std::string
   return info;
 }
 
+FileHeader read_file_header(const std::byte* data, std::uint64_t size, const std::string& path) {
+  FileHeader f;
+  try {
+    f.header = parse_header(data, size);
+    f.info = parse_quant_metadata(f.header.metadata);
+  } catch (const CliError& e) {
+    throw CliError(e.exit_code(), path + ": " + e.what());
+  }
+  return f;
+}
+
 }  // namespace xqcli

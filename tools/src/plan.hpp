@@ -122,6 +122,14 @@ std::map<std::string, std::string> quant_metadata(const QuantizedFileInfo& info)
 // Reads them back; nullopt when the file has no xquant.format_version. Malformed entries are bad input.
 std::optional<QuantizedFileInfo> parse_quant_metadata(const std::map<std::string, std::string>& metadata);
 
+// A file's parsed header and, if xquant wrote it, its quantization metadata; errors are prefixed with
+// the path.
+struct FileHeader {
+  Header header;
+  std::optional<QuantizedFileInfo> info;
+};
+FileHeader read_file_header(const std::byte* data, std::uint64_t size, const std::string& path);
+
 // Stored dtype / shape / size of a quantized tensor's data and of its scale (and zero point).
 StDType quantized_dtype(int bits) noexcept;
 Dims quantized_shape(const Dims& shape, int bits);
