@@ -54,6 +54,19 @@ def simd_target() -> str:
     return _core.simd_target()
 
 
+def set_memory_cache_limit(nbytes: int) -> None:
+    """Bytes of freed large (>= 2 MiB) output buffers xquant keeps for reuse (default 2 GiB; 0 disables and
+    releases them). Reused buffers skip the page faults and zero-fill of fresh memory."""
+    n = _args.as_int("set_memory_cache_limit", "nbytes", nbytes)
+    if n < 0:
+        raise _args.fail_value("set_memory_cache_limit", f"nbytes is {n} but expected a byte count >= 0")
+    _core.set_memory_cache_limit(n)
+
+
+def get_memory_cache_limit() -> int:
+    return _core.get_memory_cache_limit()
+
+
 # Shorter names (same functions).
 fake_tensor_quant = npu_fake_tensor_quant
 fake_tensor_quant_inplace = npu_fake_tensor_quant_inplace
@@ -82,6 +95,8 @@ __all__ = [
     "acts_ulq_backward",
     "register_torch_ops",
     "set_num_threads",
+    "set_memory_cache_limit",
+    "get_memory_cache_limit",
     "get_num_threads",
     "set_backend",
     "get_backend",

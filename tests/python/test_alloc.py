@@ -41,3 +41,19 @@ def test_int8_and_bfloat16_outputs():
     w = torch.randn(2048, 1024, dtype=torch.bfloat16)
     q = npu.npu_fake_tensor_quant(w, w.float().abs().max().reshape(1).to(torch.bfloat16))
     assert q.dtype == torch.bfloat16 and q.shape == w.shape
+
+
+def test_memory_cache_limit_setting():
+    saved = xquant.get_memory_cache_limit()
+    try:
+        xquant.set_memory_cache_limit(0)
+        assert xquant.get_memory_cache_limit() == 0
+        x = torch.randn(1 << 20)
+        y = npu.npu_fake_tensor_quant(x, x.abs().max().reshape(1))  # still correct without the cache
+        assert torch.equal(y, npu.npu_fake_tensor_quant(x.clone(), x.abs().max().reshape(1)))
+        import pytest
+
+        with pytest.raises(ValueError, match="nbytes is -1"):
+            xquant.set_memory_cache_limit(-1)
+    finally:
+        xquant.set_memory_cache_limit(saved)
