@@ -30,6 +30,10 @@ struct RowMinMax {
   float max, min;
   bool nan, empty;
 };
+// Pertensor quantization parameters with the min / max they came from.
+struct RangeParams {
+  float min, max, scale, offset;
+};
 #endif
 }  // namespace xquant::detail
 
@@ -39,6 +43,7 @@ namespace xquant::detail::HWY_NAMESPACE {
 // x' = x (* smooth) for n elements into buf (padded to whole vectors), with min / max / NaN tracking.
 template <DType DT>
 RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const float* smooth, float* buf) {
+  // buf == nullptr: only reduce (float32 input without smooth scales is quantized straight from x).
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   if (n == 0) return {0.f, 0.f, false, true};
@@ -54,7 +59,7 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
   for (; i + N <= n; i += N) {
     VF v = LoadF<DT>(x, pos + i);
     if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + i));
-    hn::StoreU(v, df, buf + i);
+    if (buf) hn::StoreU(v, df, buf + i);
     step(v);
   }
   if (i < n) {
@@ -70,7 +75,7 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     for (std::int64_t k = 0; k < N; ++k) ss[k] = smooth ? smooth[i + (k < rem ? k : 0)] : 1.0f;
     VF v = LoadF<DT>(sx, 0);
     if (smooth) v = hn::Mul(v, hn::Load(df, ss));
-    hn::StoreU(v, df, buf + i);
+    if (buf) hn::StoreU(v, df, buf + i);
     step(v);
   }
   RowMinMax r{};
@@ -81,35 +86,62 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
   return r;
 }
 
-// y = sat(rint(buf / scale + offset)) for n values of buf (readable up to whole vectors). int8 output may
-// be streamed (non-temporal); int4 goes through qtmp and is packed.
-HWY_INLINE void QuantizeBuf(const float* buf, std::int64_t n, float scale, float offset, bool int4, bool stream,
+// y = sat(rint(src / scale + offset)) for n float32 values of src. int8 output may be streamed
+// (non-temporal); int4 is packed. kFinite: the caller proved every src / scale + offset finite or +-Inf
+// (finite row min / max, scale, offset, rowMin / scale and rowMax / scale), so the NaN -> 0 step is
+// skipped: x / s is monotonic in x, and finite + finite cannot be NaN.
+template <bool kFinite>
+HWY_INLINE void QuantizeRow(const float* src, std::int64_t n, float scale, float offset, bool int4, bool stream,
                             std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
   const DF df;
   const VF s = hn::Set(df, scale), o = hn::Set(df, offset);
   const float lo = int4 ? -8.0f : -128.0f, hi = int4 ? 7.0f : 127.0f;
-  std::int8_t* dst = int4 ? qtmp : y8;
-  auto value = [&](std::int64_t i) { return SaturateToI32Range(RoundEven(hn::Add(hn::Div(hn::LoadU(df, buf + i), s), o)), lo, hi); };
-  auto step = [&]<bool kStream>(std::int64_t i) { StoreI8<kStream>(value(i), dst + i); };
-  auto stage = [&](std::int64_t i, std::int64_t count) {  // buf is padded: whole vectors are readable
-    std::int8_t tmp[kMaxLanes] = {};
-    StoreI8(value(i), tmp);
-    std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
+  auto value = [&](const float* p) {
+    const VF r = RoundEven(hn::Add(hn::Div(hn::LoadU(df, p), s), o));  // rint(x' / scale + offset)
+    if constexpr (kFinite) return hn::ConvertTo(DI(), hn::Min(hn::Max(r, hn::Set(df, lo)), hn::Set(df, hi)));
+    return SaturateToI32Range(r, lo, hi);
+  };
+  // Fewer than a vector of values at i: staged through a padded copy (src need not be padded).
+  auto staged = [&](std::int64_t i, std::int64_t count) {
+    HWY_ALIGN float f[kMaxLanes] = {};
+    std::memcpy(f, src + i, static_cast<std::size_t>(count) * sizeof(float));
+    return value(f);
   };
 #if XQUANT_HAVE_VECTOR_INT4
   if (int4) {  // n % 8 == 0: whole vectors pack in registers, a last part vector through qtmp
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     std::int64_t i = 0;
-    for (; i + N <= n; i += N) StoreInt4Words(value(i), y4 + i / 8);
-    if (i < n) {  // qtmp is padded to whole vectors
-      StoreI8(value(i), qtmp + i);
-      pack_int4_bytes(qtmp + i, n - i, y4 + i / 8);
+    for (; i + N <= n; i += N) StoreInt4Words(value(src + i), y4 + i / 8);
+    if (i < n) {
+      StoreI8(staged(i, n - i), qtmp);
+      pack_int4_bytes(qtmp, n - i, y4 + i / 8);
     }
     return;
   }
 #endif
+  std::int8_t* dst = int4 ? qtmp : y8;
+  auto step = [&]<bool kStream>(std::int64_t i) { StoreI8<kStream>(value(src + i), dst + i); };
+  auto stage = [&](std::int64_t i, std::int64_t count) {
+    std::int8_t tmp[kMaxLanes] = {};
+    StoreI8(staged(i, count), tmp);
+    std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
+  };
   DriveSpan(n, stream && !int4, dst, 0, 1, step, stage);
   if (int4) pack_int4_bytes(qtmp, n, y4);
+}
+
+// Whether every x' / scale + offset of a row with these min / max is finite or +-Inf (see QuantizeRow).
+inline bool finite_row(float rmin, float rmax, float scale, float offset) {
+  return std::isfinite(rmin) && std::isfinite(rmax) && std::isfinite(scale) && std::isfinite(offset) &&
+         std::isfinite(rmin / scale) && std::isfinite(rmax / scale);
+}
+
+HWY_INLINE void QuantizeAny(const float* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
+                            bool int4, bool stream, std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
+  if (finite_row(rmin, rmax, scale, offset))
+    QuantizeRow<true>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+  else
+    QuantizeRow<false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
 }
 
 template <DType DT>
@@ -130,14 +162,17 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
         while (e < a.num_groups - 1 && a.group_ends[e] <= r) ++e;  // first e with group_ends[e] > r
       smooth = smooth_f32 + (a.group_ends ? e : 0) * H;
     }
-    const RowMinMax mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth, buf.data());
+    // float32 without smooth scales: x' is x itself, quantized straight from the row (in cache).
+    const bool direct = DT == DType::float32 && smooth == nullptr;
+    const RowMinMax mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth, direct ? nullptr : buf.data());
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = mm.empty ? 0.f : (mm.nan ? nan : mm.max);
     const float rmin = mm.empty ? 0.f : (mm.nan ? nan : mm.min);
     const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[r] = p.scale;
     a.offset[r] = p.offset;
-    QuantizeBuf(buf.data(), H, p.scale, p.offset, int4, stream, static_cast<std::int8_t*>(a.y) + r * H,
+    const float* src = direct ? static_cast<const float*>(a.x) + r * H : buf.data();
+    QuantizeAny(src, H, rmin, rmax, p.scale, p.offset, int4, stream, static_cast<std::int8_t*>(a.y) + r * H,
                 static_cast<std::int32_t*>(a.y) + r * (H / 8), qtmp.data());
   }
 }
@@ -155,10 +190,9 @@ void Rows(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, s
 template <DType DT>
 RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1) {
   constexpr std::int64_t kPiece = 4096;
-  thread_local std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
   RowMinMax acc{0.f, 0.f, false, true};
   for (std::int64_t p = b0; p < b1; p += kPiece) {
-    const RowMinMax m = SmoothAndReduce<DT>(a.x, p, std::min(kPiece, b1 - p), nullptr, buf.data());
+    const RowMinMax m = SmoothAndReduce<DT>(a.x, p, std::min(kPiece, b1 - p), nullptr, nullptr);
     if (m.empty) continue;
     if (acc.empty) {
       acc = m;
@@ -181,24 +215,28 @@ RowMinMax RangeMinMax(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b
 
 // Pertensor: quantize elements [b0, b1) (b0, b1 multiples of 8 for int4).
 template <DType DT>
-void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset, bool stream) {
+void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, const RangeParams& rp, bool stream) {
   constexpr std::int64_t kPiece = 4096;
   thread_local std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
   thread_local std::vector<std::int8_t> qtmp(static_cast<std::size_t>(kPiece) + kMaxLanes);
   const bool int4 = a.dst == QuantDType::quint4x2;
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const std::int64_t n = std::min(kPiece, b1 - p);
-    SmoothAndReduce<DT>(a.x, p, n, nullptr, buf.data());  // widen into buf (min / max unused)
-    QuantizeBuf(buf.data(), n, scale, offset, int4, stream, static_cast<std::int8_t*>(a.y) + p,
+    const float* src = static_cast<const float*>(a.x) + p;
+    if constexpr (DT != DType::float32) {
+      SmoothAndReduce<DT>(a.x, p, n, nullptr, buf.data());  // widen into buf (min / max unused)
+      src = buf.data();
+    }
+    QuantizeAny(src, n, rp.min, rp.max, rp.scale, rp.offset, int4, stream, static_cast<std::int8_t*>(a.y) + p,
                 static_cast<std::int32_t*>(a.y) + p / 8, qtmp.data());
   }
 }
 
-void RangeQuant(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, float scale, float offset, bool stream) {
+void RangeQuant(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, const RangeParams& rp, bool stream) {
   switch (a.dt) {
-    case DType::float16: RangeQuantT<DType::float16>(a, b0, b1, scale, offset, stream); break;
-    case DType::bfloat16: RangeQuantT<DType::bfloat16>(a, b0, b1, scale, offset, stream); break;
-    default: RangeQuantT<DType::float32>(a, b0, b1, scale, offset, stream); break;
+    case DType::float16: RangeQuantT<DType::float16>(a, b0, b1, rp, stream); break;
+    case DType::bfloat16: RangeQuantT<DType::bfloat16>(a, b0, b1, rp, stream); break;
+    default: RangeQuantT<DType::float32>(a, b0, b1, rp, stream); break;
   }
   if (stream) hwy::FlushStream();
 }
@@ -233,12 +271,13 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
       all.max = std::max(all.max, m.max);
     }
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    const auto p = ref::dynamic_quant_params(all.empty ? 0.f : (all.nan ? nan : all.max),
-                                             all.empty ? 0.f : (all.nan ? nan : all.min), a.dst);
+    const float rmax = all.empty ? 0.f : (all.nan ? nan : all.max), rmin = all.empty ? 0.f : (all.nan ? nan : all.min);
+    const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
+    const RangeParams rp{rmin, rmax, p.scale, p.offset};
     parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) {
-      HWY_DYNAMIC_DISPATCH(RangeQuant)(a, b0, b1, p.scale, p.offset, stream);
+      HWY_DYNAMIC_DISPATCH(RangeQuant)(a, b0, b1, rp, stream);
     });
     return;
   }
