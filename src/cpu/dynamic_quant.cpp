@@ -148,9 +148,16 @@ template <DType DT>
 void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream) {
   const std::int64_t H = a.cols;
   const std::int64_t padded = H + static_cast<std::int64_t>(kMaxLanes);
-  // Per-thread scratch kept across calls: no allocation (and no zero-fill) on the per-call path.
-  thread_local std::vector<float> buf;
-  thread_local std::vector<std::int8_t> qtmp;
+  // Per-thread scratch kept across calls (no allocation or zero-fill on the per-call path) for rows up to
+  // kKeepCols; longer rows use scratch that is freed when the call ends, so one huge row does not pin
+  // memory in every worker thread for the life of the process.
+  constexpr std::int64_t kKeepCols = std::int64_t{1} << 20;
+  thread_local std::vector<float> kept_buf;
+  thread_local std::vector<std::int8_t> kept_qtmp;
+  std::vector<float> big_buf;
+  std::vector<std::int8_t> big_qtmp;
+  std::vector<float>& buf = padded <= kKeepCols ? kept_buf : big_buf;
+  std::vector<std::int8_t>& qtmp = padded <= kKeepCols ? kept_qtmp : big_qtmp;
   if (buf.size() < static_cast<std::size_t>(padded)) buf.resize(static_cast<std::size_t>(padded));
   if (a.dst == QuantDType::quint4x2 && qtmp.size() < static_cast<std::size_t>(padded)) qtmp.resize(static_cast<std::size_t>(padded));
   const bool int4 = a.dst == QuantDType::quint4x2;
