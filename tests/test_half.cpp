@@ -247,13 +247,24 @@ TEST(FloatToHalf, RoundTripOfEveryHalf) {
 
 // Midpoints between adjacent float16 values (exact in float: 12 significant bits) round to the even
 // neighbour; the floats just above / below round away from / towards the lower neighbour.
-TEST(FloatToHalf, MidpointsAndTheirNeighbours) {
+// One 16-bit format for the midpoint sweep below.
+struct Format16 {
+  u16 inf;                                     // bits of +Inf (the first non-finite pattern)
+  double beyond_max;                           // the step above the largest finite value
+  double (*value)(u16);                        // independent bits -> value
+  u16 (*convert)(float);                       // the library's float -> bits
+  ::testing::AssertionResult (*matches)(float);  // the library against the independent oracle
+};
+
+// Every midpoint between adjacent finite values (exact in float) must round to the even neighbour, the
+// float just beyond it to the upper neighbour and the float just inside to the lower one, both signs.
+void check_midpoints(const Format16& f) {
   FailureBudget budget;
   long ties = 0;
-  for (u32 lo = 0; lo < 0x7C00; ++lo) {  // positive finite values, lo and lo + 1 (0x7C00 = Inf)
-    const double a = half_value(static_cast<u16>(lo));
-    // Above 65504 the next representable step would be 65536: the midpoint 65520 rounds to "even" = Inf.
-    const double b = lo == 0x7BFF ? 65536.0 : half_value(static_cast<u16>(lo + 1));
+  for (u32 lo = 0; lo < f.inf; ++lo) {
+    const double a = f.value(static_cast<u16>(lo));
+    // Above the largest finite value the next step would be beyond_max: that midpoint rounds to "even" = Inf.
+    const double b = lo == f.inf - 1u ? f.beyond_max : f.value(static_cast<u16>(lo + 1));
     const double mid_d = (a + b) / 2;
     const float mid = static_cast<float>(mid_d);
     ASSERT_EQ(static_cast<double>(mid), mid_d) << "midpoint not exact in float for 0x" << std::hex << lo;
@@ -261,21 +272,25 @@ TEST(FloatToHalf, MidpointsAndTheirNeighbours) {
     for (const float sign : {1.0f, -1.0f}) {
       const u16 s = sign < 0 ? 0x8000 : 0;
       const float m = sign * mid;
-      budget.check(half_matches(m));
-      budget.check(half_matches(next_up(m)));
-      budget.check(half_matches(next_down(m)));
-      if (xquant::float_to_half(m) != static_cast<u16>(s | even)) budget.check(::testing::AssertionFailure() << "tie " << m);
+      budget.check(f.matches(m));
+      budget.check(f.matches(next_up(m)));
+      budget.check(f.matches(next_down(m)));
+      if (f.convert(m) != static_cast<u16>(s | even)) budget.check(::testing::AssertionFailure() << "tie " << m);
       // Away from zero of the midpoint: the upper neighbour; towards zero: the lower one.
       const float above = sign > 0 ? next_up(m) : next_down(m);
       const float below = sign > 0 ? next_down(m) : next_up(m);
-      if (xquant::float_to_half(above) != static_cast<u16>(s | (lo + 1)))
+      if (f.convert(above) != static_cast<u16>(s | (lo + 1)))
         budget.check(::testing::AssertionFailure() << "just beyond the midpoint " << above);
-      if (xquant::float_to_half(below) != static_cast<u16>(s | lo))
+      if (f.convert(below) != static_cast<u16>(s | lo))
         budget.check(::testing::AssertionFailure() << "just inside the midpoint " << below);
       ++ties;
     }
   }
-  EXPECT_EQ(ties, 2 * 0x7C00);
+  EXPECT_EQ(ties, 2L * f.inf);
+}
+
+TEST(FloatToHalf, MidpointsAndTheirNeighbours) {
+  check_midpoints({0x7C00, 65536.0, half_value, xquant::float_to_half, half_matches});
 }
 
 TEST(FloatToHalf, OverflowBoundary) {
@@ -381,32 +396,7 @@ TEST(FloatToBfloat16, RoundTripOfEveryBfloat16) {
 }
 
 TEST(FloatToBfloat16, MidpointsAndTheirNeighbours) {
-  FailureBudget budget;
-  long ties = 0;
-  for (u32 lo = 0; lo < 0x7F80; ++lo) {  // positive finite values (0x7F80 = Inf)
-    const double a = bf16_value(static_cast<u16>(lo));
-    const double b = lo == 0x7F7F ? std::ldexp(1.0, 128) : bf16_value(static_cast<u16>(lo + 1));
-    const double mid_d = (a + b) / 2;
-    const float mid = static_cast<float>(mid_d);
-    ASSERT_EQ(static_cast<double>(mid), mid_d) << "midpoint not exact in float for 0x" << std::hex << lo;
-    const u16 even = (lo & 1u) == 0 ? static_cast<u16>(lo) : static_cast<u16>(lo + 1);
-    for (const float sign : {1.0f, -1.0f}) {
-      const u16 s = sign < 0 ? 0x8000 : 0;
-      const float m = sign * mid;
-      budget.check(bf16_matches(m));
-      budget.check(bf16_matches(next_up(m)));
-      budget.check(bf16_matches(next_down(m)));
-      if (xquant::float_to_bfloat16(m) != static_cast<u16>(s | even)) budget.check(::testing::AssertionFailure() << "tie " << m);
-      const float above = sign > 0 ? next_up(m) : next_down(m);
-      const float below = sign > 0 ? next_down(m) : next_up(m);
-      if (xquant::float_to_bfloat16(above) != static_cast<u16>(s | (lo + 1)))
-        budget.check(::testing::AssertionFailure() << "just beyond the midpoint " << above);
-      if (xquant::float_to_bfloat16(below) != static_cast<u16>(s | lo))
-        budget.check(::testing::AssertionFailure() << "just inside the midpoint " << below);
-      ++ties;
-    }
-  }
-  EXPECT_EQ(ties, 2 * 0x7F80);
+  check_midpoints({0x7F80, std::ldexp(1.0, 128), bf16_value, xquant::float_to_bfloat16, bf16_matches});
 }
 
 TEST(FloatToBfloat16, OverflowToInfinity) {
