@@ -217,6 +217,15 @@ def test_anti_quant_is_spec_section_7(torch_npu, rng):
                                     f"x {x.dtype} n={n} scale {np.dtype(sdt)} offset {off is not None} {tdst}")
                         checked += 1
     assert checked == 2 * 2 * 2 * 2 * 3
+    # double rounding: these float32 products land on a float16 (element 0) / bfloat16 (element 1) midpoint
+    # that the exact product misses, so narrowing once from float32 differs from narrowing the exact value
+    x2 = np.array([[11, -90]], np.int8)
+    s2 = np.array([1.8373578786849976, 2.3722221851348877], np.float32)
+    exact = x2.astype(np.float64) * s2.astype(np.float64)
+    for k, (tdst, ndst) in enumerate(dsts[:2]):
+        want = ref_anti_quant(x2, s2, None, ndst)
+        assert want[0, k].astype(np.float32) != exact.astype(ndst)[0, k].astype(np.float32)
+        assert_same(to_numpy(torch_npu.npu_anti_quant(to_torch(x2), to_torch(s2), dst_dtype=tdst)), want, "ties")
     # defaults: dst float16; src from x's dtype (int32 = packed int4), an explicit src_dtype must agree
     d = torch_npu.npu_anti_quant(to_torch(xi4), torch.tensor([0.5]))
     assert d.dtype == torch.float16 and d.shape == (3, 16)
@@ -457,9 +466,6 @@ def test_command_line_runs_scripts_and_modules(tmp_path):
     assert got["name"] == "__main__" and got["argv"][1:] == ["0"] and got["argv"][0].endswith("probe.py")
     r = _run(["-m", "xquant.compat"])
     assert r.returncode == 2 and "usage" in r.stderr
-    # a verbatim seed example as the script itself
-    r = _run(["-m", "xquant.compat", os.path.join(EXAMPLES, "seed01_example2_inplace.py")])
-    assert r.returncode == 0, r.stderr
 
 
 def test_install_refuses_when_real_torch_npu_is_importable(tmp_path):

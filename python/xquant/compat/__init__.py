@@ -90,6 +90,10 @@ def install(device: str = "cpu") -> None:
     to the CPU and the results back. Calling it again with the same device does nothing; with another
     device it raises (uninstall first)."""
     global _state
+    origin = _real_torch_npu_origin()  # before importing torch: a real torch_npu is never imported here
+    if origin is not None:
+        raise RuntimeError(f"xquant.compat.install: a real torch_npu is importable ({origin}); run the code on the "
+                           "NPU with it, or remove it from the path to use the xquant stand-in")
     import torch
 
     import xquant
@@ -101,10 +105,6 @@ def install(device: str = "cpu") -> None:
             return
         raise RuntimeError(f"xquant.compat.install: already installed with device {_state.device}; "
                            "call xquant.compat.uninstall() first")
-    origin = _real_torch_npu_origin()
-    if origin is not None:
-        raise RuntimeError(f"xquant.compat.install: a real torch_npu is importable ({origin}); run the code on the "
-                           "NPU with it, or remove it from the path to use the xquant stand-in")
     xquant.register_torch_ops()
     if hasattr(torch.ops, "npu") and any(n in torch.ops.npu.__dict__ for n in _ops.SCHEMAS):
         raise RuntimeError("xquant.compat.install: torch.ops.npu already defines the quantization operators "
