@@ -286,6 +286,19 @@ def test_fake_implementations_give_shapes_and_dtypes(torch_npu):
         assert (d.shape, d.dtype) == ((4, 16), torch.bfloat16)
 
 
+def test_torch_export_keeps_the_npu_operators(torch_npu):
+    class Step(torch.nn.Module):
+        def forward(self, x, s):
+            y, scale = torch_npu.npu_dynamic_quant(x)
+            return torch_npu.npu_anti_quant(y, s, dst_dtype=torch.float32) * scale.unsqueeze(-1)
+
+    x, s = torch.randn(4, 16), torch.rand(16)
+    ep = torch.export.export(Step(), (x, s))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "npu.npu_dynamic_quant.default" in targets and "npu.npu_anti_quant.default" in targets
+    assert torch.equal(ep.module()(x, s), Step()(x, s))
+
+
 def test_companions_call_xquant_npu_when_it_has_them(torch_npu, monkeypatch):
     """The hand-over contract: once xquant.npu.npu_dynamic_quant / npu_anti_quant exist, the stand-in calls
     them (with int8 / float16 defaults and src_dtype from x's dtype) instead of its temporary fallback."""
@@ -321,7 +334,12 @@ def test_device_mapping_in_process(torch_npu):
     assert torch.ones(3).new_zeros(2, device="npu").is_npu
     assert torch.tensor([1, 2], device="npu").tolist() == [1, 2]
     m = torch.nn.Linear(4, 2).npu()
-    assert all(p.is_npu for p in m.parameters()) and torch.nn.Linear(4, 2).to("npu") is not None
+    assert all(p.is_npu for p in m.parameters()) and torch.nn.Linear(4, 2).to("npu").weight.is_npu
+    torch.set_default_device("npu")
+    try:
+        assert torch.randn(2).device.type == "cpu"
+    finally:
+        torch.set_default_device(None)
     assert torch.npu.is_available() and torch.npu.device_count() == 1 and torch.npu.current_device() == 0
     torch.npu.set_device(0)
     torch.npu.set_device("npu:0")
