@@ -358,6 +358,7 @@ HARNESS = textwrap.dedent('''
     for path in examples:
         name = os.path.splitext(os.path.basename(path))[0]
         torch.manual_seed(1234)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # as `python path` would
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             g = runpy.run_path(path, run_name="__main__")
@@ -373,7 +374,8 @@ HARNESS = textwrap.dedent('''
 ''')
 
 ALL_EXAMPLES = ["seed01_example1_per_tensor", "seed01_example2_inplace", "seed01_example3_per_axis",
-                "seed02_npu_quantize", "seed04_npu_dynamic_quant_asymmetric", "anti_quant", "w8a8_inference"]
+                "seed02_npu_quantize", "seed03_pypto_quant_run", "seed04_npu_dynamic_quant_asymmetric", "anti_quant",
+                "w8a8_inference"]
 
 
 @pytest.fixture(scope="module")
@@ -383,7 +385,7 @@ def example_results(tmp_path_factory):
     r = _run(["-m", "xquant.compat", str(d / "harness.py"), str(d)]
              + [os.path.join(EXAMPLES, n + ".py") for n in ALL_EXAMPLES])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "harness done 7" in r.stdout
+    assert f"harness done {len(ALL_EXAMPLES)}" in r.stdout
 
     def load(name):
         with open(d / (name + ".json")) as f:
@@ -433,6 +435,48 @@ def test_reconstructed_seed02_and_seed04_examples(example_results):
         for n, w in zip(names, want):
             assert torch.equal(t[n], w), n
     assert len(meta["stdout"].splitlines()) == 5
+
+
+# seed 03's "measured result" (实测结果示例), as the document prints it
+SEED03_PRINTS = [
+    "输入数据src：[[-16 -15.75 -15.5 -15.25 -15 -14.75 -14.5 -14.25 ...], [16 16.25 16.5 16.75 17 17.25 17.5 17.75 ...], "
+    "[48 48.25 48.5 48.75 49 49.25 49.5 49.75 ...], [80 80.25 80.5 80.75 81 81.25 81.5 81.75 ...], ...]",
+    "输入数据scale：[[4], [4], [4], [4], ...]",
+    "输出数据out：[[-64 -63 -62 -61 -60 -59 -58 -57 ...], [64 65 66 67 68 69 70 71 ...], "
+    "[127 127 127 127 127 127 127 127 ...], [127 127 127 127 127 127 127 127 ...], ...]",
+]
+
+
+def test_seed03_pypto_kernel_prints_the_documented_result(example_results):
+    t, meta = example_results("seed03_pypto_quant_run")
+    assert meta["stdout"].splitlines() == SEED03_PRINTS
+    assert_same(to_numpy(t["out"]), golden.tile_quant(to_numpy(t["src"]), to_numpy(t["scale"])), "seed 03 out")
+
+
+def test_pypto_language_stand_in(torch_npu):
+    import pypto_pro.language as pl
+
+    assert _sig(pl.quant) == [("out", "POSITIONAL_OR_KEYWORD", None), ("src", "POSITIONAL_OR_KEYWORD", None),
+                              ("scale", "POSITIONAL_OR_KEYWORD", None), ("mode", "KEYWORD_ONLY", pl.QuantMode.SYM),
+                              ("offset", "KEYWORD_ONLY", None)]
+
+    @pl.jit
+    def asym(src: pl.Tensor[[2, 8], pl.DT_FP32], scale: pl.Tensor[[2, 1], pl.DT_FP32],
+             offset: pl.Tensor[[2, 1], pl.DT_FP32], out: pl.Tensor[[2, 8], pl.DT_UINT8]):
+        tiles = [pl.make_tile_group(type=pl.TileType(shape=t.shape, dtype=t.dtype)).current()
+                 for t in (src, scale, offset, out)]
+        for tile, t in zip(tiles[:3], (src, scale, offset)):
+            pl.load(tile, t, [0, 0])
+        pl.quant(tiles[3], tiles[0], tiles[1], mode=pl.QuantMode.ASYM, offset=tiles[2])
+        pl.store(out, tiles[3], [0, 0])
+
+    src = torch.linspace(-3, 3, 16).reshape(2, 8)
+    scale, offset = torch.tensor([[10.0], [20.0]]), torch.tensor([[128.0], [100.5]])
+    out = torch.zeros(2, 8, dtype=torch.uint8, device="npu")
+    asym(src, scale, offset, out)
+    assert_same(to_numpy(out), golden.tile_quant(to_numpy(src), to_numpy(scale), "ASYM", to_numpy(offset)), "asym")
+    with pytest.raises(ValueError, match="src has shape"):
+        asym(torch.zeros(3, 8), scale, offset, out)
 
 
 def test_anti_quant_example_prints_documented_values(example_results):
@@ -491,18 +535,18 @@ def test_install_refuses_when_real_torch_npu_is_importable(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise RuntimeError('the dummy torch_npu must not be imported')\n")
     code = textwrap.dedent('''
-        import sys, torch, xquant.compat as c
+        import sys, xquant.compat as c
         try:
             c.install()
         except RuntimeError as e:
             print("refused:", e)
-        print("state", c.is_installed(), "torch_npu" in sys.modules, hasattr(torch, "npu"),
-              hasattr(torch.ops.npu, "npu_quantize"))
+        # refused before torch is even imported: nothing registered, nothing patched, no module replaced
+        print("state", c.is_installed(), "torch_npu" in sys.modules, "torch" in sys.modules)
     ''')
     r = _run(["-c", code], extra_path=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "refused: xquant.compat.install: a real torch_npu is importable" in r.stdout
-    assert str(pkg) in r.stdout and "state False False False False" in r.stdout
+    assert str(pkg) in r.stdout and "state False False False" in r.stdout
     r = _run(["-m", "xquant.compat", os.path.join(EXAMPLES, "anti_quant.py")], extra_path=str(tmp_path))
     assert r.returncode != 0 and "a real torch_npu is importable" in r.stderr
 
@@ -521,7 +565,8 @@ UNINSTALL = textwrap.dedent('''
     def snapshot():
         return (npu_error(), hasattr(torch, "npu"), "npu" in torch.Tensor.__dict__, "is_npu" in torch.Tensor.__dict__,
                 "npu" in torch.nn.Module.__dict__, len(_get_current_function_mode_stack()),
-                sorted(m for m in sys.modules if m.split(".")[0] in ("torch_npu", "mx_driving") or m == "torch.npu"),
+                sorted(m for m in sys.modules if m.split(".")[0] in ("torch_npu", "mx_driving", "pypto_pro")
+                      or m == "torch.npu"),
                 hasattr(torch.ops.npu, "npu_quantize"), hasattr(torch.ops.npu, "npu_anti_quant"))
 
     before = snapshot()

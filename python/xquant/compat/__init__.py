@@ -18,8 +18,10 @@ or from the shell, running a script as ``__main__`` under the stand-in::
 What ``install`` does (``uninstall`` undoes each of it):
 
 * ``sys.modules['torch_npu']`` (``torch_npu.npu_quantize``, ``npu_dynamic_quant``,
-  ``npu_dynamic_quant_asymmetric``, ``npu_anti_quant``, ``torch_npu.npu``) and ``sys.modules['mx_driving']``
-  (``npu_fake_tensor_quant``, ``npu_fake_tensor_quant_inplace``, ``npu_fake_tensor_quant_with_axis``);
+  ``npu_dynamic_quant_asymmetric``, ``npu_anti_quant``, ``torch_npu.npu``), ``sys.modules['mx_driving']``
+  (``npu_fake_tensor_quant``, ``npu_fake_tensor_quant_inplace``, ``npu_fake_tensor_quant_with_axis``) and,
+  unless a real one is importable, ``pypto_pro.language`` (an eager interpreter of the tile-language subset
+  of seed 03's kernel: jit, Tensor annotations, tile groups, load, quant, store);
 * ``torch.ops.npu.<name>`` for those four torch_npu operators, with torch_npu's schemas, a kernel computed
   by xquant on the CPU and a fake implementation (torch.compile / torch.export);
 * ``device='npu'`` / ``'npu:0'`` / ``torch.device('npu')`` / ``Tensor.npu()`` / ``Module.npu()`` mean
@@ -47,7 +49,7 @@ class _State:
 
 
 _state: Optional[_State] = None
-_MODULE_NAMES = ("torch_npu", "torch_npu.npu", "mx_driving")
+_MODULE_NAMES = ("torch_npu", "torch_npu.npu", "mx_driving", "pypto_pro", "pypto_pro.language")
 
 
 def _real_torch_npu_origin() -> Optional[str]:
@@ -118,6 +120,10 @@ def install(device: str = "cpu") -> None:
         sys.modules["torch_npu"] = tnpu
         sys.modules["torch_npu.npu"] = mapping.namespace
         sys.modules["mx_driving"] = _modules.make_mx_driving(xquant.__version__)
+        if "pypto_pro" not in sys.modules and importlib.util.find_spec("pypto_pro") is None:
+            from . import _pypto
+
+            sys.modules["pypto_pro"], sys.modules["pypto_pro.language"] = _pypto.make_modules()
     except Exception:
         mapping.undo()
         _restore_modules(saved)
