@@ -42,7 +42,11 @@ def main(argv=None) -> int:
 
     from . import install
 
-    install(device)
+    try:
+        install(device)
+    except (RuntimeError, ValueError) as e:
+        print(f"xquant.compat: {e}", file=sys.stderr)
+        return 1
     if args[0] == "-m":
         module = args[1]
         sys.argv = [module] + args[2:]  # runpy sets argv[0] to the module's file

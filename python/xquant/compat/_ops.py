@@ -109,10 +109,10 @@ def _quantize_fake(self, scales, zero_points, dtype, axis=1, div_mode=True):
 
 
 def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None):
-    _int4_out("dynamic_quant", "dst_type", dst_type)
+    int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
     y, scale = dynamic_quant_impl()(_cpu_keep(input), smooth_scales=_cpu_keep(smooth_scales),
                                     group_index=_cpu_keep(group_index),
-                                    dst_type=torch.int8 if dst_type is None else dst_type)
+                                    dst_type=_QUINT4X2 if int4 else torch.int8)
     return _back((y, scale), input.device)
 
 
