@@ -179,6 +179,30 @@ def test_dynamic_quant_is_spec_section_6(torch_npu, rng, dtype, int4):
     assert torch.equal(y2, y) and torch.equal(s2.view(torch.int32), scale.view(torch.int32))
 
 
+def test_companions_empty_noncontiguous_and_errors(torch_npu):
+    for shape in ((0, 16), (3, 0), (2, 0, 8)):  # empty inputs give empty outputs (SPEC rule 6)
+        for dst, last in ((None, shape[-1]), (torch.quint4x2, shape[-1] // 8)):
+            y, s = torch_npu.npu_dynamic_quant(torch.randn(*shape), dst_type=dst)
+            assert tuple(y.shape) == shape[:-1] + (last,) and tuple(s.shape) == shape[:-1]
+    assert torch_npu.npu_anti_quant(torch.zeros(3, 0, dtype=torch.int32), torch.ones(1)).shape == (3, 0)
+    xt = torch.randn(16, 4).t()  # non-contiguous
+    for a, b in zip(torch_npu.npu_dynamic_quant(xt), torch_npu.npu_dynamic_quant(xt.contiguous())):
+        assert torch.equal(a, b)
+    w = torch.randint(-128, 128, (8, 4), dtype=torch.int8).t()
+    assert torch.equal(torch_npu.npu_anti_quant(w, torch.ones(8)), torch_npu.npu_anti_quant(w.contiguous(), torch.ones(8)))
+    with pytest.raises(ValueError, match=r"\bx\b"):
+        torch_npu.npu_dynamic_quant(torch.randn(8))  # rank 1
+    with pytest.raises(ValueError, match="8"):
+        torch_npu.npu_dynamic_quant(torch.randn(2, 12), dst_type=torch.quint4x2)
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        torch_npu.npu_dynamic_quant(torch.randn(2, 4, dtype=torch.float64))
+    with pytest.raises((TypeError, ValueError), match="offset"):
+        torch_npu.npu_anti_quant(torch.zeros(2, 4, dtype=torch.int8), torch.ones(4),
+                                 offset=torch.ones(4, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        torch_npu.npu_anti_quant(torch.zeros(2, 4, dtype=torch.int16), torch.ones(4))
+
+
 def test_dynamic_quant_smooth_scales_and_moe_groups(torch_npu, rng):
     x = (rng.standard_normal((7, 24)) * 3).astype(np.float16)
     smooth = (rng.random(24) + 0.5).astype(np.float16)
@@ -326,8 +350,10 @@ def test_companions_call_xquant_npu_when_it_has_them(torch_npu, monkeypatch):
 
 def test_device_mapping_in_process(torch_npu):
     import torch.npu as tnpu  # importable while installed
+    import torch_npu.npu as tnpu2
+    from torch_npu.npu import is_available
 
-    assert tnpu is torch.npu
+    assert tnpu is torch.npu and tnpu2 is torch.npu and is_available()
     for spec in ("npu", "npu:0", torch.device("npu"), torch.device("npu:0")):
         t = torch.randn(2, 3, device=spec)
         assert t.device.type == "cpu" and t.is_npu
@@ -612,6 +638,15 @@ UNINSTALL = textwrap.dedent('''
     except RuntimeError:
         pass
     print("torch works:", float((torch.ones(2, 2) @ torch.ones(2, 2)).sum()))
+    # an operator of the same name defined by someone else: install refuses and leaves nothing behind
+    other = torch.library.Library("npu", "FRAGMENT")
+    other.define("npu_anti_quant(Tensor x) -> Tensor")
+    try:
+        c.install()
+        raise AssertionError("install over a foreign npu::npu_anti_quant must raise")
+    except RuntimeError as e:
+        assert "could not define the torch.ops.npu" in str(e), e
+    assert not c.is_installed() and snapshot()[:-1] == before[:-1], snapshot()  # (the foreign op stays)
     print("UNINSTALL OK")
 ''')
 

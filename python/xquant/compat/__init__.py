@@ -108,10 +108,11 @@ def install(device: str = "cpu") -> None:
         raise RuntimeError(f"xquant.compat.install: already installed with device {_state.device}; "
                            "call xquant.compat.uninstall() first")
     xquant.register_torch_ops()
-    if hasattr(torch.ops, "npu") and any(n in torch.ops.npu.__dict__ for n in _ops.SCHEMAS):
-        raise RuntimeError("xquant.compat.install: torch.ops.npu already defines the quantization operators "
-                           "(registered by something else)")
-    lib = _ops.register()
+    try:
+        lib = _ops.register()
+    except RuntimeError as e:
+        raise RuntimeError("xquant.compat.install: could not define the torch.ops.npu quantization operators "
+                           f"(already registered by something else?): {e}") from None
     mapping = _device.DeviceMapping(target)
     saved = {name: sys.modules.get(name) for name in _MODULE_NAMES}
     try:

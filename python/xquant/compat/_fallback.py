@@ -9,6 +9,7 @@ This module is deleted once the C++ operators have landed; nothing else imports 
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -73,8 +74,8 @@ def _smoothed_rows(op: str, x: Tensor, smooth_scales: Optional[Tensor], group_in
     if x.dim() < 2:
         raise _fail_value(op, f"x has shape {list(x.shape)} but expected a rank >= 2 (rows x hidden)")
     h = x.shape[-1]
-    rows = x.detach().float().reshape(-1, h)
-    s = rows.shape[0]
+    s = math.prod(x.shape[:-1])
+    rows = x.detach().float().reshape(s, h)
     if smooth_scales is None:
         if group_index is not None:
             raise _fail_value(op, "group_index is given but smooth_scales is None (group_index selects smooth rows)")
