@@ -189,7 +189,8 @@ def test_companions_empty_noncontiguous_and_errors(torch_npu):
     for a, b in zip(torch_npu.npu_dynamic_quant(xt), torch_npu.npu_dynamic_quant(xt.contiguous())):
         assert torch.equal(a, b)
     w = torch.randint(-128, 128, (8, 4), dtype=torch.int8).t()
-    assert torch.equal(torch_npu.npu_anti_quant(w, torch.ones(8)), torch_npu.npu_anti_quant(w.contiguous(), torch.ones(8)))
+    assert torch.equal(torch_npu.npu_anti_quant(w, torch.ones(8)),
+                       torch_npu.npu_anti_quant(w.contiguous(), torch.ones(8)))
     with pytest.raises(ValueError, match=r"\bx\b"):
         torch_npu.npu_dynamic_quant(torch.randn(8))  # rank 1
     with pytest.raises(ValueError, match="8"):
@@ -266,7 +267,8 @@ def test_quantize_and_asymmetric_are_xquants(torch_npu, rng):
     for args in ((x, sc, zp, torch.qint8, 1, True), (x, sc, None, torch.quint8, -2, True),
                  (x, torch.full((16,), 3.0), torch.zeros(16), torch.quint4x2, -1, False)):
         assert torch.equal(torch_npu.npu_quantize(*args), xquant.npu.npu_quantize(*args))
-    assert torch.equal(torch_npu.npu_quantize(x, sc, zp, torch.qint8), torch.ops.npu.npu_quantize(x, sc, zp, torch.qint8))
+    assert torch.equal(torch_npu.npu_quantize(x, sc, zp, torch.qint8),
+                       torch.ops.npu.npu_quantize(x, sc, zp, torch.qint8))
     for kw in ({}, {"dst_type": torch.quint4x2}, {"quant_mode": "pertensor"},
                {"smooth_scales": torch.rand(16) + 0.5}):
         got = torch_npu.npu_dynamic_quant_asymmetric(x, **kw)
@@ -468,7 +470,8 @@ def test_reconstructed_seed02_and_seed04_examples(example_results):
 
 # seed 03's "measured result" (实测结果示例), as the document prints it
 SEED03_PRINTS = [
-    "输入数据src：[[-16 -15.75 -15.5 -15.25 -15 -14.75 -14.5 -14.25 ...], [16 16.25 16.5 16.75 17 17.25 17.5 17.75 ...], "
+    "输入数据src：[[-16 -15.75 -15.5 -15.25 -15 -14.75 -14.5 -14.25 ...], "
+    "[16 16.25 16.5 16.75 17 17.25 17.5 17.75 ...], "
     "[48 48.25 48.5 48.75 49 49.25 49.5 49.75 ...], [80 80.25 80.5 80.75 81 81.25 81.5 81.75 ...], ...]",
     "输入数据scale：[[4], [4], [4], [4], ...]",
     "输出数据out：[[-64 -63 -62 -61 -60 -59 -58 -57 ...], [64 65 66 67 68 69 70 71 ...], "

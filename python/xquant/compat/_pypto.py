@@ -85,7 +85,8 @@ def _fail(name: str, msg: str) -> ValueError:
 
 def _window(name: str, tile: Tile, tensor: torch.Tensor, offsets):
     if not isinstance(tile, Tile):
-        raise _args.fail_type(f"pypto.{name}", f"tile is {_args.describe(tile)} but expected a Tile (TileGroup.current())")
+        raise _args.fail_type(f"pypto.{name}",
+                              f"tile is {_args.describe(tile)} but expected a Tile (TileGroup.current())")
     if not isinstance(tensor, torch.Tensor) or tensor.dim() != len(tile.shape):
         raise _args.fail_type(f"pypto.{name}", f"tensor is {_args.describe(tensor)} but expected a "
                                                f"{len(tile.shape)}-D torch.Tensor")
@@ -109,7 +110,8 @@ def store(tensor: torch.Tensor, tile: Tile, offsets) -> None:
 
 def quant(out: Tile, src: Tile, scale: Tile, *, mode=QuantMode.SYM, offset=None) -> None:
     """pypto_pro.language.quant (seed 03) on tiles: xquant.npu.quant(out, src, scale, mode, offset)."""
-    for name, t in (("out", out), ("src", src), ("scale", scale)) + ((("offset", offset),) if offset is not None else ()):
+    tiles = (("out", out), ("src", src), ("scale", scale)) + ((("offset", offset),) if offset is not None else ())
+    for name, t in tiles:
         if not isinstance(t, Tile):
             raise _args.fail_type("pypto.quant", f"{name} is {_args.describe(t)} but expected a Tile")
     _xnpu.quant(out.data, src.data, scale.data, mode, None if offset is None else offset.data)
