@@ -377,6 +377,10 @@ def test_device_mapping_in_process(torch_npu):
     torch.npu.synchronize()
     with pytest.raises(ValueError, match="one device"):
         torch.npu.set_device(1)
+    for bad in (lambda: torch.randn(2, device="npu:1"), lambda: torch.device("npu", 1),
+                lambda: torch.device("npu:2"), lambda: torch.ones(2).to("npu:1"), lambda: torch.ones(2).npu(1)):
+        with pytest.raises(RuntimeError, match="one device, npu:0"):
+            bad()
     assert torch.device("cpu").type == "cpu" and torch.randn(2, device="cpu").device.type == "cpu"
 
 

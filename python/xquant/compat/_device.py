@@ -32,6 +32,15 @@ def is_npu_spec(d: Any) -> bool:
 _POSITIONAL = {torch.Tensor.to, torch._C._nn._parse_to}
 
 
+def _check_index(spec: str, index=None) -> None:
+    """The stand-in has one device, index 0 (like a machine with one NPU: npu:1 is an error there too)."""
+    s = spec.strip()
+    i = int(s.split(":")[1]) if ":" in s else (0 if index is None else index)
+    if i != 0:
+        raise RuntimeError(f"xquant.compat: device npu:{i} requested but the stand-in has one device, npu:0 "
+                           f"(mapped to {_TARGET[0] if _TARGET else 'the chosen device'})")
+
+
 class NpuDeviceMode(TorchFunctionMode):
     """Maps 'npu' devices to ``target`` in every torch function call."""
 
@@ -42,16 +51,21 @@ class NpuDeviceMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.device:
-            if args and is_npu_spec(args[0]):
-                return self.target
-            if kwargs and is_npu_spec(kwargs.get("type")):
+            spec = args[0] if args else kwargs.get("type")
+            if is_npu_spec(spec):
+                index = args[1] if len(args) > 1 else kwargs.get("index")
+                _check_index(spec, index if isinstance(index, int) else None)
                 return self.target
             return func(*args, **kwargs)
         dev = kwargs.get("device")
         if dev is not None and is_npu_spec(dev):
+            _check_index(dev)
             kwargs = dict(kwargs)
             kwargs["device"] = self.target
         if func in _POSITIONAL and any(is_npu_spec(a) for a in args):
+            for a in args:
+                if is_npu_spec(a):
+                    _check_index(a)
             args = tuple(self.target if is_npu_spec(a) else a for a in args)
         return func(*args, **kwargs)
 
@@ -119,12 +133,20 @@ def make_npu_namespace(target: torch.device) -> types.ModuleType:
     return m
 
 
-def _tensor_npu(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+def _npu_arg(what: str, device) -> torch.device:
+    """The target device for ``.npu(device)``: None, 0, 'npu', 'npu:0' (or the target device itself)."""
     target = _state_target()
-    if device is not None and not (is_npu_spec(device) or isinstance(device, int) or
-                                   (isinstance(device, torch.device) and device == target)):
-        raise ValueError(f"xquant.compat: Tensor.npu(device={device!r}): expected None, an index or 'npu:N'")
-    return self.to(target, non_blocking=non_blocking, memory_format=memory_format)
+    if isinstance(device, int) and not isinstance(device, bool):
+        _check_index("npu", device)
+    elif is_npu_spec(device):
+        _check_index(device)
+    elif device is not None and not (isinstance(device, torch.device) and device == target):
+        raise ValueError(f"xquant.compat: {what}.npu(device={device!r}): expected None, 0 or 'npu:0'")
+    return target
+
+
+def _tensor_npu(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+    return self.to(_npu_arg("Tensor", device), non_blocking=non_blocking, memory_format=memory_format)
 
 
 def _tensor_is_npu(self) -> bool:
@@ -133,7 +155,7 @@ def _tensor_is_npu(self) -> bool:
 
 
 def _module_npu(self, device=None):
-    target = _state_target()
+    target = _npu_arg("Module", device)
     return self._apply(lambda t: t.to(target))
 
 
