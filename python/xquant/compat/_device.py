@@ -206,7 +206,8 @@ class DeviceMapping:
         stack = _get_current_function_mode_stack()
         if not stack or stack[-1] is not self.mode:
             raise RuntimeError("xquant.compat.uninstall(): another TorchFunctionMode entered after install() is "
-                               "still active on this thread; exit it first")
+                               "still active on this thread (exit it first), or this is not the thread that "
+                               "called install()")
         self.mode.__exit__(None, None, None)
         for owner, name, old in reversed(self._saved):
             if old is _MISSING:
