@@ -343,7 +343,7 @@ struct TorchApi {
   std::vector<std::pair<PyObject*, int>> qdtypes;   // torch dtype -> QuantDType code (npu_quantize's dtype)
   PyObject* kw_dtype = nullptr;                     // ("dtype",)
   PyObject *s_data_ptr, *s_dtype, *s_shape, *s_layout, *s_is_cpu, *s_is_contiguous, *s_is_neg, *s_requires_grad,
-      *s_stride, *s_is_inference, *s_is_nested;
+      *s_stride, *s_is_inference;
 };
 TorchApi g_torch;  // references held for the life of the process (never released: no teardown ordering issues)
 
@@ -388,7 +388,6 @@ void init_torch(const nb::dict& d) {
   t.s_requires_grad = PyUnicode_InternFromString("requires_grad");
   t.s_stride = PyUnicode_InternFromString("stride");
   t.s_is_inference = PyUnicode_InternFromString("is_inference");
-  t.s_is_nested = PyUnicode_InternFromString("is_nested");
   t.ready = true;
 }
 
@@ -460,7 +459,7 @@ Shape read_shape(PyObject* size) {
 // Reads t into a. Lenient: false when t is not a plain dense CPU tensor of a supported dtype (the caller
 // falls back). Strict: raises instead (TypeError for the dtype, ValueError otherwise); t has been checked
 // and made dense by the Python layer, so only the dtype can normally fail.
-bool targ(PyObject* t, TArg& a, bool strict, const char* op, const char* arg) {
+bool targ_impl(PyObject* t, TArg& a, bool strict, const char* op, const char* arg) {
   const TorchApi& T = g_torch;
   a.obj = t;
   if (!T.ready) throw nb::type_error("xquant._core: init_torch() has not run");
@@ -474,7 +473,6 @@ bool targ(PyObject* t, TArg& a, bool strict, const char* op, const char* arg) {
     throw nb::value_error((prefix(op) + arg + " " + what).c_str());
   };
   if (attr(t, T.s_layout).ptr() != T.strided) return bad("is not a dense strided tensor");
-  if (attr(t, T.s_is_nested).ptr() != Py_False) return bad("is a nested tensor");
   if (attr(t, T.s_is_cpu).ptr() != Py_True) return bad("is not on the CPU");
   nb::object dt = attr(t, T.s_dtype);
   bool found = false;
@@ -499,6 +497,15 @@ bool targ(PyObject* t, TArg& a, bool strict, const char* op, const char* arg) {
   a.data = PyLong_AsVoidPtr(p.ptr());
   if (!a.data && PyErr_Occurred()) throw nb::python_error();
   return true;
+}
+
+bool targ(PyObject* t, TArg& a, bool strict, const char* op, const char* arg) {
+  if (strict) return targ_impl(t, a, strict, op, arg);
+  try {
+    return targ_impl(t, a, strict, op, arg);
+  } catch (const nb::python_error&) {
+    return false;  // a tensor that cannot answer (a nested tensor's sizes, ...): the full path reports
+  }
 }
 
 // None / a tensor; false (lenient) as targ.
@@ -577,14 +584,25 @@ Out alloc(const Shape& shape, DType dt) {
     o.view = {data, dt, shape};
     return o;
   }
-  nb::tuple dims = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(shape.size())));
+  // torch.empty(d0, d1, ..., dtype=dt): the dimensions as separate arguments parse faster than a tuple.
+  if (shape.size() > 16) throw nb::value_error("xquant: more than 16 dimensions");
+  nb::object dims[16];
+  PyObject* args[17];
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    PyObject* v = PyLong_FromLongLong(shape[i]);
-    if (!v) throw nb::python_error();
-    PyTuple_SET_ITEM(dims.ptr(), static_cast<Py_ssize_t>(i), v);
+    dims[i] = nb::steal(PyLong_FromLongLong(shape[i]));
+    if (!dims[i].is_valid()) throw nb::python_error();
+    args[i] = dims[i].ptr();
   }
-  PyObject* args[2] = {dims.ptr(), g_torch.dtype_of[static_cast<int>(dt)]};
-  PyObject* r = PyObject_Vectorcall(g_torch.empty, args, 1, g_torch.kw_dtype);
+  PyObject* r;
+  if (shape.empty()) {  // a 0-d tensor: torch.empty((), dtype=dt)
+    nb::object empty_tuple = nb::steal(PyTuple_New(0));
+    args[0] = empty_tuple.ptr();
+    args[1] = g_torch.dtype_of[static_cast<int>(dt)];
+    r = PyObject_Vectorcall(g_torch.empty, args, 1, g_torch.kw_dtype);
+  } else {
+    args[shape.size()] = g_torch.dtype_of[static_cast<int>(dt)];
+    r = PyObject_Vectorcall(g_torch.empty, args, shape.size(), g_torch.kw_dtype);
+  }
   if (!r) throw nb::python_error();
   o.tensor = nb::steal(r);
   nb::object p = call_method0(r, g_torch.s_data_ptr);

@@ -78,8 +78,9 @@ def output(op: str, name: str, a: Any) -> np.ndarray:
 
 
 def _empty(shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(array returned to the caller, the same memory as C++ sees it)."""
-    a = np.empty(shape, dtype=dtype)
+    """(array returned to the caller, the same memory as C++ sees it); results are native-endian."""
+    dtype = np.dtype(dtype)
+    a = np.empty(shape, dtype=dtype if dtype.isnative else dtype.newbyteorder("="))
     return a, _raw(a)
 
 

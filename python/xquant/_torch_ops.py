@@ -290,7 +290,8 @@ def fake_tensor_quant(op: str, inputs: Tensor, amax: Any, axis: Optional[int], n
 
 def fake_tensor_quant_inplace(op: str, inputs: Tensor, amax: Any, num_bits: int, is_unsigned: bool,
                               narrow_range: bool) -> Tensor:
-    _dense_out(op, "inputs", inputs, lazy_views=False)
+    # (is_neg() is not traceable by torch.compile; there the operator's fake implementation checks it)
+    _dense_out(op, "inputs", inputs, lazy_views=not torch.compiler.is_compiling())
     if inputs.requires_grad and torch.is_grad_enabled():
         # An in-place quantization would silently pass gradients through unchanged: refuse.
         raise fail_value(op, "inputs requires grad but the in-place fake quantization has no autograd "
@@ -390,6 +391,8 @@ def _(out, src, scale, tile_mode="SYM", offset=None):
 def tile_quant(op: str, out: Tensor, src: Any, scale: Any, mode: Any, offset: Any) -> None:
     asym = _args.quant_mode(op, mode)
     check_tensor(op, "out", out)
+    if not torch.compiler.is_compiling():
+        _no_lazy_view(op, "out", out)
     torch.ops.xquant.tile_quant(out, check_tensor(op, "src", src), check_tensor(op, "scale", scale),
                                 "ASYM" if asym else "SYM", opt_tensor(op, "offset", offset))
 
