@@ -968,6 +968,7 @@ NB_MODULE(_core, m) {
   m.def("simd_target", &xquant::simd_target);
   // torch tensors without DLPack (see t_fake_tensor_quant): None means "take the full path" (lenient).
   m.def("init_torch", &init_torch, "api"_a);
+  m.def("plain_modes", [] { return g_torch.lenient && plain_eager(false); });
   m.def("t_fake_tensor_quant", &t_fake_tensor_quant, "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a,
         "is_unsigned"_a, "narrow_range"_a, "strict"_a);
   m.def("t_fake_tensor_quant_inplace", &t_fake_tensor_quant_inplace, "inputs"_a, "amax"_a, "num_bits"_a,

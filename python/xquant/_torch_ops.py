@@ -279,10 +279,45 @@ torch.library.register_autograd("xquant::fake_tensor_quant", _fq_backward, setup
 torch.library.register_autograd("xquant::fake_tensor_quant_with_axis", _fq_backward, setup_context=_fq_setup)
 
 
+class _FakeQuantFn(torch.autograd.Function):
+    """Eager autograd without the custom operator's dispatch (see _eager_autograd): the same kernels and the
+    same backward operator as the registered autograd formula."""
+
+    @staticmethod
+    def forward(ctx, inputs, amax, axis, num_bits, is_unsigned, narrow_range):
+        op = "fake_tensor_quant" if axis is None else "fake_tensor_quant_with_axis"
+        out = _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), axis, num_bits,
+                                        is_unsigned, narrow_range, True)
+        ctx.save_for_backward(inputs, amax)
+        ctx.axis, ctx.options = axis, (num_bits, is_unsigned, narrow_range)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, amax = ctx.saved_tensors
+        want = bool(ctx.needs_input_grad[1])
+        gi, ga = torch.ops.xquant.fake_tensor_quant_backward(grad, x, amax, ctx.axis, *ctx.options, want)
+        return gi, (ga if want else None), None, None, None, None
+
+
+def _eager_autograd(*tensors: Tensor) -> bool:
+    """Autograd recording in plain eager mode on CPU tensors: an autograd.Function calling the compiled core
+    costs a fraction of the custom operator's dispatch. Tracing (torch.compile / export), modes, functorch
+    transforms, meta and subclassed tensors keep the custom operators."""
+    if not FAST_PATH or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    if not any(t.requires_grad for t in tensors):
+        return False
+    return all((type(t) is Tensor or type(t) is torch.nn.Parameter) and t.is_cpu for t in tensors) and \
+        _core.plain_modes()
+
+
 def fake_tensor_quant(op: str, inputs: Tensor, amax: Any, axis: Optional[int], num_bits: int, is_unsigned: bool,
                       narrow_range: bool) -> Tensor:
     check_tensor(op, "inputs", inputs)
     a = param(op, "amax", amax, torch.float32)
+    if _eager_autograd(inputs, a):
+        return _FakeQuantFn.apply(inputs, a, axis, num_bits, is_unsigned, narrow_range)
     if axis is None:
         return torch.ops.xquant.fake_tensor_quant(inputs, a, num_bits, is_unsigned, narrow_range)
     return torch.ops.xquant.fake_tensor_quant_with_axis(inputs, a, axis, num_bits, is_unsigned, narrow_range)
@@ -504,11 +539,32 @@ def _ulq_backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad):
 torch.library.register_autograd("xquant::acts_ulq", _ulq_backward, setup_context=_ulq_setup)
 
 
+class _ActsUlqFn(torch.autograd.Function):
+    """Eager autograd of acts_ulq without the custom operator's dispatch (see _eager_autograd)."""
+
+    @staticmethod
+    def forward(ctx, x, clamp_min, clamp_max, fixed_min, num_bits):
+        op = "acts_ulq"
+        y, m0, m1, loss = _core.t_acts_ulq(_cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min),
+                                           _cpp(op, "clamp_max", clamp_max), fixed_min, num_bits, True)
+        ctx.save_for_backward(clamp_min, clamp_max, m0, m1, loss)
+        ctx.x_shape = list(x.shape)
+        ctx.options = (fixed_min, num_bits)
+        ctx.mark_non_differentiable(m0, m1, loss)
+        return y, m0, m1, loss
+
+    @staticmethod
+    def backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad):
+        return _ulq_backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad)
+
+
 def acts_ulq(op: str, x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool,
              num_bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     check_tensor(op, "x", x)
     lo = param(op, "clamp_min", clamp_min, x.dtype)
     hi = param(op, "clamp_max", clamp_max, x.dtype)
+    if _eager_autograd(x, lo, hi):
+        return _ActsUlqFn.apply(x, lo, hi, fixed_min, num_bits)
     return torch.ops.xquant.acts_ulq(x, lo, hi, fixed_min, num_bits)
 
 

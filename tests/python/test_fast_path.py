@@ -171,3 +171,29 @@ def test_autograd_still_records_through_the_full_path():
     p = torch.nn.Parameter(torch.randn(6))
     with torch.inference_mode():  # parameters in inference: the fast path
         assert torch.equal(xquant.npu_fake_tensor_quant(p, 1.0), xquant.npu_fake_tensor_quant(p.detach(), 1.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eager_autograd_path_equals_custom_operator_autograd(dtype):
+    """With autograd recording, plain eager calls use an autograd.Function over the same kernels; its
+    values and gradients equal those of the registered custom operators' autograd."""
+    x0 = _data(dtype, 4, 6, 16)
+    amax0 = torch.tensor([2.0], dtype=dtype)
+    amax_c0 = (torch.rand(6) * 3 + 0.1).to(dtype)
+    lo0, hi0 = torch.full((6, 1), -1.0, dtype=dtype), (torch.rand(16) + 0.5).to(dtype)
+    g = torch.randn(4, 6, 16).to(dtype)
+
+    def run(use_ops):
+        x, amax, amax_c, lo, hi = (t.clone().requires_grad_() for t in (x0, amax0, amax_c0, lo0, hi0))
+        if use_ops:
+            ys = [ops.fake_tensor_quant(x, amax, 6, False, True), ops.fake_tensor_quant_with_axis(x, amax_c, 1),
+                  ops.acts_ulq(x, lo, hi, False, 8)[0]]
+        else:
+            ys = [xquant.npu_fake_tensor_quant(x, amax, 6), xquant.npu_fake_tensor_quant_with_axis(x, amax_c, 1),
+                  xquant.acts_ulq(x, lo, hi)[0]]
+            assert [type(y.grad_fn).__name__ for y in ys] == ["_FakeQuantFnBackward", "_FakeQuantFnBackward",
+                                                             "_ActsUlqFnBackward"]
+        sum((y.float() * g.float()).sum() for y in ys).backward()
+        return [y.detach() for y in ys] + [t.grad for t in (x, amax, amax_c, lo, hi)]
+
+    assert _same(run(False), run(True))
