@@ -1,9 +1,11 @@
 """PyTorch integration: the operators as torch.library custom operators in the namespace ``xquant``.
 
 Registered on import (``import xquant`` does it when torch is already imported, otherwise the first call
-with a torch.Tensor does). Each operator has a fake (meta) implementation giving output shapes and dtypes,
-so it works under torch.compile(fullgraph=True) and torch.export; the fake-quant family and ActsULQ have
-autograd formulas computed by the C++ backward kernels.
+with a torch.Tensor does). Each operator has a fake (meta) implementation giving output shapes and dtypes
+after the same validation as the eager call (xquant._meta), so it works under
+torch.compile(fullgraph=True) and torch.export; the fake-quant family and ActsULQ have autograd formulas
+computed by the C++ backward kernels. Plain eager calls of xquant.npu skip these operators (the eager fast
+path: xquant.npu, _core.t_*), and eager autograd uses autograd.Functions over the same kernels.
 
     torch.ops.xquant.fake_tensor_quant(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True)
     torch.ops.xquant.fake_tensor_quant_with_axis(inputs, amax, axis, num_bits=8, is_unsigned=False,

@@ -11,11 +11,13 @@ Code written for Ascend runs by changing its import::
 Every function takes NumPy arrays or PyTorch CPU tensors and returns the same kind (NumPy in, NumPy out;
 torch in, torch out). Contiguous data is not copied; non-contiguous inputs are made contiguous for the
 caller (in-place calls on non-contiguous data raise instead). float32, float16 and bfloat16 (torch, or
-NumPy through ml_dtypes) are accepted everywhere. The GIL is released while the C++ kernels run.
+NumPy through ml_dtypes) are accepted everywhere. The GIL is released while the C++ kernels run (on the
+torch fast path from 32 Ki elements on).
 Arithmetic is float32 with the exact operation order and round-half-to-even of docs/semantics (SPEC.md);
 errors of the C++ library arrive as TypeError (a dtype the operator does not accept) or ValueError
 (everything else) with the library's message. For torch tensors the functions are torch.library custom
-operators (torch.ops.xquant.*) with fake implementations and autograd (see xquant._torch_ops).
+operators (torch.ops.xquant.*) with fake implementations and autograd (see xquant._torch_ops); plain eager
+calls skip their dispatch (the fast path below).
 """
 
 from __future__ import annotations
