@@ -343,7 +343,7 @@ struct TorchApi {
   std::vector<std::pair<PyObject*, int>> qdtypes;   // torch dtype -> QuantDType code (npu_quantize's dtype)
   PyObject* kw_dtype = nullptr;                     // ("dtype",)
   PyObject *s_data_ptr, *s_dtype, *s_shape, *s_layout, *s_is_cpu, *s_is_contiguous, *s_is_neg, *s_requires_grad,
-      *s_stride, *s_is_inference;
+      *s_stride, *s_is_inference, *s_is_view;
 };
 TorchApi g_torch;  // references held for the life of the process (never released: no teardown ordering issues)
 
@@ -355,6 +355,7 @@ PyObject* keep(nb::handle h) {
 
 void init_torch(const nb::dict& d) {
   TorchApi& t = g_torch;
+  if (t.ready) return;  // once per process (xquant._torch_ops is imported once)
   t.tensor_type = keep(d["Tensor"]);
   t.parameter_type = keep(d["Parameter"]);
   t.strided = keep(d["strided"]);
@@ -388,6 +389,7 @@ void init_torch(const nb::dict& d) {
   t.s_requires_grad = PyUnicode_InternFromString("requires_grad");
   t.s_stride = PyUnicode_InternFromString("stride");
   t.s_is_inference = PyUnicode_InternFromString("is_inference");
+  t.s_is_view = PyUnicode_InternFromString("_is_view");
   t.ready = true;
 }
 
@@ -624,6 +626,15 @@ Out alloc_like(const TArg& x) {
   return o;
 }
 
+// A tensor the lenient path may write in place: not an inference tensor (only inference mode may modify
+// those), and not a view while grad mode is on (torch refuses in-place writes to some views, e.g. one
+// created under no_grad of a base that requires grad; the full path lets torch decide).
+bool plain_inplace_target(PyObject* t) {
+  if (call_method0(t, g_torch.s_is_inference).ptr() != Py_False) return false;
+  if (call_method0(t, g_torch.s_is_view).ptr() != Py_False && truthy(call0(g_torch.is_grad_enabled))) return false;
+  return true;
+}
+
 // Marks a tensor written in place as modified for autograd's saved-tensor checks (what an in-place torch
 // operator does).
 void bump_version(PyObject* t) {
@@ -711,7 +722,7 @@ nb::object t_fake_tensor_quant_inplace(nb::handle inputs, nb::handle amax, nb::h
     // A tensor that requires grad is refused by the full path (no autograd for the in-place form), and an
     // inference tensor may only be modified inside inference mode: both take the full path.
     XQ_TRY(!x.requires_grad);
-    XQ_TRY(call_method0(x.obj, g_torch.s_is_inference).ptr() == Py_False);
+    XQ_TRY(plain_inplace_target(x.obj));
     XQ_TRY(plain_eager(a.requires_grad));
   }
   const TensorView xv = x.wview();
@@ -773,7 +784,7 @@ nb::object t_tile_quant(nb::handle out, nb::handle src, nb::handle scale, nb::ha
   XQ_TRY(opt_targ(offset.ptr(), off, strict, op, "offset"));
   if (!strict) {
     XQ_TRY(!o.requires_grad);
-    XQ_TRY(call_method0(o.obj, g_torch.s_is_inference).ptr() == Py_False);
+    XQ_TRY(plain_inplace_target(o.obj));
     XQ_TRY(plain_eager(s.requires_grad || sc.requires_grad || (off && off->requires_grad)));
   }
   auto tile = [&](const TArg& t, const char* arg) {
