@@ -258,7 +258,7 @@ def test_object_dtype_arrays():
     assert str(info.value) == f"xquant::fake_tensor_quant: amax has dtype object {_UNSUPPORTED}"
     with pytest.raises(TypeError, match=r"^xquant::quantize: scales has dtype object"):
         xquant.npu_quantize(X, np.array([0.5], dtype=object), None, "qint8")
-    with pytest.raises(TypeError, match=r"^xquant::quant: |^xquant::tile_quant: src has dtype object"):
+    with pytest.raises(TypeError, match=r"^xquant::tile_quant: src has dtype object"):
         xquant.quant(np.zeros((2, 4), np.int8), np.ones((2, 4), dtype=object), np.ones((2, 1), f32))
 
 
