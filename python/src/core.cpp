@@ -318,7 +318,8 @@ std::string get_backend() { return xquant::get_backend() == xquant::Backend::cpu
 //    argument that requires grad while grad mode is on, an active torch dispatch / function mode, functorch
 //    transform, JIT trace or profiler) returns None without raising, and the caller takes the full path
 //    (torch.library custom operators), which validates and reports. Errors of the C++ library itself are
-//    raised as usual: they are the same on both paths.
+//    raised as usual: they are the same on both paths. The operators with autograd return NotImplemented
+//    when the only obstacle is autograd recording (see autograd_verdict).
 //  - strict (inside the custom operators, whose Python layer has already checked and densified the
 //    arguments): an unsupported dtype raises TypeError, anything else unexpected ValueError.
 //
@@ -421,11 +422,24 @@ bool truthy(const nb::object& o) {
 
 // No torch dispatch / function mode, functorch transform, JIT trace or profiler is active, and no argument
 // needs autograd: the custom operators would add nothing but their dispatch cost.
-bool plain_eager(bool any_requires_grad) {
-  if (any_requires_grad && truthy(call0(g_torch.is_grad_enabled))) return false;
+bool modes_plain() {
   for (PyObject* probe : g_torch.mode_probes)
     if (truthy(call0(probe))) return false;
   return true;
+}
+
+bool plain_eager(bool any_requires_grad) {
+  if (any_requires_grad && truthy(call0(g_torch.is_grad_enabled))) return false;
+  return modes_plain();
+}
+
+// For the operators with autograd: None (take the full path), NotImplemented (everything is plain but an
+// argument requires grad and grad mode is on: the caller records autograd itself, see
+// xquant._torch_ops._FakeQuantFn), or true (compute here).
+nb::object autograd_verdict(bool any_requires_grad) {
+  if (!modes_plain()) return nb::none();
+  if (any_requires_grad && truthy(call0(g_torch.is_grad_enabled))) return nb::borrow(Py_NotImplemented);
+  return nb::borrow(Py_True);
 }
 
 // A dense CPU torch tensor as xquant sees it.
@@ -691,7 +705,10 @@ nb::object t_fake_tensor_quant(nb::handle inputs, nb::handle amax, nb::handle ax
   } else {
     XQ_TRY(targ(amax.ptr(), a, strict, op, "amax"));
   }
-  if (!strict) XQ_TRY(plain_eager(x.requires_grad || a.requires_grad));
+  if (!strict) {
+    nb::object v = autograd_verdict(x.requires_grad || a.requires_grad);
+    if (v.ptr() != Py_True) return v;
+  }
   Out out = alloc_like(x);
   const ConstTensorView xv = x.cview(), av = a.cview();
   run_maybe_nogil(x.numel(), [&] {
@@ -875,8 +892,8 @@ nb::object t_acts_ulq(nb::handle x, nb::handle clamp_min, nb::handle clamp_max, 
     XQ_TRY(targ(clamp_max.ptr(), hi, strict, op, "clamp_max"));
   }
   if (!strict) {
-    // Autograd: the full path. (The masks and the loss are never differentiable.)
-    XQ_TRY(plain_eager(xa.requires_grad || lo.requires_grad || hi.requires_grad));
+    nb::object v = autograd_verdict(xa.requires_grad || lo.requires_grad || hi.requires_grad);
+    if (v.ptr() != Py_True) return v;
   }
   Shape shape;
   try {

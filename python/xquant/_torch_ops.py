@@ -287,9 +287,12 @@ class _FakeQuantFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inputs, amax, axis, num_bits, is_unsigned, narrow_range):
-        op = "fake_tensor_quant" if axis is None else "fake_tensor_quant_with_axis"
-        out = _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), axis, num_bits,
-                                        is_unsigned, narrow_range, True)
+        # (grad mode is off inside forward: plain tensors take the lenient call, the others are densified)
+        out = _core.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range, False)
+        if out is None:
+            op = "fake_tensor_quant" if axis is None else "fake_tensor_quant_with_axis"
+            out = _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), axis, num_bits,
+                                            is_unsigned, narrow_range, True)
         ctx.save_for_backward(inputs, amax)
         ctx.axis, ctx.options = axis, (num_bits, is_unsigned, narrow_range)
         return out
@@ -312,6 +315,15 @@ def _eager_autograd(*tensors: Tensor) -> bool:
         return False
     return all((type(t) is Tensor or type(t) is torch.nn.Parameter) and t.is_cpu for t in tensors) and \
         _core.plain_modes()
+
+
+def fake_quant_autograd(inputs: Tensor, amax: Any, axis: Optional[int], num_bits: int, is_unsigned: bool,
+                        narrow_range: bool) -> Tensor:
+    """The fast path's hand-over when autograd must record (the compiled core has checked every argument's
+    kind; amax may still be a Python number)."""
+    if not isinstance(amax, Tensor):
+        amax = torch.tensor(float(amax), dtype=torch.float32)
+    return _FakeQuantFn.apply(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
 
 
 def fake_tensor_quant(op: str, inputs: Tensor, amax: Any, axis: Optional[int], num_bits: int, is_unsigned: bool,
@@ -546,9 +558,12 @@ class _ActsUlqFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, clamp_min, clamp_max, fixed_min, num_bits):
-        op = "acts_ulq"
-        y, m0, m1, loss = _core.t_acts_ulq(_cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min),
-                                           _cpp(op, "clamp_max", clamp_max), fixed_min, num_bits, True)
+        outs = _core.t_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits, False)  # (as _FakeQuantFn)
+        if outs is None:
+            op = "acts_ulq"
+            outs = _core.t_acts_ulq(_cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min),
+                                    _cpp(op, "clamp_max", clamp_max), fixed_min, num_bits, True)
+        y, m0, m1, loss = outs
         ctx.save_for_backward(clamp_min, clamp_max, m0, m1, loss)
         ctx.x_shape = list(x.shape)
         ctx.options = (fixed_min, num_bits)
@@ -558,6 +573,14 @@ class _ActsUlqFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad):
         return _ulq_backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad)
+
+
+def acts_ulq_autograd(x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool,
+                      num_bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The fast path's hand-over when autograd must record (clamps may be Python numbers: float32 x)."""
+    lo = clamp_min if isinstance(clamp_min, Tensor) else torch.tensor(float(clamp_min), dtype=x.dtype)
+    hi = clamp_max if isinstance(clamp_max, Tensor) else torch.tensor(float(clamp_max), dtype=x.dtype)
+    return _ActsUlqFn.apply(x, lo, hi, fixed_min, num_bits)
 
 
 def acts_ulq(op: str, x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool,

@@ -53,8 +53,10 @@ class _NoTensor:  # the fast-path types until torch is in use: nothing is of thi
 # first calls the compiled core directly (_core.t_*, lenient): it computes when nothing else is needed
 # (no autograd recording, no dispatch / function mode, functorch transform, JIT trace or profiler, dense
 # CPU tensors of supported dtypes, Python values of the expected types) and otherwise returns None, and
-# the call takes the full path (validation, then the torch.ops.xquant custom operators). Results are
-# identical on both paths; only the per-call cost differs.
+# the call takes the full path (validation, then the torch.ops.xquant custom operators). Where autograd
+# recording is the only obstacle, the operators with autograd return NotImplemented and the call records
+# through an autograd.Function over the same kernels (xquant._torch_ops). Results are identical on every
+# path; only the per-call cost differs.
 _Tensor: type = _NoTensor
 _Parameter: type = _NoTensor
 
@@ -120,7 +122,8 @@ def npu_fake_tensor_quant(inputs, amax, num_bits: int = 8, is_unsigned: bool = F
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
         out = _core.t_fake_tensor_quant(inputs, amax, None, num_bits, is_unsigned, narrow_range, False)
         if out is not None:
-            return out
+            return out if out is not NotImplemented else \
+                _torch_backend.fake_quant_autograd(inputs, amax, None, num_bits, is_unsigned, narrow_range)
     op = "fake_tensor_quant"
     b = _backend(op, "inputs", inputs)
     return b.fake_tensor_quant(op, inputs, amax, None, *_fq_options(op, num_bits, is_unsigned, narrow_range))
@@ -154,7 +157,8 @@ def npu_fake_tensor_quant_with_axis(inputs, amax, axis: int, num_bits: int = 8, 
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
         out = _core.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range, False)
         if out is not None:
-            return out
+            return out if out is not NotImplemented else \
+                _torch_backend.fake_quant_autograd(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
     op = "fake_tensor_quant_with_axis"
     b = _backend(op, "inputs", inputs)
     ax = _args.as_int(op, "axis", axis)
@@ -268,7 +272,8 @@ def acts_ulq(x, clamp_min, clamp_max, fixed_min: bool = False, num_bits: int = 8
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
         out = _core.t_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits, False)
         if out is not None:
-            return out
+            return out if out is not NotImplemented else \
+                _torch_backend.acts_ulq_autograd(x, clamp_min, clamp_max, fixed_min, num_bits)
     op = "acts_ulq"
     b = _backend(op, "x", x)
     return b.acts_ulq(op, x, clamp_min, clamp_max, _args.as_bool(op, "fixed_min", fixed_min),

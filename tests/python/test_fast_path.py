@@ -111,7 +111,6 @@ def test_lenient_core_declines_what_it_cannot_do_plainly():
     assert lenient(x, a, None, 8, False, True) is not None
     declined = [
         (x.t(), a, None, 8, False, True),                              # not contiguous
-        (x.requires_grad_(False).clone().requires_grad_(), a, None, 8, False, True),  # autograd
         (x.to("meta"), a, None, 8, False, True),                       # meta
         (x.double(), a, None, 8, False, True),                         # unsupported dtype
         (torch._neg_view(x), a, None, 8, False, True),                 # neg bit
@@ -123,6 +122,11 @@ def test_lenient_core_declines_what_it_cannot_do_plainly():
     ]
     for args in declined:
         assert lenient(*args) is None, args
+    # autograd recording is the only obstacle: NotImplemented (the caller records through autograd.Function)
+    assert lenient(x.clone().requires_grad_(), a, None, 8, False, True) is NotImplemented
+    assert lenient(x, a.clone().requires_grad_(), None, 8, False, True) is NotImplemented
+    assert _core.t_acts_ulq(x.clone().requires_grad_(), -1.0, 1.0, False, 8, False) is NotImplemented
+    assert _core.t_quantize(x.clone().requires_grad_(), a, None, torch.qint8, 1, True, False) is None
     with torch.no_grad():  # requires_grad without grad mode: plain
         assert lenient(x.clone().requires_grad_(), a, None, 8, False, True) is not None
 
@@ -197,3 +201,20 @@ def test_eager_autograd_path_equals_custom_operator_autograd(dtype):
         return [y.detach() for y in ys] + [t.grad for t in (x, amax, amax_c, lo, hi)]
 
     assert _same(run(False), run(True))
+
+
+def test_eager_autograd_with_python_number_parameters():
+    x0 = _data(torch.float32, 5, 8)
+    g = torch.randn(5, 8)
+    xa, xb = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    ya = xquant.npu_fake_tensor_quant(xa, 1.5)
+    yb = ops.fake_tensor_quant(xb, torch.tensor(1.5), 8, False, True)
+    (ya * g).sum().backward()
+    (yb * g).sum().backward()
+    assert type(ya.grad_fn).__name__ == "_FakeQuantFnBackward" and _same((ya.detach(), xa.grad), (yb.detach(), xb.grad))
+    xa, xb = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    ya = xquant.acts_ulq(xa, -0.5, 2.0)[0]
+    yb = ops.acts_ulq(xb, torch.tensor(-0.5), torch.tensor(2.0), False, 8)[0]
+    (ya * g).sum().backward()
+    (yb * g).sum().backward()
+    assert type(ya.grad_fn).__name__ == "_ActsUlqFnBackward" and _same((ya.detach(), xa.grad), (yb.detach(), xb.grad))
