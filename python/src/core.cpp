@@ -344,7 +344,7 @@ struct TorchApi {
   std::vector<std::pair<PyObject*, int>> qdtypes;   // torch dtype -> QuantDType code (npu_quantize's dtype)
   PyObject* kw_dtype = nullptr;                     // ("dtype",)
   PyObject *s_data_ptr, *s_dtype, *s_shape, *s_layout, *s_is_cpu, *s_is_contiguous, *s_is_neg, *s_requires_grad,
-      *s_stride, *s_is_inference, *s_is_view;
+      *s_is_inference, *s_is_view;
 };
 TorchApi g_torch;  // references held for the life of the process (never released: no teardown ordering issues)
 
@@ -388,7 +388,6 @@ void init_torch(const nb::dict& d) {
   t.s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
   t.s_is_neg = PyUnicode_InternFromString("is_neg");
   t.s_requires_grad = PyUnicode_InternFromString("requires_grad");
-  t.s_stride = PyUnicode_InternFromString("stride");
   t.s_is_inference = PyUnicode_InternFromString("is_inference");
   t.s_is_view = PyUnicode_InternFromString("_is_view");
   t.ready = true;
