@@ -6,6 +6,7 @@
 #include "xquant/error.hpp"
 #include "xquant/fake_quant.hpp"
 #include "xquant/half.hpp"
+#include "xquant/layout.hpp"
 #include "xquant/quantize.hpp"
 #include "xquant/tensor.hpp"
 #include "xquant/tile_quant.hpp"

@@ -3,23 +3,18 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <string>
 
 #include "core/kernels.hpp"
 
 namespace xquant::detail {
 
+// The cpu backend's kernel table (registered in src/backends/registry.cpp).
 const KernelTable& cpu_kernels();
-std::string cpu_target_name();
 
 // Entry points (each partitions the work over threads and dispatches to the best SIMD target).
-void cpu_fake_quant(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels,
-                    std::int64_t inner, const FakeQuantParams* params);
-void cpu_fake_quant_backward(DType dt, const void* grad_out, const void* x, void* grad_in, std::int64_t outer,
-                             std::int64_t channels, std::int64_t inner, const FakeQuantParams* params,
-                             float* grad_amax);
-void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer, std::int64_t channels,
-                  std::int64_t inner, const QuantizeParams* params, bool div_mode);
+void cpu_fake_quant(const FakeQuantArgs& args);
+void cpu_fake_quant_backward(const FakeQuantBackwardArgs& args);
+void cpu_quantize(const QuantizeArgs& args);
 void cpu_tile_quant(const TileQuantArgs& args);
 void cpu_dynamic_quant(const DynamicQuantArgs& args);
 void cpu_acts_ulq(const ActsUlqArgs& args);

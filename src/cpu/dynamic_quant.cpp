@@ -21,7 +21,6 @@
 #include "cpu/cpu.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
-#include "ref/ref.hpp"
 
 namespace xquant::detail {
 #ifndef XQUANT_CPU_DYNAMIC_QUANT_ONCE
@@ -175,7 +174,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = mm.empty ? 0.f : (mm.nan ? nan : mm.max);
     const float rmin = mm.empty ? 0.f : (mm.nan ? nan : mm.min);
-    const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
+    const auto p = init_dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[r] = p.scale;
     a.offset[r] = p.offset;
     const float* src = direct ? static_cast<const float*>(a.x) + r * H : buf.data();
@@ -279,7 +278,7 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
     }
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = all.empty ? 0.f : (all.nan ? nan : all.max), rmin = all.empty ? 0.f : (all.nan ? nan : all.min);
-    const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
+    const auto p = init_dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
     const RangeParams rp{rmin, rmax, p.scale, p.offset};

@@ -22,18 +22,6 @@ namespace xquant::detail::ref {
 
 namespace {
 
-constexpr float kScaleFloor = 1e-12f;
-
-struct DstRange {
-  float max;  // DST_MAX
-  float min;  // DST_MIN
-};
-
-DstRange dst_range(QuantDType q) noexcept {
-  if (q == QuantDType::quint4x2) return {7.0f, -8.0f};
-  return {127.0f, -128.0f};
-}
-
 // Expert of row r: the first e with group_ends[e] > r. The operator guarantees group_ends is
 // non-decreasing with last value == rows, so e < num_groups for every r < rows.
 std::int64_t expert_of_row(const DynamicQuantArgs& a, std::int64_t r) noexcept {
@@ -77,7 +65,7 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
     auto* y = static_cast<std::int32_t*>(a.y);
     for (std::int64_t j = 0; j < a.cols; ++j) {
       const std::int64_t i = r * a.cols + j;  // flat element index
-      const float v = smoothed(a, r, e, j) / p.scale + p.offset;
+      const float v = dynamic_quant_value(smoothed(a, r, e, j), p);
       // Nibble 0 of each word comes first: clear the word then; the other seven nibbles fill it, so the
       // caller's old contents are never read into the result.
       if ((i & 7) == 0) y[i >> 3] = 0;
@@ -86,7 +74,7 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
   } else {
     auto* y = static_cast<std::int8_t*>(a.y);
     for (std::int64_t j = 0; j < a.cols; ++j) {
-      const float v = smoothed(a, r, e, j) / p.scale + p.offset;
+      const float v = dynamic_quant_value(smoothed(a, r, e, j), p);
       y[r * a.cols + j] = saturate_rounded<std::int8_t>(round_half_even(v));
     }
   }
@@ -94,20 +82,12 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
 
 }  // namespace
 
-DynamicQuantRowParams dynamic_quant_params(float row_max, float row_min, QuantDType dst) {
-  const DstRange d = dst_range(dst);
-  float scale = (row_max - row_min) / (d.max - d.min);  // (rowMax - rowMin) / (DST_MAX - DST_MIN)
-  scale = nan_max(scale, kScaleFloor);                   // NaN stays NaN, else max(scale, 1e-12)
-  const float offset = d.max - row_max / scale;          // DST_MAX - rowMax / scale
-  return {scale, offset};
-}
-
 void dynamic_quant(const DynamicQuantArgs& a) {
   if (a.per_tensor) {
     // rowMax / rowMin of the whole tensor (no smooth_scales in this mode), then every row with them.
     MinMax mm;
     for (std::int64_t r = 0; r < a.rows; ++r) reduce_row(a, r, 0, mm);
-    const Params p = dynamic_quant_params(mm.max, mm.min, a.dst);
+    const Params p = init_dynamic_quant_params(mm.max, mm.min, a.dst);
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
     for (std::int64_t r = 0; r < a.rows; ++r) quantize_row(a, r, 0, p);
@@ -117,7 +97,7 @@ void dynamic_quant(const DynamicQuantArgs& a) {
     const std::int64_t e = expert_of_row(a, r);
     MinMax mm;
     reduce_row(a, r, e, mm);
-    const Params p = dynamic_quant_params(mm.max, mm.min, a.dst);
+    const Params p = init_dynamic_quant_params(mm.max, mm.min, a.dst);
     a.scale[r] = p.scale;
     a.offset[r] = p.offset;
     quantize_row(a, r, e, p);
