@@ -1,6 +1,7 @@
 // Umbrella header: the whole public API of xquant.
 #pragma once
 #include "xquant/acts_ulq.hpp"
+#include "xquant/anti_quant.hpp"
 #include "xquant/dtype.hpp"
 #include "xquant/dynamic_quant.hpp"
 #include "xquant/error.hpp"

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "params/acts_ulq.hpp"
+#include "params/anti_quant.hpp"
 #include "params/dynamic_quant.hpp"
 #include "params/fake_quant.hpp"
 #include "params/quantize.hpp"
@@ -68,7 +69,7 @@ struct TileQuantArgs {
 };
 using TileQuantFn = void (*)(const TileQuantArgs& args);
 
-// ---- npu_dynamic_quant_asymmetric (SPEC 4). ----
+// ---- npu_dynamic_quant_asymmetric (SPEC 4) and npu_dynamic_quant (SPEC 6, symmetric). ----
 struct DynamicQuantArgs {
   DType dt;
   const void* x;            // [rows][cols]
@@ -78,10 +79,11 @@ struct DynamicQuantArgs {
   const std::int64_t* group_ends;  // nullptr or [num_groups] cumulative row ends (validated)
   std::int64_t num_groups;
   QuantDType dst;           // qint8 or quint4x2
+  bool symmetric;           // SPEC 6: scale = rowMax(|x'|) / DST_MAX, no offset (pertoken only)
   bool per_tensor;
   void* y;                  // int8 [rows][cols] or int32 [rows][cols / 8]
   float* scale;             // [rows] (pertoken) or [1]
-  float* offset;
+  float* offset;            // nullptr when symmetric
 };
 using DynamicQuantFn = void (*)(const DynamicQuantArgs& args);
 
@@ -131,6 +133,17 @@ struct ActsUlqBackwardArgs {
 };
 using ActsUlqBackwardFn = void (*)(const ActsUlqBackwardArgs& args);
 
+// ---- npu_anti_quant (SPEC 7). Problem: the logical elements of x as [outer][channels][inner]; params[c]. ----
+struct AntiQuantArgs {
+  QuantDType src;       // qint8 (x int8) or quint4x2 (x int32 words, element 8k + j in bits [4j, 4j + 3])
+  const void* x;
+  DType dt;             // of out: float16, bfloat16 or float32
+  void* out;            // dense, the logical shape
+  ChannelLayout layout;
+  const AntiQuantParams* params;  // [layout.channels]
+};
+using AntiQuantFn = void (*)(const AntiQuantArgs& args);
+
 struct KernelTable {
   const char* name;
   FakeQuantFn fake_quant;
@@ -140,6 +153,7 @@ struct KernelTable {
   DynamicQuantFn dynamic_quant;
   ActsUlqFn acts_ulq;
   ActsUlqBackwardFn acts_ulq_backward;
+  AntiQuantFn anti_quant;
 };
 
 // The backend registry (src/backends/registry.cpp) implements these: operators never name a backend.

@@ -19,6 +19,7 @@ const KernelTable& cpu_kernels() {
       cpu_dynamic_quant,
       cpu_acts_ulq,
       cpu_acts_ulq_backward,
+      cpu_anti_quant,
   };
   return table;
 }

@@ -34,6 +34,20 @@ XQ_HD inline DynamicQuantRowParams init_dynamic_quant_params(float row_max, floa
   return {scale, hd_canonical_nan(offset)};
 }
 
+// npu_dynamic_quant (SPEC 6, symmetric): scale = rowMax(|x'|) / DST_MAX (a float32 division), no offset
+// (0 here, so that the asymmetric kernels can run it: x' / scale + 0 rounds and saturates to the same
+// integer as x' / scale, -0 and NaN included). A NaN scale is the canonical quiet NaN.
+XQ_HD inline DynamicQuantRowParams init_dynamic_quant_symmetric_params(float row_absmax, QuantDType dst) noexcept {
+  return {hd_canonical_nan(row_absmax / dynamic_quant_dst_range(dst).max), 0.0f};
+}
+// rowMax(|x'|) = max(0, -rowMin, rowMax) from rowMax and rowMin (exact; NaN in either gives NaN; +0, not
+// -0, for rows of zeros and for empty rows, whose rowMax / rowMin are 0).
+XQ_HD inline float dynamic_quant_row_absmax(float row_max, float row_min) noexcept {
+  return hd_nan_max(hd_nan_max(0.0f, -row_min), row_max);
+}
+// Symmetric: v = x' / scale; the result is y = sat(rint(v)).
+XQ_HD inline float dynamic_quant_symmetric_value(float xs, float scale) noexcept { return xs / scale; }
+
 // v = x' / scale + offset (a rounded division, then a rounded addition); the result is y = sat(rint(v)).
 XQ_HD inline float dynamic_quant_value(float xs, const DynamicQuantRowParams& p) noexcept {
   return xs / p.scale + p.offset;

@@ -18,6 +18,8 @@ void quantize(const QuantizeArgs& args);
 void tile_quant(const TileQuantArgs& args);
 // SPEC 4.
 void dynamic_quant(const DynamicQuantArgs& args);
+// SPEC 7.
+void anti_quant(const AntiQuantArgs& args);
 // SPEC 5.
 void acts_ulq(const ActsUlqArgs& args);
 void acts_ulq_backward(const ActsUlqBackwardArgs& args);
