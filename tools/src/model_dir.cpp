@@ -246,6 +246,9 @@ ModelDir open_model_dir(const std::string& path) {
       for (const auto& t : w.header.tensors) {
         const auto [it, fresh] = found.emplace(t.name, w.name);
         if (!fresh) bad_input(path + ": tensor '" + t.name + "' is in two shards, " + it->second + " and " + w.name);
+      }
+    for (const auto& w : m.files)
+      for (const auto& t : w.header.tensors) {
         const auto e = wmap.find(t.name);
         if (e == wmap.end()) bad_input(ipath + ": tensor '" + t.name + "' of " + w.name + " has no weight_map entry");
         if (e->second != w.name)
