@@ -201,7 +201,7 @@ ModelDir open_model_dir(const std::string& path) {
   ModelDir m;
   m.path = path;
   const std::string cfg = join(path, kConfigFile);
-  if (!exists_regular(cfg)) bad_input(path + ": a model directory needs config.json, and it has none");
+  if (!exists_regular(cfg)) bad_input(path + ": not a regular file, and not a model directory: it has no config.json");
   m.config = parse_json_file(cfg);
   if (!m.config.is_object()) bad_input(cfg + ": expected a JSON object, got " + std::string(m.config.type_name()));
 

@@ -533,3 +533,69 @@ def test_transformers_loads_sharded_sample(tmp_path):
     cos = torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0).item()
     print(f"sample model, sharded, W4A16: cosine similarity {cos:.5f}")
     assert cos > 0.9, cos
+
+
+# ---------------------------------------------------------------------------------------------------
+# Interruption and I/O failure leave nothing behind.
+
+def _big_sparse_model(d, rows, cols):
+    """A model directory with one float16 [rows, cols] Linear weight of zeros, sparse on disk."""
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"model_type": "llama", "torch_dtype": "float16"}, f)
+    hdr = json.dumps({"model.layers.0.mlp.up_proj.weight": {"dtype": "F16", "shape": [rows, cols],
+                                                            "data_offsets": [0, rows * cols * 2]}})
+    hdr += " " * (-(8 + len(hdr)) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr.encode())
+        f.truncate(8 + len(hdr) + rows * cols * 2)
+
+
+def test_sigint_removes_the_temporary_directory(tmp_path):
+    import signal
+    import subprocess
+    import time
+    from xquant_cli_support import XQ
+    src = tmp_path / "big"
+    _big_sparse_model(src, 32768, 32768)  # 2 GiB, sparse: interrupted long before the end
+    work = tmp_path / "work"
+    work.mkdir()
+    p = subprocess.Popen([XQ, "quantize", str(src), "-o", str(work / "out"), "--threads", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(n.endswith(".safetensors") for _, _, fs in os.walk(work) for n in fs) \
+            and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.001)
+    assert p.poll() is None, "finished before it could be interrupted"
+    (tmp,) = os.listdir(work)
+    assert tmp.startswith(".out.xquant-"), tmp
+    time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted; no output written" in err
+    assert os.listdir(work) == []
+
+
+def test_io_failure_leaves_no_directory(tmp_path):
+    import resource
+    import signal
+    import subprocess
+    from xquant_cli_support import XQ
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    out = tmp_path / "out"
+    r = subprocess.run([XQ, "quantize", SAMPLE_MODEL, "-o", str(out)], capture_output=True, text=True,
+                       preexec_fn=limit, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "cannot write" in r.stderr and "File too large" in r.stderr
+    assert os.listdir(tmp_path) == []
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    r = subprocess.run([XQ, "quantize", SAMPLE_MODEL, "-o", str(out), "--force"], capture_output=True, text=True,
+                       preexec_fn=limit, timeout=300)
+    assert r.returncode == 2
+    assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["old.txt"]
