@@ -200,6 +200,125 @@ CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bo
 
 // ---- the numbers ----
 
+// The element loops are compiled for several x86-64 levels and picked at load time (as passes.cpp does).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define XQCT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define XQCT_CLONES
+#endif
+
+namespace {
+
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t h = 0; h < 65536; ++h) t[h] = xquant::half_to_float(static_cast<std::uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
+// x[0, n) widened exactly to float32.
+XQCT_CLONES void widen(const std::byte* x, StDType dt, std::int64_t n, float* out) {
+  if (dt == StDType::F32) {
+    std::memcpy(out, x, static_cast<std::size_t>(n) * 4);
+  } else if (dt == StDType::BF16) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, x + i * 2, 2);
+      const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+      std::memcpy(out + i, &u, 4);
+    }
+  } else {
+    const float* t = f16_table();
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, x + i * 2, 2);
+      out[i] = t[h];
+    }
+  }
+}
+
+// Largest finite |v| of each group of G (a multiple of 8) and the count of non-finite values, with eight
+// lanes (max is exact, so the lane layout does not change the result).
+XQCT_CLONES std::int64_t group_amax(const float* v, std::int64_t groups, std::int64_t G, float* amax) {
+  std::int64_t bad = 0;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::int32_t b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const float* r = v + g * G;
+    for (std::int64_t i = 0; i < G; i += 8)
+      for (int j = 0; j < 8; ++j) {
+        const float a = __builtin_fabsf(r[i + j]);
+        const bool ok = a <= FLT_MAX;  // false for NaN and +-Inf
+        m[j] = ok && a > m[j] ? a : m[j];
+        b[j] += ok ? 0 : 1;
+      }
+    float mm = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+      mm = std::max(mm, m[j]);
+      bad += b[j];
+    }
+    amax[g] = mm;
+  }
+  return bad;
+}
+
+// Round-trip error sums of groups of G (a multiple of 8): x against q * s in float32. Eight float32
+// lanes per group (lane j = element offset mod 8), added into double lanes after each group, and the
+// lanes summed in a fixed order: the same sums on every machine and for every thread count.
+template <int BITS>
+[[gnu::always_inline]] inline ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G,
+                                                      const float* sw) {
+  double sig[8] = {}, noi[8] = {};
+  float mx[8] = {};
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const float s = sw[g];
+    float gs[8] = {}, gn[8] = {};
+    for (std::int64_t i = g * G; i < (g + 1) * G; i += 8) {
+      std::int32_t qv[8];
+      if constexpr (BITS == 8) {
+        for (int j = 0; j < 8; ++j) qv[j] = static_cast<std::int8_t>(q[i + j]);
+      } else {
+        std::uint32_t w;
+        std::memcpy(&w, q + i / 2, 4);
+        for (int j = 0; j < 8; ++j) qv[j] = (static_cast<std::int32_t>((w >> (4 * j)) & 0xFu) ^ 8) - 8;
+      }
+      for (int j = 0; j < 8; ++j) {
+        const float x = v[i + j];
+        const bool ok = __builtin_fabsf(x) <= FLT_MAX;  // non-finite inputs add nothing
+        const float r = static_cast<float>(qv[j]) * s;  // dequantize_value(q, s, 0)
+        const float xs = ok ? x : 0.0f;
+        const float e = ok ? x - r : 0.0f;
+        gs[j] += xs * xs;
+        gn[j] += e * e;
+        const float ae = __builtin_fabsf(e);
+        mx[j] = ae > mx[j] ? ae : mx[j];
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      sig[j] += static_cast<double>(gs[j]);
+      noi[j] += static_cast<double>(gn[j]);
+    }
+  }
+  ErrorStats err;
+  for (int j = 0; j < 8; ++j) {
+    err.signal += sig[j];
+    err.noise += noi[j];
+    err.max_abs = std::max(err.max_abs, static_cast<double>(mx[j]));
+  }
+  return err;
+}
+
+XQCT_CLONES ErrorStats error_groups8(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G, const float* sw) {
+  return error_groups<8>(v, q, groups, G, sw);
+}
+XQCT_CLONES ErrorStats error_groups4(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G, const float* sw) {
+  return error_groups<4>(v, q, groups, G, sw);
+}
+
+}  // namespace
+
 ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, std::int64_t K, std::int64_t G,
                             const Preset& p, StDType scale_dt, std::byte* q, std::byte* scale) {
   const std::int64_t groups = rows * K / G;
@@ -207,7 +326,6 @@ ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, s
   const auto esize = static_cast<std::int64_t>(st_dtype_size(dt));
   const auto ssize = st_dtype_size(scale_dt);
   const float qmax = p.bits == 4 ? 7.0f : 127.0f;
-  ErrorStats err;
 
   // The library reads typed elements: an aligned copy of a misaligned run.
   std::vector<std::byte> staging;
@@ -216,18 +334,26 @@ ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, s
     std::memcpy(staging.data(), x, staging.size());
     x = staging.data();
   }
+  // The tool's own passes read a float32 copy (G is a multiple of 8 for these loops; per channel K may
+  // not be, then they run on a padded copy). Thread-local scratch, reused from call to call.
+  const std::int64_t Gp = (G + 7) / 8 * 8;
+  static thread_local std::vector<float> scratch;
+  scratch.assign(static_cast<std::size_t>(groups * Gp), 0.0f);
+  if (Gp == G) {
+    widen(x, dt, n, scratch.data());
+  } else {
+    for (std::int64_t g = 0; g < groups; ++g) widen(x + g * G * esize, dt, G, scratch.data() + g * Gp);
+  }
 
   // 1. Scales: symmetric absmax over the finite values of each group.
+  std::vector<float> amax(static_cast<std::size_t>(groups));
+  ErrorStats err;
+  err.nonfinite = group_amax(scratch.data(), groups, Gp, amax.data());
   std::vector<float> sw(static_cast<std::size_t>(groups));
   for (std::int64_t g = 0; g < groups; ++g) {
-    float amax = 0.0f;
-    for (std::int64_t i = g * G; i < (g + 1) * G; ++i) {
-      const float v = std::fabs(load_element(x, dt, i));
-      if (v <= FLT_MAX && v > amax) amax = v;
-      if (!(v <= FLT_MAX)) ++err.nonfinite;
-    }
-    float s = amax / qmax;
-    if (amax == 0.0f) s = 1.0f;
+    const float a = amax[static_cast<std::size_t>(g)];
+    float s = a / qmax;
+    if (a == 0.0f) s = 1.0f;
     else if (!(s >= FLT_MIN)) s = FLT_MIN;
     const std::uint32_t bits = encode_scale(s, scale_dt);
     std::memcpy(scale + static_cast<std::size_t>(g) * ssize, &bits, ssize);  // little endian: low bytes
@@ -249,22 +375,15 @@ ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, s
   }
 
   // 3. Round-trip error against q * s (float32), then the storage offsets.
-  for (std::int64_t g = 0; g < groups; ++g) {
-    const float s = sw[static_cast<std::size_t>(g)];
-    double sig = 0.0, noi = 0.0, mx = 0.0;
-    for (std::int64_t i = g * G; i < (g + 1) * G; ++i) {
-      const float v = load_element(x, dt, i);
-      if (!(std::fabs(v) <= FLT_MAX)) continue;
-      const float r = dequantize_value(stored_value(q, p.bits, i), s, 0.0f);
-      const double e = static_cast<double>(v) - static_cast<double>(r);
-      sig += static_cast<double>(v) * static_cast<double>(v);
-      noi += e * e;
-      mx = std::max(mx, std::fabs(e));
-    }
-    err.signal += sig;
-    err.noise += noi;
-    err.max_abs = std::max(err.max_abs, mx);
+  ErrorStats e;
+  if (Gp == G) {
+    e = p.bits == 8 ? error_groups8(scratch.data(), q, groups, G, sw.data()) : error_groups4(scratch.data(), q, groups, G, sw.data());
+  } else {  // per channel with K not a multiple of 8: int8 only (int4 needs K % 8 == 0)
+    std::vector<std::byte> qp(static_cast<std::size_t>(groups * Gp), std::byte{0});
+    for (std::int64_t g = 0; g < groups; ++g) std::memcpy(qp.data() + g * Gp, q + g * G, static_cast<std::size_t>(G));
+    e = error_groups8(scratch.data(), qp.data(), groups, Gp, sw.data());  // padding: x = 0, q = 0
   }
+  e.nonfinite = err.nonfinite;
   if (p.packed) {
     const std::uint32_t flip = p.bits == 4 ? 0x88888888u : 0x80808080u;
     const std::int64_t words = n * p.bits / 32;
@@ -275,7 +394,7 @@ ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, s
       std::memcpy(q + w * 4, &v, 4);
     }
   }
-  return err;
+  return e;
 }
 
 // ---- quantize a directory ----
@@ -856,7 +975,9 @@ void run_dequantize_dir(const DequantizeOptions& o) {
           wf.map->release(wf.header.data_start + t.begin + off, len);
         }
       }
-      for (const auto& [mod, cm] : fp.mods) {
+      for (const auto& entry : fp.mods) {
+        const std::string& mod = entry.first;
+        const CtModule& cm = entry.second;  // not a structured binding: OpenMP regions below use it
         const StDType dt = o.dtype.value_or(cm.scale->dtype);
         const auto osize = static_cast<std::int64_t>(st_dtype_size(dt));
         const std::byte* qp = wf.map->data() + wf.header.data_start + cm.q->begin;
