@@ -773,6 +773,9 @@ void print_export_report(std::FILE* out, const QuantizeOptions& o, const ExportO
     std::fprintf(out, "%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), t.name.c_str(),
                  std::string(st_dtype_name(t.dtype)).c_str(), dims_str(t.shape).c_str(),
                  p.packed ? (p.bits == 4 ? "int4" : "int8p") : "int8", sqs, mx);
+    if (t.error.nonfinite)
+      std::fprintf(out, "%-*s  (%lld NaN/Inf values: excluded from the scales, NaN -> 0, +-Inf saturate)\n",
+                   static_cast<int>(w), "", static_cast<long long>(t.error.nonfinite));
   }
   if (!kept.empty()) {
     std::fprintf(out, "\nkept dense (%zu):\n", r.tensors.size() - quantized);

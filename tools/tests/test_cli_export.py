@@ -599,3 +599,30 @@ def test_io_failure_leaves_no_directory(tmp_path):
                        preexec_fn=limit, timeout=300)
     assert r.returncode == 2
     assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["old.txt"]
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_special_values(tmp_path, preset):
+    """All-zero groups (scale 1), NaN / +-Inf (left out of the scale; NaN -> 0, Inf saturates), and float16
+    groups so small that amax / qmax rounds to 0 in float16 (the scale becomes 2^-24)."""
+    rs = np.random.RandomState(7)
+    w = (rs.standard_normal((16, 256)) * 0.05).astype(np.float16)
+    w[0] = 0
+    w[1, 3], w[1, 200], w[2, 7] = np.nan, np.inf, -np.inf
+    w[3] = (rs.standard_normal(256) * 1e-7).astype(np.float16)  # float16 subnormals
+    w[4, :128] = np.float16(6e-8)
+    ts = {"model.layers.0.mlp.up_proj.weight": ("F16", w.astype(np.float32)),
+          "model.norm.weight": ("F16", np.ones(256, np.float32))}
+    src = tmp_path / "m"
+    write_model(src, ts, config={"model_type": "llama", "torch_dtype": "float16"})
+    out = tmp_path / "out"
+    r = xquant("quantize", src, "-o", out, "--preset", preset)
+    assert r.returncode == 0, r.stderr
+    assert "(3 NaN/Inf values: excluded from the scales" in r.stdout, r.stdout
+    qc, quantized = check_output(src, out, preset)
+    assert quantized == {"model.layers.0.mlp.up_proj"}
+    o, _ = weights_of(out)
+    s = o["model.layers.0.mlp.up_proj.weight_scale"][1]
+    # row 0: all zero; rows 3 / 4: the float16 scale underflows in some group and becomes 2^-24
+    assert s.dtype == np.float16 and np.all(s[0] == 1) and np.all(s > 0)
+    assert (s[3:5] == np.float16(2.0 ** -24)).any()
