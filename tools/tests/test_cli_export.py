@@ -191,6 +191,16 @@ def test_sample_model_main_command(tmp_path):
     qc, quantized = check_output(SAMPLE_MODEL, out, "W4A16")
     assert len(quantized) == 14 and qc["ignore"] == ["lm_head", "model.embed_tokens"]
     assert not leftovers(tmp_path, "sample-w4a16")
+    # the JSON report
+    rep = tmp_path / "report.json"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", tmp_path / "again", "--report", rep, "-q")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(rep.read_text())
+    assert j["options"]["format"] == "compressed-tensors" and j["options"]["preset"] == "W4A16"
+    assert j["options"]["group_size"] == 128 and j["output_files"] == ["model.safetensors"]
+    assert j["ignore"] == qc["ignore"] and j["totals"]["quantized"] == 14 and j["totals"]["kept"] == 7
+    assert j["totals"]["file_bytes_out"] == os.path.getsize(tmp_path / "again" / "model.safetensors")
+    assert all(t["sqnr_db"] > 10 for t in j["tensors"] if t["action"] == "quantized")
 
 
 @pytest.mark.parametrize("preset", ["W8A16", "W8A8"])
