@@ -8,12 +8,14 @@
 #include "compressed_tensors.hpp"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -916,35 +918,155 @@ inline int ct_value(const std::byte* q, int bits, bool packed, std::int64_t i) {
 
 }  // namespace
 
+namespace {
+
+struct FilePlan {
+  std::map<std::string, CtModule> mods;
+  std::set<std::string> consumed;
+  std::vector<OutTensor> tensors;
+  std::string header;
+};
+
+FilePlan plan_dequantize(const WeightFile& f, const CtConfig& c, const std::optional<StDType>& dtype) {
+  FilePlan fp;
+  fp.mods = find_modules(f, c);
+  for (const auto& [mod, cm] : fp.mods) {
+    fp.consumed.insert(cm.q->name);
+    fp.consumed.insert(cm.scale->name);
+    if (cm.shape) fp.consumed.insert(cm.shape->name);
+    const StDType dt = dtype.value_or(cm.scale->dtype);
+    fp.tensors.push_back({mod + ".weight", dt, {cm.N, cm.K}, static_cast<std::uint64_t>(cm.N * cm.K) * st_dtype_size(dt), 0});
+  }
+  for (const auto& t : f.header.tensors)
+    if (!fp.consumed.count(t.name)) fp.tensors.push_back({t.name, t.dtype, t.shape, t.nbytes(), 0});
+  layout_tensors(fp.tensors);
+  fp.header = build_header(fp.tensors, out_metadata(f.header.metadata));
+  return fp;
+}
+
+using WriteFn = std::function<void(const void*, std::size_t, std::uint64_t)>;
+
+// Writes the dequantized file: header, kept tensors copied, each module's q * s narrowed.
+void write_dequantized(const WeightFile& wf, const FilePlan& fp, const CtConfig& c, const std::optional<StDType>& dtype,
+                       const WriteFn& write) {
+  const bool packed = c.format == "pack-quantized";
+  write(fp.header.data(), fp.header.size(), 0);
+  std::map<std::string, std::uint64_t> at;
+  for (const auto& t : fp.tensors) at[t.name] = fp.header.size() + t.offset;
+  for (const auto& t : wf.header.tensors) {
+    if (fp.consumed.count(t.name)) continue;
+    const std::byte* src = wf.map->data() + wf.header.data_start + t.begin;
+    for (std::uint64_t off = 0; off < t.nbytes(); off += kCopyChunk) {
+      const std::uint64_t len = std::min(kCopyChunk, t.nbytes() - off);
+      write(src + off, static_cast<std::size_t>(len), at.at(t.name) + off);
+      wf.map->release(wf.header.data_start + t.begin + off, len);
+    }
+  }
+  std::vector<std::byte> buf;
+  for (const auto& entry : fp.mods) {
+    const std::string& mod = entry.first;
+    const CtModule& cm = entry.second;  // not a structured binding: the OpenMP region below uses it
+    const StDType dt = dtype.value_or(cm.scale->dtype);
+    const auto osize = static_cast<std::int64_t>(st_dtype_size(dt));
+    const std::byte* qp = wf.map->data() + wf.header.data_start + cm.q->begin;
+    const std::byte* sp = wf.map->data() + wf.header.data_start + cm.scale->begin;
+    const auto ssize = static_cast<std::int64_t>(st_dtype_size(cm.scale->dtype));
+    const std::int64_t rows_per = std::max<std::int64_t>(1, kChunkElems / cm.K);
+    const std::int64_t gpr = cm.K / cm.G;
+    for (std::int64_t r0 = 0; r0 < cm.N; r0 += rows_per) {
+      const std::int64_t r1 = std::min(cm.N, r0 + rows_per);
+      buf.resize(static_cast<std::size_t>((r1 - r0) * cm.K * osize));
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = r0; r < r1; ++r)
+        for (std::int64_t g = 0; g < gpr; ++g) {
+          std::uint32_t sb = 0;
+          std::memcpy(&sb, sp + (r * gpr + g) * ssize, static_cast<std::size_t>(ssize));
+          const float s = decode_scale(sb, cm.scale->dtype);
+          for (std::int64_t k = g * cm.G; k < (g + 1) * cm.G; ++k) {
+            const float v = dequantize_value(ct_value(qp, c.bits, packed, r * cm.K + k), s, 0.0f);
+            std::byte* dst = buf.data() + ((r - r0) * cm.K + k) * osize;
+            if (dt == StDType::F32) {
+              std::memcpy(dst, &v, 4);
+            } else {
+              const std::uint16_t hv = dt == StDType::F16 ? xquant::float_to_half(v) : xquant::float_to_bfloat16(v);
+              std::memcpy(dst, &hv, 2);
+            }
+          }
+        }
+      write(buf.data(), buf.size(), at.at(mod + ".weight") + static_cast<std::uint64_t>(r0 * cm.K * osize));
+      const std::uint64_t qb = static_cast<std::uint64_t>(r0 * cm.K * c.bits / 8), qe = static_cast<std::uint64_t>(r1 * cm.K * c.bits / 8);
+      wf.map->release(wf.header.data_start + cm.q->begin + qb, qe - qb);
+    }
+  }
+}
+
+// The quantization of a single compressed-tensors file, read from its tensors (no config.json): the
+// format from the names, the bits from weight_packed's width against weight_shape, the group size from
+// the scale's width.
+std::optional<CtConfig> infer_ct_config(const WeightFile& f) {
+  const Header& h = f.header;
+  for (const auto& t : h.tensors) {
+    if (!ends_with(t.name, ".weight_scale") || t.shape.size() != 2) continue;
+    const std::string mod = t.name.substr(0, t.name.size() - 13);
+    CtConfig c;
+    const TensorEntry* packed = h.find(mod + ".weight_packed");
+    const TensorEntry* shape = h.find(mod + ".weight_shape");
+    const TensorEntry* w = h.find(mod + ".weight");
+    std::int64_t K = 0;
+    if (packed && shape && shape->dtype == StDType::I64 && shape->shape == Dims{2} && packed->shape.size() == 2) {
+      std::int64_t nk[2];
+      std::memcpy(nk, f.map->data() + h.data_start + shape->begin, 16);
+      K = nk[1];
+      c.format = "pack-quantized";
+      if (K <= 0 || packed->shape[1] <= 0) bad_input(f.path + ": '" + shape->name + "' holds no valid shape");
+      c.bits = static_cast<int>(packed->shape[1] * 32 / K);
+      if ((c.bits != 4 && c.bits != 8) || packed->shape[1] * 32 != K * c.bits)
+        bad_input(f.path + ": '" + packed->name + "' " + dims_str(packed->shape) + " is neither 4-bit nor 8-bit packing of K = " +
+                  std::to_string(K));
+    } else if (w && w->dtype == StDType::I8 && w->shape.size() == 2) {
+      K = w->shape[1];
+      c.format = "int-quantized";
+      c.bits = 8;
+    } else {
+      continue;
+    }
+    if (t.shape[1] <= 0 || K % t.shape[1] != 0)
+      bad_input(f.path + ": '" + t.name + "' " + dims_str(t.shape) + " does not divide K = " + std::to_string(K) + " into groups");
+    c.group = t.shape[1] == 1 ? 0 : K / t.shape[1];
+    return c;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool is_ct_file(const std::string& path) {
+  try {
+    WeightFile f = open_weight_file(path);
+    return !parse_quant_metadata(f.header.metadata) && infer_ct_config(f).has_value();
+  } catch (const CliError&) {
+    return false;  // the regular reader reports the problem
+  }
+}
+
+void run_dequantize_ct_file(const DequantizeOptions& o) {
+  check_can_create(o.output, o.force);
+  const WeightFile f = open_weight_file(o.input);
+  const std::optional<CtConfig> c = infer_ct_config(f);
+  if (!c) bad_input(o.input + ": no compressed-tensors weights (P.weight_scale with P.weight_packed or an I8 P.weight)");
+  const FilePlan fp = plan_dequantize(f, *c, o.dtype);
+  configure_threads(o.threads);
+  AtomicOutput out(o.output, o.force);
+  write_dequantized(f, fp, *c, o.dtype, [&](const void* d, std::size_t n, std::uint64_t off) { out.write_at(d, n, off); });
+  out.commit();
+}
+
 void run_dequantize_dir(const DequantizeOptions& o) {
   check_can_create_dir(o.output, o.input, o.force);
   const ModelDir m = open_model_dir(o.input);
   const CtConfig c = read_ct_config(m);
-  const bool packed = c.format == "pack-quantized";
-
-  struct FilePlan {
-    std::map<std::string, CtModule> mods;
-    std::set<std::string> consumed;
-    std::vector<OutTensor> tensors;
-    std::string header;
-  };
-  std::vector<FilePlan> plans(m.files.size());
-  std::vector<std::string> names;
-  for (std::size_t i = 0; i < m.files.size(); ++i) {
-    FilePlan& fp = plans[i];
-    fp.mods = find_modules(m.files[i], c);
-    for (const auto& [mod, cm] : fp.mods) {
-      fp.consumed.insert(cm.q->name);
-      fp.consumed.insert(cm.scale->name);
-      if (cm.shape) fp.consumed.insert(cm.shape->name);
-      const StDType dt = o.dtype.value_or(cm.scale->dtype);
-      fp.tensors.push_back({mod + ".weight", dt, {cm.N, cm.K}, static_cast<std::uint64_t>(cm.N * cm.K) * st_dtype_size(dt), 0});
-    }
-    for (const auto& t : m.files[i].header.tensors)
-      if (!fp.consumed.count(t.name)) fp.tensors.push_back({t.name, t.dtype, t.shape, t.nbytes(), 0});
-    layout_tensors(fp.tensors);
-    fp.header = build_header(fp.tensors, out_metadata(m.files[i].header.metadata));
-  }
+  std::vector<FilePlan> plans;
+  for (const auto& f : m.files) plans.push_back(plan_dequantize(f, c, o.dtype));
   OJ config = m.config;
   config.erase("quantization_config");
 
@@ -960,57 +1082,12 @@ void run_dequantize_dir(const DequantizeOptions& o) {
     }
     out.write_file(kWeightsIndex, index_json(idx));
   }
-  std::vector<std::byte> buf;
   for (std::size_t i = 0; i < m.files.size(); ++i) {
     const WeightFile& wf = m.files[i];
-    const FilePlan& fp = plans[i];
     const int fd = out.create_file(wf.name);
     try {
-      out.write_at(fd, fp.header.data(), fp.header.size(), 0, wf.name);
-      std::map<std::string, std::uint64_t> at;
-      for (const auto& t : fp.tensors) at[t.name] = fp.header.size() + t.offset;
-      for (const auto& t : wf.header.tensors) {
-        if (fp.consumed.count(t.name)) continue;
-        const std::byte* src = wf.map->data() + wf.header.data_start + t.begin;
-        for (std::uint64_t off = 0; off < t.nbytes(); off += kCopyChunk) {
-          const std::uint64_t len = std::min(kCopyChunk, t.nbytes() - off);
-          out.write_at(fd, src + off, static_cast<std::size_t>(len), at.at(t.name) + off, wf.name);
-          wf.map->release(wf.header.data_start + t.begin + off, len);
-        }
-      }
-      for (const auto& entry : fp.mods) {
-        const std::string& mod = entry.first;
-        const CtModule& cm = entry.second;  // not a structured binding: OpenMP regions below use it
-        const StDType dt = o.dtype.value_or(cm.scale->dtype);
-        const auto osize = static_cast<std::int64_t>(st_dtype_size(dt));
-        const std::byte* qp = wf.map->data() + wf.header.data_start + cm.q->begin;
-        const std::byte* sp = wf.map->data() + wf.header.data_start + cm.scale->begin;
-        const auto ssize = static_cast<std::int64_t>(st_dtype_size(cm.scale->dtype));
-        const std::int64_t rows_per = std::max<std::int64_t>(1, kChunkElems / cm.K);
-        const std::int64_t gpr = cm.K / cm.G;
-        for (std::int64_t r0 = 0; r0 < cm.N; r0 += rows_per) {
-          const std::int64_t r1 = std::min(cm.N, r0 + rows_per);
-          buf.resize(static_cast<std::size_t>((r1 - r0) * cm.K * osize));
-#pragma omp parallel for schedule(static)
-          for (std::int64_t r = r0; r < r1; ++r)
-            for (std::int64_t g = 0; g < gpr; ++g) {
-              std::uint32_t sb = 0;
-              std::memcpy(&sb, sp + (r * gpr + g) * ssize, static_cast<std::size_t>(ssize));
-              const float s = decode_scale(sb, cm.scale->dtype);
-              for (std::int64_t k = g * cm.G; k < (g + 1) * cm.G; ++k) {
-                const float v = dequantize_value(ct_value(qp, c.bits, packed, r * cm.K + k), s, 0.0f);
-                std::byte* dst = buf.data() + ((r - r0) * cm.K + k) * osize;
-                if (dt == StDType::F32) {
-                  std::memcpy(dst, &v, 4);
-                } else {
-                  const std::uint16_t hv = dt == StDType::F16 ? xquant::float_to_half(v) : xquant::float_to_bfloat16(v);
-                  std::memcpy(dst, &hv, 2);
-                }
-              }
-            }
-          out.write_at(fd, buf.data(), buf.size(), at.at(mod + ".weight") + static_cast<std::uint64_t>(r0 * cm.K * osize), wf.name);
-        }
-      }
+      write_dequantized(wf, plans[i], c, o.dtype,
+                        [&](const void* d, std::size_t n, std::uint64_t off) { out.write_at(fd, d, n, off, wf.name); });
     } catch (...) {
       ::close(fd);
       throw;

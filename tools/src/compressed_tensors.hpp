@@ -64,6 +64,11 @@ void print_export_report(std::FILE* out, const QuantizeOptions& q, const ExportO
 // xquant dequantize DIR -o OUT: a compressed-tensors directory back to a dense one.
 void run_dequantize_dir(const DequantizeOptions& o);
 
+// xquant dequantize FILE -o OUT for one compressed-tensors file (a shard), its quantization read from its
+// tensors; is_ct_file() says whether a file is one (and not an xquant-format file).
+bool is_ct_file(const std::string& path);
+void run_dequantize_ct_file(const DequantizeOptions& o);
+
 // xquant inspect DIR: the config's quantization and every weight file.
 void run_inspect_dir(const InspectOptions& o, std::FILE* out);
 

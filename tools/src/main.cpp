@@ -127,6 +127,7 @@ int run(int argc, char** argv) {
   } else if (dc->parsed()) {
     d.dtype = parse_out_dtype(out_dtype);
     if (xqcli::is_directory(d.input)) xqcli::run_dequantize_dir(d);
+    else if (xqcli::is_ct_file(d.input)) xqcli::run_dequantize_ct_file(d);
     else xqcli::run_dequantize(d);
   } else if (ic->parsed()) {
     if (xqcli::is_directory(in.path)) xqcli::run_inspect_dir(in, stdout);

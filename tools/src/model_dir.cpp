@@ -153,10 +153,12 @@ void list_files(const std::string& root, const std::string& rel, int depth, std:
   }
 }
 
-WeightFile open_weight_file(const std::string& dir, const std::string& name) {
+}  // namespace
+
+WeightFile open_weight_file(const std::string& path) {
   WeightFile w;
-  w.name = name;
-  w.path = join(dir, name);
+  w.name = base_of(path);
+  w.path = path;
   w.map = std::make_unique<MappedFile>(w.path);
   try {
     w.header = parse_header(w.map->data(), w.map->size());
@@ -165,8 +167,6 @@ WeightFile open_weight_file(const std::string& dir, const std::string& name) {
   }
   return w;
 }
-
-}  // namespace
 
 bool is_directory(const std::string& path) {
   struct stat st {};
@@ -216,7 +216,7 @@ ModelDir open_model_dir(const std::string& path) {
   }
   std::set<std::string> weight_names;
   if (single) {
-    m.files.push_back(open_weight_file(path, kSingleWeights));
+    m.files.push_back(open_weight_file(join(path, kSingleWeights)));
     weight_names.insert(kSingleWeights);
   } else {
     m.sharded = true;
@@ -238,7 +238,7 @@ ModelDir open_model_dir(const std::string& path) {
     for (const auto& f : shard_names) {
       if (!exists_regular(join(path, f)))
         bad_input(ipath + ": names shard '" + f + "', which does not exist in " + path);
-      m.files.push_back(open_weight_file(path, f));
+      m.files.push_back(open_weight_file(join(path, f)));
       weight_names.insert(f);
     }
     std::map<std::string, std::string> found;  // tensor -> the shard holding it

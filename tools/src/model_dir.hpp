@@ -30,6 +30,9 @@ struct WeightFile {
   Header header;
 };
 
+// Maps and validates one safetensors file (errors prefixed with its path).
+WeightFile open_weight_file(const std::string& path);
+
 struct ModelDir {
   std::string path;
   nlohmann::ordered_json config;          // config.json (an object)

@@ -323,6 +323,16 @@ def test_dequantize_and_inspect_directory(tmp_path):
             assert b[n][0] == "BF16" and np.array_equal(b[n][1], want), n
         else:
             assert np.array_equal(b[n][1], x), n
+    # one compressed-tensors file on its own (no config.json): the same result
+    for preset in ("W4A16", "W8A8"):
+        q1, f1 = tmp_path / ("q1" + preset), tmp_path / ("f1" + preset + ".safetensors")
+        assert xquant("quantize", SAMPLE_MODEL, "-o", q1, "--preset", preset, "--group-size", "0" if preset == "W8A8" else "64",
+                      "-q").returncode == 0
+        r = xquant("dequantize", q1 / "model.safetensors", "-o", f1)
+        assert r.returncode == 0, r.stderr
+        assert xquant("dequantize", q1, "-o", tmp_path / ("d1" + preset)).returncode == 0
+        a, b = read_official(f1)[1], read_official(tmp_path / ("d1" + preset) / "model.safetensors")[1]
+        assert set(a) == set(b) and all(a[n][0] == b[n][0] and np.array_equal(a[n][1], b[n][1]) for n in a)
     r = xquant("inspect", out)
     assert r.returncode == 0 and "compressed-tensors pack-quantized: int4" in r.stdout and "quantized modules: 14" in r.stdout
     r = xquant("inspect", out, "--json")
