@@ -646,3 +646,22 @@ def test_special_values(tmp_path, preset):
     # row 0: all zero; rows 3 / 4: the float16 scale underflows in some group and becomes 2^-24
     assert s.dtype == np.float16 and np.all(s[0] == 1) and np.all(s > 0)
     assert (s[3:5] == np.float16(2.0 ** -24)).any()
+
+
+@pytest.mark.parametrize("preset,group,quantized_k100", [("W8A8", None, True), ("W8A16", "0", True), ("W4A16", "0", False)])
+def test_per_channel_k_not_multiple_of_8(tmp_path, preset, group, quantized_k100):
+    """Per output channel, K = 100: int8 needs nothing (W8A8) or K % 4 == 0 (8-bit packing); int4 packing
+    needs K % 8 == 0, so W4A16 keeps it dense with a warning."""
+    rs = np.random.RandomState(11)
+    ts = {"model.layers.0.mlp.down_proj.weight": ("BF16", rs.standard_normal((24, 100)).astype(np.float32)),
+          "model.layers.0.mlp.up_proj.weight": ("BF16", rs.standard_normal((100, 64)).astype(np.float32))}
+    src = tmp_path / "m"
+    write_model(src, ts, config={"model_type": "llama", "torch_dtype": "bfloat16"})
+    out = tmp_path / "out"
+    args = ["--preset", preset] + (["--group-size", group] if group else [])
+    r = xquant("quantize", src, "-o", out, *args)
+    assert r.returncode == 0, r.stderr
+    qc, quantized = check_output(src, out, preset, group=int(group) if group else None)
+    assert ("model.layers.0.mlp.down_proj" in quantized) == quantized_k100
+    assert "model.layers.0.mlp.up_proj" in quantized
+    assert ("warning" in r.stderr) == (not quantized_k100)
