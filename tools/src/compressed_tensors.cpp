@@ -14,10 +14,15 @@
 #include <cfloat>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -524,6 +529,113 @@ std::vector<std::string> assign_files(std::vector<Item>& items, const ModelDir& 
 
 }  // namespace
 
+namespace {
+
+// Writes into the output directory's files on a background thread, so that quantizing the next block
+// overlaps writing the previous one. At most two writes are pending (bounded memory); the first write
+// error is rethrown by the next submit() or by finish(). Destroyed (joined) before the files are closed.
+class DirWriter {
+ public:
+  explicit DirWriter(OutputDir& out) : out_(out), thread_([this] { loop(); }) {}
+  ~DirWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  DirWriter(const DirWriter&) = delete;
+  DirWriter& operator=(const DirWriter&) = delete;
+
+  std::vector<std::byte> buffer() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_.empty()) return {};
+    std::vector<std::byte> b = std::move(spare_.back());
+    spare_.pop_back();
+    return b;
+  }
+  // Writes `data` (owned) at `offset` of file `fd` (named `rel`, which must outlive the writer).
+  void submit(int fd, const std::string& rel, std::vector<std::byte> data, std::uint64_t offset) {
+    Job j{fd, &rel, std::move(data), nullptr, 0, offset, nullptr, 0};
+    j.len = j.owned.size();
+    push(std::move(j));
+  }
+  // Writes `len` bytes of the mapped input `map` at `ptr` (map offset `map_offset`), then drops those pages.
+  void submit_view(int fd, const std::string& rel, const void* ptr, std::size_t len, std::uint64_t offset,
+                   const MappedFile* map, std::uint64_t map_offset) {
+    push(Job{fd, &rel, {}, ptr, len, offset, map, map_offset});
+  }
+  void finish() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return (jobs_.empty() && !busy_) || error_; });
+    rethrow_locked();
+  }
+
+ private:
+  struct Job {
+    int fd;
+    const std::string* rel;
+    std::vector<std::byte> owned;
+    const void* ptr;
+    std::size_t len;
+    std::uint64_t offset;
+    const MappedFile* map;
+    std::uint64_t map_offset;
+  };
+  void rethrow_locked() {
+    if (error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      stop_ = true;
+      std::rethrow_exception(e);
+    }
+  }
+  void push(Job job) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return jobs_.size() < 2 || error_; });
+    rethrow_locked();
+    jobs_.push_back(std::move(job));
+    cv_.notify_all();
+  }
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return !jobs_.empty() || stop_; });
+      if (stop_) return;
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        out_.write_at(job.fd, job.owned.empty() ? job.ptr : job.owned.data(), job.len, job.offset, *job.rel);
+        if (job.map) job.map->release(job.map_offset, job.len);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      busy_ = false;
+      if (err && !error_) error_ = err;
+      if (err) jobs_.clear();
+      if (!job.owned.empty() && spare_.size() < 2) spare_.push_back(std::move(job.owned));
+      cv_.notify_all();
+    }
+  }
+
+  OutputDir& out_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::vector<std::vector<std::byte>> spare_;
+  std::exception_ptr error_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
 QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   const auto t0 = std::chrono::steady_clock::now();
   const Preset p = make_preset(e);
@@ -646,7 +758,7 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
       out.write_at(fds[i], outs[i].header.data(), outs[i].header.size(), 0, outs[i].name);
       for (const auto& t : outs[i].tensors) offset_of[i][t.name] = outs[i].header.size() + t.offset;
     }
-    std::vector<std::byte> qbuf, sbuf;
+    DirWriter writer(out);  // in the try block: joined before the catch closes the files
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
       const WeightFile& wf = m.files[it.file];
@@ -659,8 +771,7 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
         const std::uint64_t dst = offset_of[it.out].at(it.t->name);
         for (std::uint64_t off = 0; off < it.t->nbytes(); off += kCopyChunk) {
           const std::uint64_t len = std::min(kCopyChunk, it.t->nbytes() - off);
-          out.write_at(fd, src + off, static_cast<std::size_t>(len), dst + off, fname);
-          in.release(src_off + off, len);
+          writer.submit_view(fd, fname, src + off, static_cast<std::size_t>(len), dst + off, &in, src_off + off);
           done += len;
           progress.update(done, tensors_done);
         }
@@ -672,12 +783,14 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
         const auto esize = static_cast<std::int64_t>(st_dtype_size(it.t->dtype));
         const std::uint64_t qdst = offset_of[it.out].at(it.d.module + (p.packed ? ".weight_packed" : ".weight"));
         const std::uint64_t sdst = offset_of[it.out].at(it.d.module + ".weight_scale");
+        std::vector<std::byte> sbuf;
         sbuf.assign(static_cast<std::size_t>(N * (K / G) * ssize), std::byte{0});
         const std::int64_t piece_rows = std::max<std::int64_t>(1, kPieceElems / K);
         const std::int64_t chunk_rows = std::max<std::int64_t>(piece_rows, kChunkElems / K / piece_rows * piece_rows);
         TensorResult& res = result.tensors[i];
         for (std::int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
           const std::int64_t r1 = std::min(N, r0 + chunk_rows);
+          std::vector<std::byte> qbuf = writer.buffer();
           qbuf.resize(static_cast<std::size_t>((r1 - r0) * K * p.bits / 8));
           const std::int64_t npieces = (r1 - r0 + piece_rows - 1) / piece_rows;
           std::vector<ErrorStats> errs(static_cast<std::size_t>(npieces));
@@ -696,20 +809,23 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
           }
           if (!failure.empty()) bad_input("tensor '" + it.t->name + "': " + failure);
           for (const auto& er : errs) res.error.merge(er);
-          out.write_at(fd, qbuf.data(), qbuf.size(), qdst + static_cast<std::uint64_t>(r0 * K * p.bits / 8), fname);
+          writer.submit(fd, fname, std::move(qbuf), qdst + static_cast<std::uint64_t>(r0 * K * p.bits / 8));
           in.release(src_off + static_cast<std::uint64_t>(r0 * K * esize), static_cast<std::uint64_t>((r1 - r0) * K * esize));
           done += static_cast<std::uint64_t>((r1 - r0) * K * esize);
           progress.update(done, tensors_done);
         }
-        out.write_at(fd, sbuf.data(), sbuf.size(), sdst, fname);
+        writer.submit(fd, fname, std::move(sbuf), sdst);
         if (p.packed) {
           const std::int64_t shape[2] = {N, K};
-          out.write_at(fd, shape, sizeof shape, offset_of[it.out].at(it.d.module + ".weight_shape"), fname);
+          std::vector<std::byte> sb(sizeof shape);
+          std::memcpy(sb.data(), shape, sizeof shape);
+          writer.submit(fd, fname, std::move(sb), offset_of[it.out].at(it.d.module + ".weight_shape"));
         }
         result.total.merge(res.error);
       }
       progress.update(done, ++tensors_done);
     }
+    writer.finish();
     for (std::size_t i = 0; i < outs.size(); ++i) {
       const int fd = fds[i];
       fds[i] = -1;
