@@ -36,8 +36,8 @@ int run(int argc, char** argv) {
   xqcli::QuantizeOptions q;
   std::string scheme = "per-channel";
   auto* qc = app.add_subcommand("quantize", "Quantize the floating tensors of rank >= 2 of a checkpoint");
-  qc->add_option("input", q.input, "Input .safetensors file")->required();
-  qc->add_option("-o,--output", q.output, "Output .safetensors file (written atomically)")->required();
+  qc->add_option("input", q.input, "Input .safetensors file, or a model directory (compressed-tensors output)")->required();
+  qc->add_option("-o,--output", q.output, "Output .safetensors file or model directory (written atomically)")->required();
   qc->add_option("--bits", q.scheme.bits, "8: int8 (qint8); 4: int4 packed eight per int32 (quint4x2)")
       ->check(CLI::IsMember({8, 4}))
       ->default_val(8);
@@ -82,7 +82,7 @@ int run(int argc, char** argv) {
   xqcli::DequantizeOptions d;
   std::string out_dtype = "original";
   auto* dc = app.add_subcommand("dequantize", "Turn a file written by quantize back into floating point");
-  dc->add_option("input", d.input, "Input .safetensors file written by xquant quantize")->required();
+  dc->add_option("input", d.input, "Input written by xquant quantize: a .safetensors file or a model directory")->required();
   dc->add_option("-o,--output", d.output, "Output .safetensors file (written atomically)")->required();
   dc->add_option("--dtype", out_dtype, "Output dtype of dequantized tensors (original: as before quantization)")
       ->check(CLI::IsMember({"original", "F32", "F16", "BF16", "float32", "float16", "bfloat16"}))
@@ -94,7 +94,7 @@ int run(int argc, char** argv) {
   // ---- inspect ----
   xqcli::InspectOptions in;
   auto* ic = app.add_subcommand("inspect", "List the tensors of a .safetensors file");
-  ic->add_option("file", in.path, "The .safetensors file")->required();
+  ic->add_option("file", in.path, "The .safetensors file or model directory")->required();
   ic->add_flag("--json", in.json, "Print JSON instead of a table");
 
   try {
