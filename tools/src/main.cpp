@@ -8,8 +8,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "compressed_tensors.hpp"
 #include "errors.hpp"
 #include "jobs.hpp"
+#include "model_dir.hpp"
 #include "xquant/error.hpp"
 #include "xquant/version.hpp"
 
@@ -34,8 +36,8 @@ int run(int argc, char** argv) {
   xqcli::QuantizeOptions q;
   std::string scheme = "per-channel";
   auto* qc = app.add_subcommand("quantize", "Quantize the floating tensors of rank >= 2 of a checkpoint");
-  qc->add_option("input", q.input, "Input .safetensors file")->required();
-  qc->add_option("-o,--output", q.output, "Output .safetensors file (written atomically)")->required();
+  qc->add_option("input", q.input, "Input .safetensors file, or a model directory (compressed-tensors output)")->required();
+  qc->add_option("-o,--output", q.output, "Output .safetensors file or model directory (written atomically)")->required();
   qc->add_option("--bits", q.scheme.bits, "8: int8 (qint8); 4: int4 packed eight per int32 (quint4x2)")
       ->check(CLI::IsMember({8, 4}))
       ->default_val(8);
@@ -62,12 +64,25 @@ int run(int argc, char** argv) {
   qc->add_option("--threads", q.threads, "Worker threads (0: all cores)")->check(CLI::NonNegativeNumber)->default_val(0);
   qc->add_flag("-f,--force", q.force, "Replace existing output / report files");
   qc->add_flag("-q,--quiet", q.quiet, "No progress bar, warnings or report on the terminal");
+  // Model directories and the compressed-tensors format (compressed_tensors.hpp).
+  xqcli::ExportOptions ex;
+  std::string format, max_shard;
+  qc->add_option("--format", format, "compressed-tensors (default for a model directory) or xquant (a single file)")
+      ->check(CLI::IsMember({"compressed-tensors", "xquant"}));
+  qc->add_option("--preset", ex.preset, "compressed-tensors preset: W4A16 (default), W8A16 or W8A8")
+      ->check(CLI::IsMember({"W4A16", "W8A16", "W8A8"}));
+  qc->add_option("--group-size", ex.group_size, "W4A16 / W8A16: input channels per scale (default 128; 0: per output channel)");
+  qc->add_option("--ignore", ex.ignore, "Keep Linear modules whose name matches this POSIX extended regex dense (repeatable)")
+      ->expected(1)->allow_extra_args(false)->take_all();
+  qc->add_option("--targets", ex.targets, "Quantize only Linear modules whose name matches this POSIX extended regex (repeatable)")
+      ->expected(1)->allow_extra_args(false)->take_all();
+  qc->add_option("--max-shard-size", max_shard, "Split the output weights into shards of at most this size (e.g. 5GB, 500MB)");
 
   // ---- dequantize ----
   xqcli::DequantizeOptions d;
   std::string out_dtype = "original";
   auto* dc = app.add_subcommand("dequantize", "Turn a file written by quantize back into floating point");
-  dc->add_option("input", d.input, "Input .safetensors file written by xquant quantize")->required();
+  dc->add_option("input", d.input, "Input written by xquant quantize: a .safetensors file or a model directory")->required();
   dc->add_option("-o,--output", d.output, "Output .safetensors file (written atomically)")->required();
   dc->add_option("--dtype", out_dtype, "Output dtype of dequantized tensors (original: as before quantization)")
       ->check(CLI::IsMember({"original", "F32", "F16", "BF16", "float32", "float16", "bfloat16"}))
@@ -79,7 +94,7 @@ int run(int argc, char** argv) {
   // ---- inspect ----
   xqcli::InspectOptions in;
   auto* ic = app.add_subcommand("inspect", "List the tensors of a .safetensors file");
-  ic->add_option("file", in.path, "The .safetensors file")->required();
+  ic->add_option("file", in.path, "The .safetensors file or model directory")->required();
   ic->add_flag("--json", in.json, "Print JSON instead of a table");
 
   try {
@@ -89,16 +104,34 @@ int run(int argc, char** argv) {
     return code == 0 ? 0 : xqcli::kExitBadInput;
   }
 
-  if (qc->parsed()) {
+  if (qc->parsed() && (format == "compressed-tensors" || (format.empty() && xqcli::is_directory(q.input)))) {
+    for (const char* opt : {"--bits", "--scheme", "--axis", "--symmetric", "--asymmetric", "--include", "--exclude"})
+      if (qc->count(opt) > 0)
+        throw xqcli::CliError(xqcli::kExitBadInput, std::string(opt) + " applies to --format xquant; the compressed-tensors "
+                              "format takes --preset, --group-size, --targets and --ignore");
+    ex.group_size_given = qc->count("--group-size") > 0;
+    if (!max_shard.empty()) ex.max_shard_size = xqcli::parse_size(max_shard, "--max-shard-size");
+    const auto result = xqcli::run_export(q, ex);
+    if (!q.quiet) xqcli::print_export_report(stdout, q, ex, result);
+  } else if (qc->parsed()) {
+    for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size"})
+      if (qc->count(opt) > 0)
+        throw xqcli::CliError(xqcli::kExitBadInput, std::string(opt) + " applies to the compressed-tensors format (a model "
+                              "directory); --format xquant takes --bits, --scheme, --axis, --include and --exclude");
+    if (xqcli::is_directory(q.input))
+      throw xqcli::CliError(xqcli::kExitBadInput, q.input + ": --format xquant takes a single .safetensors file, not a model directory");
     q.scheme.per_channel = scheme == "per-channel";
     q.scheme.symmetric = !asymmetric;
     const auto result = xqcli::run_quantize(q);
     if (!q.quiet) xqcli::print_report(stdout, q, result);
   } else if (dc->parsed()) {
     d.dtype = parse_out_dtype(out_dtype);
-    xqcli::run_dequantize(d);
+    if (xqcli::is_directory(d.input)) xqcli::run_dequantize_dir(d);
+    else if (xqcli::is_ct_file(d.input)) xqcli::run_dequantize_ct_file(d);
+    else xqcli::run_dequantize(d);
   } else if (ic->parsed()) {
-    xqcli::run_inspect(in, stdout);
+    if (xqcli::is_directory(in.path)) xqcli::run_inspect_dir(in, stdout);
+    else xqcli::run_inspect(in, stdout);
   }
   return xqcli::kExitOk;
 }

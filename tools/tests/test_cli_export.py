@@ -1,0 +1,667 @@
+"""Model directories and the compressed-tensors format (issue 8), end to end through the built binary.
+
+Independent side: NumPy and the official safetensors package (the numbers of every preset recomputed
+from the input, an independent unpacker, the index and config checked field by field), and, for the
+loading tests, transformers (AutoModel*.from_pretrained through its compressed-tensors support) and the
+compressed-tensors package itself (its decompressors). Those three are needed only by the tests marked
+`hf`: when one is missing they fail in CI (CI=true) and are skipped with the reason otherwise.
+"""
+import json
+import os
+import shutil
+import struct
+
+import pytest
+
+from xquant_cli_support import ROOT, bf16_bits_to_f32, f32_to_bf16_bits, np, read_official, save_official, xquant
+
+SAMPLE_MODEL = os.path.join(ROOT, "data", "sample-model")
+
+try:
+    import torch
+    import transformers
+    import compressed_tensors
+    from compressed_tensors.quantization import QuantizationConfig
+    HF_MISSING = None
+except ImportError as e:  # pragma: no cover
+    HF_MISSING = (f"the loading tests need torch, transformers and compressed-tensors "
+                  f"(pip install torch transformers compressed-tensors): {e}")
+    if os.environ.get("CI") == "true":
+        raise ImportError(HF_MISSING + " (CI=true: failing instead of skipping)") from e
+
+hf = pytest.mark.skipif(HF_MISSING is not None, reason=HF_MISSING or "")
+
+PRESETS = {  # name -> (bits, packed, group size or 0 for per channel, activations)
+    "W4A16": (4, True, 128, False),
+    "W8A16": (8, True, 128, False),
+    "W8A8": (8, False, 0, True),
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# An independent reading of the format (docs/cli.md, "The compressed-tensors format").
+
+def weights_of(d):
+    """{name: (dtype, array, file)} over every weight file of a model directory, and the index or None."""
+    idx_path = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx_path):
+        with open(idx_path) as f:
+            index = json.load(f)
+        files = sorted(set(index["weight_map"].values()))
+    else:
+        index, files = None, ["model.safetensors"]
+    out = {}
+    for fn in files:
+        meta, ts = read_official(os.path.join(d, fn))
+        assert meta.get("format") == "pt", (fn, meta)
+        for n, (dt, a) in ts.items():
+            assert n not in out, n
+            out[n] = (dt, a, fn)
+    return out, index
+
+
+def config_of(d):
+    with open(os.path.join(d, "config.json")) as f:
+        return json.load(f)
+
+
+def to_f32(dt, a):
+    return a.astype(np.float32)  # read_official widens BF16 already
+
+
+def round_scale(s32, dt):
+    """The stored scale: float32 rounded to the scale dtype (round to nearest even), widened back."""
+    if dt == "BF16":
+        return bf16_bits_to_f32(f32_to_bf16_bits(s32)).reshape(s32.shape)
+    if dt == "F16":
+        h = s32.astype(np.float16)
+        h = np.where(h == 0, np.float16(2.0 ** -24), h)
+        return h.astype(np.float32)
+    return s32
+
+
+def expected(x, bits, group, scale_dt):
+    """Scales and stored integers of one [N, K] weight, recomputed in float32 NumPy."""
+    n, k = x.shape
+    g = k if group == 0 else group
+    xg = x.astype(np.float32).reshape(n, k // g, g)
+    qmax = np.float32(7 if bits == 4 else 127)
+    fin = np.where(np.isfinite(xg), np.abs(xg), np.float32(0))
+    amax = fin.max(axis=-1)
+    s = (amax / qmax).astype(np.float32)
+    s = np.where(amax == 0, np.float32(1), np.where(s < np.finfo(np.float32).tiny, np.finfo(np.float32).tiny, s))
+    sw = round_scale(s.astype(np.float32), scale_dt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if bits == 8:
+            v = (xg / sw[..., None]).astype(np.float32)
+            q = np.clip(np.rint(v), -128, 127)
+        else:
+            v = (xg * (np.float32(1) / sw)[..., None]).astype(np.float32)
+            q = np.clip(np.rint(v), -8, 7)
+        q = np.where(np.isnan(v), 0, q)
+    return sw, q.astype(np.int32).reshape(n, k)
+
+
+def unpack(words, bits, k):
+    """compressed-tensors pack_to_int32: element i of a row at bits [i*b, i*b+b) of the row's words
+    (little endian), stored unsigned as q + 2^(b-1)."""
+    w = np.asarray(words).astype(np.int64).astype(np.uint32)
+    per = 32 // bits
+    parts = (w[..., None] >> (bits * np.arange(per, dtype=np.uint32))) & ((1 << bits) - 1)
+    return parts.reshape(w.shape[0], -1)[:, :k].astype(np.int32) - (1 << (bits - 1))
+
+
+def check_output(src_dir, out_dir, preset, group=None):
+    """Every tensor of out_dir against the input: quantized modules by the formulas, the rest byte for byte;
+    the config's quantization_config; the other files. Returns (config, quantized module names)."""
+    bits, packed, default_group, act = PRESETS[preset]
+    group = default_group if group is None else group
+    src, _ = weights_of(src_dir)
+    out, _ = weights_of(out_dir)
+    cfg, scfg = config_of(out_dir), config_of(src_dir)
+    qc = cfg.pop("quantization_config")
+    assert cfg == scfg  # nothing else of config.json changed
+    assert qc["quant_method"] == "compressed-tensors" and qc["quantization_status"] == "compressed"
+    assert qc["format"] == ("pack-quantized" if packed else "int-quantized")
+    (grp,) = qc["config_groups"].values()
+    assert grp["targets"] == ["Linear"]
+    w = grp["weights"]
+    assert (w["num_bits"], w["type"], w["symmetric"], w["dynamic"]) == (bits, "int", True, False)
+    assert w["strategy"] == ("channel" if group == 0 else "group") and w["group_size"] == (group or None)
+    if act:
+        a = grp["input_activations"]
+        assert (a["num_bits"], a["type"], a["symmetric"], a["strategy"], a["dynamic"]) == (8, "int", True, "token", True)
+    else:
+        assert grp["input_activations"] is None
+    dtype_key = scfg.get("torch_dtype") or scfg.get("dtype")
+    scale_dt = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(dtype_key)
+    quantized = set()
+    for name, (dt, x, _) in src.items():
+        mod = name[: -len(".weight")] if name.endswith(".weight") else None
+        if mod is not None and (mod + ".weight_scale") in out:
+            quantized.add(mod)
+            sdt, s, _ = out[mod + ".weight_scale"]
+            assert sdt == (scale_dt or dt)
+            want_s, want_q = expected(x, bits, group, sdt)
+            assert s.shape == want_s.shape and np.array_equal(s.astype(np.float32), want_s), mod
+            if packed:
+                pdt, words, _ = out[mod + ".weight_packed"]
+                assert pdt == "I32" and words.shape == (x.shape[0], x.shape[1] * bits // 32)
+                shp = out[mod + ".weight_shape"]
+                assert shp[0] == "I64" and list(shp[1]) == list(x.shape)
+                q = unpack(words, bits, x.shape[1])
+                assert name not in out
+            else:
+                qdt, q, _ = out[name]
+                assert qdt == "I8"
+            assert np.array_equal(q, want_q), mod
+        else:
+            assert out[name][0] == dt and np.array_equal(out[name][1], x, equal_nan=True), name
+            if mod is not None and x.ndim == 2:
+                assert mod in qc["ignore"], mod  # every 2-D weight left dense is listed
+    assert "lm_head" in qc["ignore"] or "lm_head" in quantized
+    assert not quantized & set(qc["ignore"])
+    # every other file copied unchanged
+    for root, dirs, files in os.walk(src_dir):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for fn in files:
+            rel = os.path.relpath(os.path.join(root, fn), src_dir)
+            if fn.startswith(".") or rel == "config.json" or rel.endswith(".safetensors") or rel == "model.safetensors.index.json":
+                continue
+            with open(os.path.join(src_dir, rel), "rb") as a, open(os.path.join(out_dir, rel), "rb") as b:
+                assert a.read() == b.read(), rel
+    return qc, quantized
+
+
+def leftovers(parent, name):
+    return [e for e in os.listdir(parent) if e.startswith("." + name + ".xquant-")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The README's main command (no PyTorch): the sample model directory to W4A16.
+
+def test_sample_model_main_command(tmp_path):
+    out = tmp_path / "sample-w4a16"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert "compressed-tensors W4A16" in r.stdout and "SQNR dB" in r.stdout
+    assert "total: 14 of 21 tensors quantized" in r.stdout and "GB/s" in r.stdout
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
+    qc, quantized = check_output(SAMPLE_MODEL, out, "W4A16")
+    assert len(quantized) == 14 and qc["ignore"] == ["lm_head", "model.embed_tokens"]
+    assert not leftovers(tmp_path, "sample-w4a16")
+    # the JSON report
+    rep = tmp_path / "report.json"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", tmp_path / "again", "--report", rep, "-q")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(rep.read_text())
+    assert j["options"]["format"] == "compressed-tensors" and j["options"]["preset"] == "W4A16"
+    assert j["options"]["group_size"] == 128 and j["output_files"] == ["model.safetensors"]
+    assert j["ignore"] == qc["ignore"] and j["totals"]["quantized"] == 14 and j["totals"]["kept"] == 7
+    assert j["totals"]["file_bytes_out"] == os.path.getsize(tmp_path / "again" / "model.safetensors")
+    assert all(t["sqnr_db"] > 10 for t in j["tensors"] if t["action"] == "quantized")
+
+
+@pytest.mark.parametrize("preset", ["W8A16", "W8A8"])
+def test_sample_model_presets(tmp_path, preset):
+    out = tmp_path / preset
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "--preset", preset, "-q")
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    check_output(SAMPLE_MODEL, out, preset)
+
+
+@pytest.mark.parametrize("group", ["0", "32"])
+def test_group_size(tmp_path, group):
+    out = tmp_path / "g"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "--group-size", group, "-q")
+    assert r.returncode == 0, r.stderr
+    check_output(SAMPLE_MODEL, out, "W4A16", group=int(group))
+
+
+def write_model(d, tensors, config=None, shards=None, extra_files=None):
+    """A model directory written with the official library. shards: list of lists of names (sharded with
+    an index), else model.safetensors."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config or {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32"}, f)
+    if shards is None:
+        save_official(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
+    else:
+        wmap = {}
+        for i, names in enumerate(shards):
+            fn = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_official(os.path.join(d, fn), {n: tensors[n] for n in names}, {"format": "pt"})
+            wmap.update({n: fn for n in names})
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": 0}, "weight_map": wmap}, f)
+    for rel, data in (extra_files or {}).items():
+        p = os.path.join(d, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+
+
+def sample_tensors():
+    _, ts = read_official(os.path.join(SAMPLE_MODEL, "model.safetensors"))
+    return {n: ("BF16", a) for n, (dt, a) in ts.items()}
+
+
+def check_index(out_dir):
+    out, index = weights_of(out_dir)
+    assert index is not None
+    assert set(index["weight_map"]) == set(out)
+    for n, (dt, a, fn) in out.items():
+        assert index["weight_map"][n] == fn, n
+    assert index["metadata"]["total_size"] == sum(a.nbytes if dt != "BF16" else a.size * 2 for dt, a, _ in out.values())
+    return out, index
+
+
+def test_sharded_input_keeps_its_shards(tmp_path):
+    ts = sample_tensors()
+    names = sorted(ts)
+    src = tmp_path / "sharded"
+    write_model(src, ts, config=config_of(SAMPLE_MODEL), shards=[names[:7], names[7:14], names[14:]],
+                extra_files={"tokenizer.json": b'{"x": 1}\n', "sub/notes.txt": b"kept\n", ".hidden": b"skipped"})
+    shutil.copy(os.path.join(SAMPLE_MODEL, "generation_config.json"), src / "generation_config.json")
+    out = tmp_path / "out"
+    r = xquant("quantize", src, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model-00001-of-00003.safetensors",
+                                       "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                                       "model.safetensors.index.json", "sub", "tokenizer.json"]
+    o, index = check_index(out)
+    # each module's tensors in the shard of its input weight
+    for n, (dt, a, fn) in o.items():
+        if n.endswith((".weight_packed", ".weight_scale", ".weight_shape")):
+            mod = n.rsplit(".", 1)[0]
+            i = [k for k, s in enumerate([names[:7], names[7:14], names[14:]]) if mod + ".weight" in s][0]
+            assert fn == f"model-{i + 1:05d}-of-00003.safetensors", n
+    check_output(src, out, "W4A16")
+    # dequantize keeps the shards too
+    back = tmp_path / "back"
+    assert xquant("dequantize", out, "-o", back).returncode == 0
+    b, _ = check_index(back)
+    assert set(b) == set(ts)
+
+
+def test_max_shard_size_splits(tmp_path):
+    out = tmp_path / "out"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "--max-shard-size", "400kB", "-q")
+    assert r.returncode == 0, r.stderr
+    o, index = check_index(out)
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 3 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    nbytes = lambda dt, a: a.size * 2 if dt == "BF16" else a.nbytes
+    for fn in files:
+        payload = sum(nbytes(dt, a) for dt, a, f in o.values() if f == fn)
+        # a module's tensors stay together; a shard goes over the limit only when it holds one module alone
+        items = {n.rsplit(".", 1)[0] if n.endswith((".weight_packed", ".weight_scale", ".weight_shape")) else n
+                 for n, (dt, a, f) in o.items() if f == fn}
+        assert payload <= 400_000 or len(items) == 1, (fn, payload, items)
+    check_output(SAMPLE_MODEL, out, "W4A16")
+    r = xquant("quantize", SAMPLE_MODEL, "-o", tmp_path / "bad", "--max-shard-size", "5XB")
+    assert r.returncode == 1 and "--max-shard-size" in r.stderr and not os.path.exists(tmp_path / "bad")
+
+
+def test_dequantize_and_inspect_directory(tmp_path):
+    out, back = tmp_path / "q", tmp_path / "back"
+    assert xquant("quantize", SAMPLE_MODEL, "-o", out, "-q").returncode == 0
+    r = xquant("dequantize", out, "-o", back)
+    assert r.returncode == 0, r.stderr
+    assert config_of(back) == config_of(SAMPLE_MODEL)
+    b, _ = weights_of(back)
+    o, _ = weights_of(out)
+    src, _ = weights_of(SAMPLE_MODEL)
+    assert set(b) == set(src)
+    for n, (dt, x, _) in src.items():
+        mod = n[: -len(".weight")]
+        if mod + ".weight_packed" in o:
+            q = unpack(o[mod + ".weight_packed"][1], 4, x.shape[1])
+            s = np.repeat(o[mod + ".weight_scale"][1].astype(np.float32), 128, axis=1)
+            want = bf16_bits_to_f32(f32_to_bf16_bits(q.astype(np.float32) * s)).reshape(x.shape)
+            assert b[n][0] == "BF16" and np.array_equal(b[n][1], want), n
+        else:
+            assert np.array_equal(b[n][1], x), n
+    # one compressed-tensors file on its own (no config.json): the same result
+    for preset in ("W4A16", "W8A8"):
+        q1, f1 = tmp_path / ("q1" + preset), tmp_path / ("f1" + preset + ".safetensors")
+        assert xquant("quantize", SAMPLE_MODEL, "-o", q1, "--preset", preset, "--group-size", "0" if preset == "W8A8" else "64",
+                      "-q").returncode == 0
+        r = xquant("dequantize", q1 / "model.safetensors", "-o", f1)
+        assert r.returncode == 0, r.stderr
+        assert xquant("dequantize", q1, "-o", tmp_path / ("d1" + preset)).returncode == 0
+        a, b = read_official(f1)[1], read_official(tmp_path / ("d1" + preset) / "model.safetensors")[1]
+        assert set(a) == set(b) and all(a[n][0] == b[n][0] and np.array_equal(a[n][1], b[n][1]) for n in a)
+    r = xquant("inspect", out)
+    assert r.returncode == 0 and "compressed-tensors pack-quantized: int4" in r.stdout and "quantized modules: 14" in r.stdout
+    r = xquant("inspect", out, "--json")
+    j = json.loads(r.stdout)
+    roles = {t["name"]: t["role"] for t in j["files"][0]["tensors"]}
+    assert roles["model.layers.0.mlp.up_proj.weight_packed"] == "quantized"
+    assert roles["model.layers.0.mlp.up_proj.weight_scale"] == "scale"
+    assert j["quantization_config"]["format"] == "pack-quantized"
+
+
+def test_force_replaces_directory(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "-q")
+    assert r.returncode == 1 and "exists" in r.stderr and os.listdir(out) == ["old.txt"]
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "-q", "--force")
+    assert r.returncode == 0, r.stderr
+    assert "old.txt" not in os.listdir(out) and "model.safetensors" in os.listdir(out)
+    assert not leftovers(tmp_path, "out")
+    r = xquant("quantize", SAMPLE_MODEL, "-o", SAMPLE_MODEL, "--force")
+    assert r.returncode == 1 and "input directory" in r.stderr
+
+
+def test_group_not_dividing_k(tmp_path):
+    rs = np.random.RandomState(3)
+    ts = {"model.layers.0.mlp.up_proj.weight": ("F32", rs.standard_normal((64, 256)).astype(np.float32)),
+          "model.layers.0.mlp.down_proj.weight": ("F32", rs.standard_normal((256, 96)).astype(np.float32)),
+          "model.embed_tokens.weight": ("F32", rs.standard_normal((32, 256)).astype(np.float32))}
+    src = tmp_path / "m"
+    write_model(src, ts)
+    out = tmp_path / "out"
+    r = xquant("quantize", src, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "warning" in r.stderr and "model.layers.0.mlp.down_proj.weight" in r.stderr and "96" in r.stderr
+    qc, quantized = check_output(src, out, "W4A16")
+    assert quantized == {"model.layers.0.mlp.up_proj"}
+    assert qc["ignore"] == ["lm_head", "model.embed_tokens", "model.layers.0.mlp.down_proj"]
+    r = xquant("quantize", src, "-o", tmp_path / "strict", "--strict")
+    assert r.returncode == 1 and "--strict" in r.stderr and "down_proj" in r.stderr
+    assert not os.path.exists(tmp_path / "strict") and not leftovers(tmp_path, "strict")
+
+
+def test_targets_and_ignore(tmp_path):
+    out = tmp_path / "out"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "--ignore", r"\.mlp\.", "-q")
+    assert r.returncode == 0, r.stderr
+    qc, quantized = check_output(SAMPLE_MODEL, out, "W4A16")
+    assert len(quantized) == 8 and all("self_attn" in m for m in quantized)
+    out2 = tmp_path / "out2"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out2, "--targets", "up_proj|lm_head", "-q")
+    assert r.returncode == 0, r.stderr
+    qc, quantized = check_output(SAMPLE_MODEL, out2, "W4A16")
+    assert quantized == {"lm_head", "model.layers.0.mlp.up_proj", "model.layers.1.mlp.up_proj"}
+    assert "lm_head" not in qc["ignore"] and "model.layers.0.mlp.down_proj" in qc["ignore"]
+
+
+def bad(tmp_path, src, *args, code=1, needle):
+    out = tmp_path / "out"
+    r = xquant("quantize", src, "-o", out, *args)
+    assert 1 <= r.returncode <= 127 and r.returncode == code, (r.returncode, r.stderr)
+    assert needle in r.stderr, r.stderr
+    assert r.stderr.startswith("xquant: error:")
+    assert not os.path.exists(out) and not leftovers(tmp_path, "out")
+
+
+def test_bad_directories(tmp_path):
+    ts = sample_tensors()
+    names = sorted(ts)
+    # no weights
+    d = tmp_path / "noweights"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    bad(tmp_path, d, needle="no weights")
+    # no config.json
+    d = tmp_path / "noconfig"
+    d.mkdir()
+    shutil.copy(os.path.join(SAMPLE_MODEL, "model.safetensors"), d / "model.safetensors")
+    bad(tmp_path, d, needle="config.json")
+    # config.json not an object
+    (d / "config.json").write_text("[1]")
+    bad(tmp_path, d, needle="JSON object")
+    # an index naming a missing shard
+    d = tmp_path / "missing"
+    write_model(d, ts, config=config_of(SAMPLE_MODEL), shards=[names[:10], names[10:]])
+    os.unlink(d / "model-00002-of-00002.safetensors")
+    bad(tmp_path, d, needle="model-00002-of-00002.safetensors', which does not exist")
+    # a tensor in two shards
+    d = tmp_path / "twice"
+    write_model(d, ts, config=config_of(SAMPLE_MODEL), shards=[names[:10], names[9:]])
+    bad(tmp_path, d, needle=f"tensor '{names[9]}' is in two shards")
+    # a truncated shard
+    d = tmp_path / "truncated"
+    write_model(d, ts, config=config_of(SAMPLE_MODEL), shards=[names[:10], names[10:]])
+    p = d / "model-00002-of-00002.safetensors"
+    os.truncate(p, os.path.getsize(p) - 1000)
+    bad(tmp_path, d, needle="truncated")
+    # already quantized
+    q = tmp_path / "q"
+    assert xquant("quantize", SAMPLE_MODEL, "-o", q, "-q").returncode == 0
+    bad(tmp_path, q, needle="already has a quantization_config")
+    # options of the other format
+    bad(tmp_path, SAMPLE_MODEL, "--bits", "4", needle="--bits applies to --format xquant")
+    bad(tmp_path, SAMPLE_MODEL, "--format", "xquant", needle="single .safetensors file")
+    bad(tmp_path, SAMPLE_MODEL, "--preset", "W8A8", "--group-size", "64", needle="--group-size")
+    bad(tmp_path, SAMPLE_MODEL, "--group-size", "12", needle="multiple of 8")
+    bad(tmp_path, os.path.join(SAMPLE_MODEL, "model.safetensors"), "--format", "compressed-tensors",
+        needle="needs a model directory")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading with transformers and compressed-tensors.
+
+ARCHS = ["llama", "qwen2-tied", "mistral-f16", "bert-f32"]
+
+
+def build_model(arch, d):
+    """A tiny random model that transformers builds offline from a config, saved with save_pretrained.
+    Returns (the float model, the class used to load it)."""
+    torch.manual_seed(0)
+    common = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                  vocab_size=384, max_position_embeddings=128)
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **common)
+        m, cls, dt = transformers.LlamaForCausalLM(cfg), transformers.AutoModelForCausalLM, torch.bfloat16
+    elif arch == "qwen2-tied":
+        cfg = transformers.Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, **common)
+        m, cls, dt = transformers.Qwen2ForCausalLM(cfg), transformers.AutoModelForCausalLM, torch.bfloat16
+    elif arch == "mistral-f16":
+        cfg = transformers.MistralConfig(num_key_value_heads=2, tie_word_embeddings=False, **common)
+        m, cls, dt = transformers.MistralForCausalLM(cfg), transformers.AutoModelForCausalLM, torch.float16
+    else:
+        cfg = transformers.BertConfig(**common)
+        m, cls, dt = transformers.BertModel(cfg), transformers.AutoModel, torch.float32
+    m = m.to(dt).eval()
+    m.save_pretrained(d)
+    return m, cls
+
+
+def forward(m, arch):
+    ids = torch.randint(0, 384, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        o = m(input_ids=ids)
+    return (o.logits if hasattr(o, "logits") else o.last_hidden_state).float()
+
+
+def ct_decompress(fmt, scheme, sd):
+    """Decompression by the compressed-tensors package itself (the classmethod interface of recent
+    versions, or the instance interface of older ones)."""
+    from compressed_tensors.compressors import BaseCompressor
+    comp = BaseCompressor.get_value_from_registry(fmt)
+    try:
+        return comp.decompress(dict(sd), scheme)["weight"]
+    except TypeError:  # pragma: no cover - older compressed-tensors
+        return BaseCompressor.load_from_registry(fmt).decompress_weight(dict(sd), quantization_args=scheme.weights)
+
+
+COS_BOUND = {"W4A16": 0.95, "W8A16": 0.99, "W8A8": 0.99}
+
+
+@hf
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_transformers_loads(tmp_path, arch, preset):
+    from safetensors.torch import load_file
+    src, out, back = tmp_path / "float", tmp_path / "q", tmp_path / "back"
+    fm, cls = build_model(arch, src)
+    r = xquant("quantize", src, "-o", out, "--preset", preset, "-q")
+    assert r.returncode == 0, r.stderr
+    qc, quantized = check_output(src, out, preset)
+    assert quantized, "nothing quantized"
+    assert xquant("dequantize", out, "-o", back).returncode == 0
+
+    qm = cls.from_pretrained(out)
+    y = forward(qm, arch)
+    # The loader's quantized modules are exactly those the files hold.
+    loaded = {n for n, mod in qm.named_modules() if getattr(mod, "quantization_scheme", None) is not None}
+    assert loaded == quantized
+    # Every quantized module's decompressed weight equals xquant dequantize of the same output, bit for bit.
+    deq = {}
+    for fn in os.listdir(back):
+        if fn.endswith(".safetensors"):
+            deq.update(load_file(os.path.join(back, fn)))
+    cfg = config_of(out)["quantization_config"]
+    qcfg = QuantizationConfig.model_validate(cfg)
+    (scheme,) = qcfg.config_groups.values()
+    stored = {}
+    for fn in os.listdir(out):
+        if fn.endswith(".safetensors"):
+            stored.update(load_file(os.path.join(out, fn)))
+    for name in quantized:
+        w = qm.get_submodule(name).weight.detach()
+        ref = deq[name + ".weight"]
+        assert w.dtype == ref.dtype and w.shape == ref.shape, name
+        assert torch.equal(w.view(torch.uint8), ref.view(torch.uint8)), name
+        keys = ["weight_packed", "weight_scale", "weight_shape"] if qcfg.format == "pack-quantized" else ["weight", "weight_scale"]
+        w2 = ct_decompress(qcfg.format, scheme, {k: stored[f"{name}.{k}"] for k in keys}).to(ref.dtype)
+        assert torch.equal(w2.view(torch.uint8), ref.view(torch.uint8)), name
+    # Outputs close to the float model's: cosine similarity of the flattened logits (BERT: last hidden state).
+    x = forward(fm, arch)
+    cos = torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0).item()
+    print(f"{arch} {preset}: cosine similarity {cos:.5f}")
+    assert cos > COS_BOUND[preset], cos
+
+
+@hf
+def test_transformers_loads_sharded_sample(tmp_path):
+    ts = sample_tensors()
+    names = sorted(ts)
+    src = tmp_path / "sharded"
+    write_model(src, ts, config=config_of(SAMPLE_MODEL), shards=[names[:7], names[7:14], names[14:]])
+    out = tmp_path / "out"
+    assert xquant("quantize", src, "-o", out, "-q", "--max-shard-size", "300kB").returncode == 0
+    check_index(out)
+    fm = transformers.AutoModelForCausalLM.from_pretrained(SAMPLE_MODEL)
+    qm = transformers.AutoModelForCausalLM.from_pretrained(out)
+    x, y = forward(fm, "llama"), forward(qm, "llama")
+    cos = torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0).item()
+    print(f"sample model, sharded, W4A16: cosine similarity {cos:.5f}")
+    assert cos > 0.9, cos
+
+
+# ---------------------------------------------------------------------------------------------------
+# Interruption and I/O failure leave nothing behind.
+
+def _big_sparse_model(d, rows, cols):
+    """A model directory with one float16 [rows, cols] Linear weight of zeros, sparse on disk."""
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"model_type": "llama", "torch_dtype": "float16"}, f)
+    hdr = json.dumps({"model.layers.0.mlp.up_proj.weight": {"dtype": "F16", "shape": [rows, cols],
+                                                            "data_offsets": [0, rows * cols * 2]}})
+    hdr += " " * (-(8 + len(hdr)) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr.encode())
+        f.truncate(8 + len(hdr) + rows * cols * 2)
+
+
+def test_sigint_removes_the_temporary_directory(tmp_path):
+    import signal
+    import subprocess
+    import time
+    from xquant_cli_support import XQ
+    src = tmp_path / "big"
+    _big_sparse_model(src, 32768, 32768)  # 2 GiB, sparse: interrupted long before the end
+    work = tmp_path / "work"
+    work.mkdir()
+    p = subprocess.Popen([XQ, "quantize", str(src), "-o", str(work / "out"), "--threads", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(n.endswith(".safetensors") for _, _, fs in os.walk(work) for n in fs) \
+            and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.001)
+    assert p.poll() is None, "finished before it could be interrupted"
+    (tmp,) = os.listdir(work)
+    assert tmp.startswith(".out.xquant-"), tmp
+    time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted; no output written" in err
+    assert os.listdir(work) == []
+
+
+def test_io_failure_leaves_no_directory(tmp_path):
+    import resource
+    import signal
+    import subprocess
+    from xquant_cli_support import XQ
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    out = tmp_path / "out"
+    r = subprocess.run([XQ, "quantize", SAMPLE_MODEL, "-o", str(out)], capture_output=True, text=True,
+                       preexec_fn=limit, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "cannot write" in r.stderr and "File too large" in r.stderr
+    assert os.listdir(tmp_path) == []
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    r = subprocess.run([XQ, "quantize", SAMPLE_MODEL, "-o", str(out), "--force"], capture_output=True, text=True,
+                       preexec_fn=limit, timeout=300)
+    assert r.returncode == 2
+    assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["old.txt"]
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_special_values(tmp_path, preset):
+    """All-zero groups (scale 1), NaN / +-Inf (left out of the scale; NaN -> 0, Inf saturates), and float16
+    groups so small that amax / qmax rounds to 0 in float16 (the scale becomes 2^-24)."""
+    rs = np.random.RandomState(7)
+    w = (rs.standard_normal((16, 256)) * 0.05).astype(np.float16)
+    w[0] = 0
+    w[1, 3], w[1, 200], w[2, 7] = np.nan, np.inf, -np.inf
+    w[3] = (rs.standard_normal(256) * 1e-7).astype(np.float16)  # float16 subnormals
+    w[4, :128] = np.float16(6e-8)
+    ts = {"model.layers.0.mlp.up_proj.weight": ("F16", w.astype(np.float32)),
+          "model.norm.weight": ("F16", np.ones(256, np.float32))}
+    src = tmp_path / "m"
+    write_model(src, ts, config={"model_type": "llama", "torch_dtype": "float16"})
+    out = tmp_path / "out"
+    r = xquant("quantize", src, "-o", out, "--preset", preset)
+    assert r.returncode == 0, r.stderr
+    assert "(3 NaN/Inf values: excluded from the scales" in r.stdout, r.stdout
+    qc, quantized = check_output(src, out, preset)
+    assert quantized == {"model.layers.0.mlp.up_proj"}
+    o, _ = weights_of(out)
+    s = o["model.layers.0.mlp.up_proj.weight_scale"][1]
+    # row 0: all zero; rows 3 / 4: the float16 scale underflows in some group and becomes 2^-24
+    assert s.dtype == np.float16 and np.all(s[0] == 1) and np.all(s > 0)
+    assert (s[3:5] == np.float16(2.0 ** -24)).any()
+
+
+@pytest.mark.parametrize("preset,group,quantized_k100", [("W8A8", None, True), ("W8A16", "0", True), ("W4A16", "0", False)])
+def test_per_channel_k_not_multiple_of_8(tmp_path, preset, group, quantized_k100):
+    """Per output channel, K = 100: int8 needs nothing (W8A8) or K % 4 == 0 (8-bit packing); int4 packing
+    needs K % 8 == 0, so W4A16 keeps it dense with a warning."""
+    rs = np.random.RandomState(11)
+    ts = {"model.layers.0.mlp.down_proj.weight": ("BF16", rs.standard_normal((24, 100)).astype(np.float32)),
+          "model.layers.0.mlp.up_proj.weight": ("BF16", rs.standard_normal((100, 64)).astype(np.float32))}
+    src = tmp_path / "m"
+    write_model(src, ts, config={"model_type": "llama", "torch_dtype": "bfloat16"})
+    out = tmp_path / "out"
+    args = ["--preset", preset] + (["--group-size", group] if group else [])
+    r = xquant("quantize", src, "-o", out, *args)
+    assert r.returncode == 0, r.stderr
+    qc, quantized = check_output(src, out, preset, group=int(group) if group else None)
+    assert ("model.layers.0.mlp.down_proj" in quantized) == quantized_k100
+    assert "model.layers.0.mlp.up_proj" in quantized
+    assert ("warning" in r.stderr) == (not quantized_k100)
