@@ -185,6 +185,19 @@ def test_dynamic_quant_empty_shapes():
     assert y.shape == (0, 2) and y.dtype == np.int32
 
 
+def test_signatures_are_torch_npus():
+    import inspect
+
+    def sig(f):
+        return [(p.name, p.kind.name, p.default) for p in inspect.signature(f).parameters.values()]
+
+    E, P, K = inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY"
+    assert sig(xquant.npu.npu_dynamic_quant) == [("x", P, E), ("smooth_scales", K, None), ("group_index", K, None),
+                                                 ("dst_type", K, None)]
+    assert sig(xquant.npu.npu_anti_quant) == [("x", P, E), ("scale", P, E), ("offset", K, None),
+                                              ("dst_dtype", K, None), ("src_dtype", K, None)]
+
+
 def test_dynamic_quant_torch_dtype_spellings():
     x = torch.randn(3, 16)
     want = xquant.npu_dynamic_quant(x)
