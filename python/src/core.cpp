@@ -254,8 +254,9 @@ void dynamic_quant_asymmetric(const Array& y, const Array& scale, const Array& o
 
 // ---- npu_dynamic_quant (symmetric) ----------------------------------------------------------------------
 
-void dynamic_quant(const Array& y, const Array& scale, const ConstArray& x, const std::optional<ConstArray>& smooth_scales,
-                   const std::optional<ConstArray>& group_index, int dst_type) {
+void dynamic_quant(const Array& y, const Array& scale, const ConstArray& x,
+                   const std::optional<ConstArray>& smooth_scales, const std::optional<ConstArray>& group_index,
+                   int dst_type) {
   const char* op = "dynamic_quant";
   const xquant::QuantDType q = to_quant_dtype(dst_type, op, "dst_type");
   const ConstTensorView xv = cview(x, op, "x");
