@@ -65,6 +65,9 @@ def cases():
     xg = x.clone().requires_grad_()
     amax_g = amax.clone().requires_grad_()
     torch_qint8 = torch.qint8
+    w8 = torch.randint(-128, 128, (8, 128), dtype=torch.int8)  # 1 Ki int8 weights
+    w4 = torch.randint(-2**31, 2**31 - 1, (8, 16), dtype=torch.int32)  # 1 Ki packed int4
+    q4 = torch.quantize_per_tensor(x, 0.05, 8, torch.quint4x2)
     yield ("npu_fake_tensor_quant", lambda: npu.npu_fake_tensor_quant(x, amax),
            "fake_quantize_per_tensor_affine (tensor qparams)",
            lambda: torch.fake_quantize_per_tensor_affine(x, scale_t, zp_t, -128, 127))
@@ -88,6 +91,13 @@ def cases():
            "quantize_per_tensor quint4x2", lambda: torch.quantize_per_tensor(x, 0.05, 8, torch.quint4x2))
     yield ("npu_dynamic_quant_asymmetric", lambda: npu.npu_dynamic_quant_asymmetric(x),
            "quantize_per_tensor_dynamic", lambda: torch.quantize_per_tensor_dynamic(x, torch_qint8, False))
+    yield ("npu_dynamic_quant", lambda: npu.npu_dynamic_quant(x),
+           "quantize_per_tensor_dynamic", lambda: torch.quantize_per_tensor_dynamic(x, torch_qint8, False))
+    yield ("npu_anti_quant int8 -> float16", lambda: npu.npu_anti_quant(w8, scale_c),
+           "int8 * scale -> float16", lambda: (w8.float() * scale_c).half())
+    yield ("npu_anti_quant quint4x2 -> bfloat16",
+           lambda: npu.npu_anti_quant(w4, scale_c, dst_dtype=torch.bfloat16, src_dtype=torch.quint4x2),
+           "dequantize (quint4x2)", lambda: torch.dequantize(q4))
     yield ("quant (tile, SYM)", lambda: npu.quant(tile_out, src, row_scale),
            "quantize_per_channel (axis 0)",
            lambda: torch.quantize_per_channel(src, row_inv, row_zp, 0, torch_qint8))

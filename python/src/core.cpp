@@ -252,6 +252,37 @@ void dynamic_quant_asymmetric(const Array& y, const Array& scale, const Array& o
                                                   : xquant::DynamicQuantMode::pertoken);
 }
 
+// ---- npu_dynamic_quant (symmetric) ----------------------------------------------------------------------
+
+void dynamic_quant(const Array& y, const Array& scale, const ConstArray& x,
+                   const std::optional<ConstArray>& smooth_scales, const std::optional<ConstArray>& group_index,
+                   int dst_type) {
+  const char* op = "dynamic_quant";
+  const xquant::QuantDType q = to_quant_dtype(dst_type, op, "dst_type");
+  const ConstTensorView xv = cview(x, op, "x");
+  const std::optional<ConstTensorView> sm = opt_cview(smooth_scales, op, "smooth_scales");
+  const std::optional<ConstTensorView> gi = opt_cview(group_index, op, "group_index");
+  const TensorView yv = wview(y, op, "y");
+  const TensorView sv = wview(scale, op, "scale");
+  nb::gil_scoped_release nogil;
+  xquant::dynamic_quant_out(yv, sv, xv, sm, gi, q);
+}
+
+// ---- npu_anti_quant -------------------------------------------------------------------------------------
+
+// out's dtype (allocated by the Python layer) is the dst_dtype.
+void anti_quant(const Array& out, const ConstArray& x, const ConstArray& scale, const std::optional<ConstArray>& offset,
+                int src_dtype) {
+  const char* op = "anti_quant";
+  const xquant::QuantDType q = to_quant_dtype(src_dtype, op, "src_dtype");
+  const ConstTensorView xv = cview(x, op, "x");
+  const ConstTensorView sv = cview(scale, op, "scale");
+  const std::optional<ConstTensorView> ov = opt_cview(offset, op, "offset");
+  const TensorView o = wview(out, op, "out");
+  nb::gil_scoped_release nogil;
+  xquant::anti_quant_out(o, xv, sv, ov, q);
+}
+
 // ---- ActsULQ --------------------------------------------------------------------------------------------
 
 void acts_ulq(const Array& y, const Array& clamp_min_mask, const Array& clamp_max_mask, const Array& x_clamped_loss,
@@ -868,6 +899,82 @@ nb::object t_dynamic_quant_asymmetric(nb::handle x, nb::handle smooth_scales, nb
   return nb::make_tuple(y.tensor, sc.tensor, of.tensor);
 }
 
+// The dst_type of the dynamic quantizers: None -> qint8, else a torch dtype of g_torch.qdtypes; -1 when it is
+// none of them (lenient: take the full path; strict: raises).
+int dst_code(nb::handle dst_type, bool strict, const char* op, const char* arg) {
+  if (dst_type.is_none()) return static_cast<int>(xquant::QuantDType::qint8);
+  for (const auto& [o, c] : g_torch.qdtypes)
+    if (o == dst_type.ptr()) return c;
+  if (!strict) return -1;
+  throw nb::value_error((prefix(op) + arg + " is not a quantized dtype").c_str());
+}
+
+// npu_dynamic_quant (symmetric, per token).
+nb::object t_dynamic_quant(nb::handle x, nb::handle smooth_scales, nb::handle group_index, nb::handle dst_type,
+                           bool strict) {
+  const char* op = "dynamic_quant";
+  const int code = dst_code(dst_type, strict, op, "dst_type");
+  XQ_TRY(code >= 0);
+  TArg xa;
+  std::optional<TArg> sm, gi;
+  XQ_TRY(targ(x.ptr(), xa, strict, op, "x"));
+  XQ_TRY(opt_targ(smooth_scales.ptr(), sm, strict, op, "smooth_scales"));
+  XQ_TRY(opt_targ(group_index.ptr(), gi, strict, op, "group_index"));
+  if (!strict) XQ_TRY(plain_eager(xa.requires_grad || (sm && sm->requires_grad)));
+  // Output shapes, leniently: for invalid arguments the C++ operator reports before it looks at them.
+  const auto q = static_cast<xquant::QuantDType>(code);
+  Shape y_shape = xa.shape;
+  if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
+  const Shape p_shape(xa.shape.begin(), xa.shape.end() - (xa.shape.empty() ? 0 : 1));
+  Out y = alloc(y_shape, xquant::storage_dtype(q));
+  Out sc = alloc(p_shape, DType::float32);
+  const ConstTensorView xv = xa.cview();
+  std::optional<ConstTensorView> smv, giv;
+  if (sm) smv = sm->cview();
+  if (gi) giv = gi->cview();
+  run_maybe_nogil(xa.numel(), [&] { xquant::dynamic_quant_out(y.view, sc.view, xv, smv, giv, q); });
+  return nb::make_tuple(y.tensor, sc.tensor);
+}
+
+// npu_anti_quant. dst_dtype: None (float16) or torch.float16 / bfloat16 / float32; src_dtype: None (qint8) or
+// a torch dtype of g_torch.qdtypes.
+nb::object t_anti_quant(nb::handle x, nb::handle scale, nb::handle offset, nb::handle dst_dtype, nb::handle src_dtype,
+                        bool strict) {
+  const char* op = "anti_quant";
+  DType dst = DType::float16;
+  if (!dst_dtype.is_none()) {
+    bool found = false;
+    for (const auto& [o, d] : g_torch.dtypes)
+      if (o == dst_dtype.ptr() && xquant::is_floating(d)) {
+        dst = d;
+        found = true;
+      }
+    if (!found) {
+      if (!strict) return nb::none();
+      throw nb::value_error((prefix(op) + "dst_dtype is not float16, bfloat16 or float32").c_str());
+    }
+  }
+  const int code = dst_code(src_dtype, strict, op, "src_dtype");
+  XQ_TRY(code >= 0);
+  TArg xa, sa;
+  std::optional<TArg> oa;
+  XQ_TRY(targ(x.ptr(), xa, strict, op, "x"));
+  XQ_TRY(targ(scale.ptr(), sa, strict, op, "scale"));
+  XQ_TRY(opt_targ(offset.ptr(), oa, strict, op, "offset"));
+  if (!strict) XQ_TRY(plain_eager(sa.requires_grad || (oa && oa->requires_grad)));
+  // The output shape (x's logical shape), leniently: for invalid arguments the operator reports first.
+  const auto q = static_cast<xquant::QuantDType>(code);
+  Shape out_shape = xa.shape;
+  if (q == xquant::QuantDType::quint4x2 && !out_shape.empty() && out_shape.back() <= INT64_MAX / 8)
+    out_shape.back() *= 8;
+  Out out = alloc(out_shape, dst);
+  const ConstTensorView xv = xa.cview(), sv = sa.cview();
+  std::optional<ConstTensorView> ov;
+  if (oa) ov = oa->cview();
+  run_maybe_nogil(xquant::shape_numel(out_shape), [&] { xquant::anti_quant_out(out.view, xv, sv, ov, q); });
+  return out.tensor;
+}
+
 nb::object t_acts_ulq(nb::handle x, nb::handle clamp_min, nb::handle clamp_max, nb::handle fixed_min,
                       nb::handle num_bits, bool strict) {
   const char* op = "acts_ulq";
@@ -983,6 +1090,9 @@ NB_MODULE(_core, m) {
   m.def("tile_quant", &tile_quant, "out"_a, "src"_a, "scale"_a, "asym"_a, "offset"_a.none());
   m.def("dynamic_quant_asymmetric", &dynamic_quant_asymmetric, "y"_a, "scale"_a, "offset"_a, "x"_a,
         "smooth_scales"_a.none(), "group_index"_a.none(), "dst_type"_a, "per_tensor"_a);
+  m.def("dynamic_quant", &dynamic_quant, "y"_a, "scale"_a, "x"_a, "smooth_scales"_a.none(), "group_index"_a.none(),
+        "dst_type"_a);
+  m.def("anti_quant", &anti_quant, "out"_a, "x"_a, "scale"_a, "offset"_a.none(), "src_dtype"_a);
   m.def("acts_ulq", &acts_ulq, "y"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "x"_a,
         "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a);
   m.def("empty_torch", &empty_torch, "shape"_a, "dtype"_a);
@@ -1005,6 +1115,10 @@ NB_MODULE(_core, m) {
   m.def("t_tile_quant", &t_tile_quant, "out"_a, "src"_a, "scale"_a, "mode"_a, "offset"_a.none(), "strict"_a);
   m.def("t_dynamic_quant_asymmetric", &t_dynamic_quant_asymmetric, "x"_a, "smooth_scales"_a.none(),
         "group_index"_a.none(), "dst_type"_a.none(), "quant_mode"_a, "strict"_a);
+  m.def("t_dynamic_quant", &t_dynamic_quant, "x"_a, "smooth_scales"_a.none(), "group_index"_a.none(),
+        "dst_type"_a.none(), "strict"_a);
+  m.def("t_anti_quant", &t_anti_quant, "x"_a, "scale"_a, "offset"_a.none(), "dst_dtype"_a.none(),
+        "src_dtype"_a.none(), "strict"_a);
   m.def("t_acts_ulq", &t_acts_ulq, "x"_a, "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a, "strict"_a);
   m.def("acts_ulq_backward", &acts_ulq_backward, "x_grad"_a, "clamp_min_grad"_a, "clamp_max_grad"_a, "y_grad"_a,
         "clamp_min"_a, "clamp_max"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "fixed_min"_a,

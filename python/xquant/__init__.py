@@ -2,7 +2,8 @@
 
 ``xquant.npu`` is the compatibility contract: the seeds' names and signatures
 (npu_fake_tensor_quant, npu_fake_tensor_quant_inplace, npu_fake_tensor_quant_with_axis, npu_quantize,
-npu_dynamic_quant_asymmetric, quant, acts_ulq). This namespace re-exports them and adds shorter names
+npu_dynamic_quant_asymmetric, quant, acts_ulq) and the companions npu_dynamic_quant and npu_anti_quant.
+This namespace re-exports them and adds shorter names
 (fake_tensor_quant, ..., tile_quant) and the backward functions. For torch tensors the operators are also
 available as ``torch.ops.xquant.*`` custom operators (torch.compile / torch.export / autograd).
 """
@@ -16,6 +17,8 @@ from ._args import QuantMode
 from ._backward import acts_ulq_backward, fake_tensor_quant_backward
 from .npu import (
     acts_ulq,
+    npu_anti_quant,
+    npu_dynamic_quant,
     npu_dynamic_quant_asymmetric,
     npu_fake_tensor_quant,
     npu_fake_tensor_quant_inplace,
@@ -80,6 +83,8 @@ fake_tensor_quant_inplace = npu_fake_tensor_quant_inplace
 fake_tensor_quant_with_axis = npu_fake_tensor_quant_with_axis
 quantize = npu_quantize
 dynamic_quant_asymmetric = npu_dynamic_quant_asymmetric
+dynamic_quant = npu_dynamic_quant
+anti_quant = npu_anti_quant
 tile_quant = quant
 
 __all__ = [
@@ -90,6 +95,8 @@ __all__ = [
     "npu_fake_tensor_quant_with_axis",
     "npu_quantize",
     "npu_dynamic_quant_asymmetric",
+    "npu_dynamic_quant",
+    "npu_anti_quant",
     "quant",
     "acts_ulq",
     "fake_tensor_quant",
@@ -98,6 +105,8 @@ __all__ = [
     "fake_tensor_quant_backward",
     "quantize",
     "dynamic_quant_asymmetric",
+    "dynamic_quant",
+    "anti_quant",
     "tile_quant",
     "acts_ulq_backward",
     "register_torch_ops",

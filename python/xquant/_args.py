@@ -139,6 +139,41 @@ def dst_type_code(op: str, dst_type: Any) -> int:
     return QINT8 if dst_type is None else quant_dtype_code(op, "dst_type", dst_type)
 
 
+def src_dtype_code(op: str, src_dtype: Any) -> int:
+    """npu_anti_quant's src_dtype: None -> qint8."""
+    return QINT8 if src_dtype is None else quant_dtype_code(op, "src_dtype", src_dtype)
+
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def float_dtype_name(op: str, name: str, d: Any) -> str:
+    """npu_anti_quant's dst_dtype: None -> 'float16'; torch.float16 / torch.bfloat16 / torch.float32, NumPy
+    float16 / float32 / ml_dtypes.bfloat16, or those names as strings -> the name."""
+    if d is None:
+        return "float16"
+    t = type(d)
+    if isinstance(d, str):
+        key = d[6:] if d.startswith("torch.") else d
+    elif t.__module__ == "torch" and t.__name__ == "dtype":
+        key = str(d)[6:]
+    elif isinstance(d, np.dtype) or (isinstance(d, type) and issubclass(d, np.generic)):
+        key = np.dtype(d).name
+    else:
+        raise fail_type(op, f"{name} is {describe(d)} but expected a torch dtype, a NumPy dtype or a string")
+    if key not in FLOAT_DTYPES:
+        raise fail_value(op, f"{name} is {d} but expected float16, bfloat16 or float32")
+    return key
+
+
+def dequantized_shape(shape: tuple, code: int) -> tuple:
+    """Output shape of npu_anti_quant: x's logical shape (quint4x2 multiplies the last dimension by 8).
+    Lenient, as quantized_shape."""
+    if code == QUINT4X2 and len(shape) >= 1:
+        return tuple(shape[:-1]) + (shape[-1] * 8,)
+    return tuple(shape)
+
+
 def quantized_shape(shape: tuple, code: int) -> tuple:
     """Output shape of a quantizing operator: quint4x2 divides the last dimension by 8. Lenient: for an
     invalid input the C++ library raises its own error before it looks at the output."""

@@ -186,10 +186,9 @@ def tile_quant(out: T, src: T, scale: T, asym: bool, offset: Optional[T]) -> Non
 # ---- npu_dynamic_quant_asymmetric ---------------------------------------------------------------------------
 
 def dynamic_quant(x: T, smooth_scales: Optional[T], group_index: Optional[T], code: int,
-                  per_tensor: bool) -> tuple[tuple, tuple]:
+                  per_tensor: bool, op: str = "dynamic_quant_asymmetric") -> tuple[tuple, tuple]:
     """src/ops/dynamic_quant.cpp validate_inputs() without the group_index values; returns the (y, scale /
     offset) shapes."""
-    op = "dynamic_quant_asymmetric"
     xdt, xs = x
     check_floating(op, "x", xdt)
     if len(xs) < 2:
@@ -233,6 +232,46 @@ def dynamic_quant(x: T, smooth_scales: Optional[T], group_index: Optional[T], co
         if experts < 1:
             raise fail_value(op, f"group_index has shape {shape_str(gs)} but expected at least 1 expert")
     return y_shape, p_shape
+
+
+def dynamic_quant_sym(x: T, smooth_scales: Optional[T], group_index: Optional[T], code: int) -> tuple[tuple, tuple]:
+    """npu_dynamic_quant (symmetric): the same validate_inputs() (pertoken, operator name dynamic_quant);
+    returns the (y, scale) shapes."""
+    return dynamic_quant(x, smooth_scales, group_index, code, False, op="dynamic_quant")
+
+
+# ---- npu_anti_quant -----------------------------------------------------------------------------------------
+
+def anti_quant(x: T, scale: T, offset: Optional[T], code: int) -> tuple:
+    """src/ops/anti_quant.cpp validate_inputs() (the output, allocated by the binding with x's logical shape
+    and a floating dst_dtype, passes its checks); returns the output shape."""
+    op = "anti_quant"
+    if code not in (QINT8, QUINT4X2):
+        raise fail_value(op, f"src_dtype is {QDTYPE_NAME[code]} but expected qint8 or quint4x2")
+    int4 = code == QUINT4X2
+    xdt, xs = x
+    if int4 and xdt != "int32":
+        raise fail_type(op, f"x has dtype {xdt} but expected int32 (words of eight int4 values) for src_dtype "
+                            "quint4x2")
+    if not int4 and xdt != "int8":
+        raise fail_type(op, f"x has dtype {xdt} but expected int8 for src_dtype qint8")
+    if len(xs) < 1:
+        raise fail_value(op, f"x has shape {shape_str(xs)} (rank 0) but expected rank >= 1")
+    out_shape = tuple(int(d) for d in xs)
+    if int4:
+        out_shape = out_shape[:-1] + (out_shape[-1] * 8,)
+    h = out_shape[-1]
+    sdt, ss = scale
+    if sdt not in ("float32", "bfloat16"):
+        raise fail_type(op, f"scale has dtype {sdt} but expected float32 or bfloat16")
+    if len(ss) != 1 or ss[0] not in (1, h):
+        raise fail_value(op, f"scale has shape {shape_str(ss)} but expected [1] or [{h}] (1-D, one value or one per "
+                             "element of the logical last dimension of x)")
+    if offset is not None:
+        odt, os_ = offset
+        check_dtype(op, "offset", odt, sdt)
+        check_shape(op, "offset", os_, ss, "the shape of scale")
+    return out_shape
 
 
 # ---- ActsULQ ------------------------------------------------------------------------------------------------

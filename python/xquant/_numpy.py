@@ -185,6 +185,36 @@ def dynamic_quant_asymmetric(op: str, x: Any, smooth_scales: Any, group_index: A
     return y, scale, offset
 
 
+# ---- npu_dynamic_quant (symmetric) -----------------------------------------------------------------------
+
+def dynamic_quant(op: str, x: Any, smooth_scales: Any, group_index: Any,
+                  dst_type: Any) -> tuple[np.ndarray, np.ndarray]:
+    code = _args.dst_type_code(op, dst_type)
+    xv = arg(op, "x", x)
+    sm = opt_arg(op, "smooth_scales", smooth_scales)
+    gi = opt_arg(op, "group_index", group_index)
+    y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, False)
+    y = np.empty(y_shape, dtype=_args.storage_of(code))
+    scale = np.empty(p_shape, dtype=np.float32)
+    _core.dynamic_quant(y, scale, xv, sm, gi, code)
+    return y, scale
+
+
+# ---- npu_anti_quant -----------------------------------------------------------------------------------------
+
+def anti_quant(op: str, x: Any, scale: Any, offset: Any, dst_dtype: Any, src_dtype: Any) -> np.ndarray:
+    dst = _args.float_dtype_name(op, "dst_dtype", dst_dtype)
+    if dst == "bfloat16" and NP_BFLOAT16 is None:  # pragma: no cover - exercised only where ml_dtypes is missing
+        raise fail_value(op, "dst_dtype is bfloat16 but NumPy bfloat16 needs the ml_dtypes package")
+    code = _args.src_dtype_code(op, src_dtype)
+    xv = arg(op, "x", x)
+    s = arg(op, "scale", scale)
+    off = opt_arg(op, "offset", offset)
+    out, raw = _empty(_args.dequantized_shape(xv.shape, code), NP_BFLOAT16 if dst == "bfloat16" else np.dtype(dst))
+    _core.anti_quant(raw, xv, s, off, code)
+    return out
+
+
 # ---- ActsULQ ------------------------------------------------------------------------------------------------
 
 def _broadcast(*shapes: tuple) -> tuple:

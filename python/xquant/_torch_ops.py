@@ -17,6 +17,8 @@ path: xquant.npu, _core.t_*), and eager autograd uses autograd.Functions over th
     torch.ops.xquant.tile_quant(out, src, scale, tile_mode="SYM", offset=None)      (mutates out)
     torch.ops.xquant.dynamic_quant_asymmetric(x, smooth_scales=None, group_index=None, dst_type=None,
                                               quant_mode="pertoken") -> (y, scale, offset)
+    torch.ops.xquant.dynamic_quant(x, smooth_scales=None, group_index=None, dst_type=None) -> (y, scale)
+    torch.ops.xquant.anti_quant(x, scale, offset=None, dst_dtype=None, src_dtype=None) -> out
     torch.ops.xquant.acts_ulq(x, clamp_min, clamp_max, fixed_min=False, num_bits=8)
         -> (y, clamp_min_mask, clamp_max_mask, x_clamped_loss)
     torch.ops.xquant.acts_ulq_backward(y_grad, x_shape, clamp_min, clamp_max, clamp_min_mask,
@@ -478,6 +480,72 @@ def dynamic_quant_asymmetric(op: str, x: Tensor, smooth_scales: Any, group_index
     return torch.ops.xquant.dynamic_quant_asymmetric(
         x, smooth_scales=opt_tensor(op, "smooth_scales", smooth_scales),
         group_index=opt_tensor(op, "group_index", group_index), dst_type=d, quant_mode=quant_mode)
+
+
+# ---- npu_dynamic_quant (symmetric) -----------------------------------------------------------------------
+
+@torch.library.custom_op("xquant::dynamic_quant", mutates_args=())
+def _dynamic_quant(x: Tensor, smooth_scales: Optional[Tensor] = None, group_index: Optional[Tensor] = None,
+                   dst_type: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+    op = "dynamic_quant"
+    if dst_type is not None:
+        _code(op, "dst_type", dst_type)
+    return _core.t_dynamic_quant(_cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales),
+                                 _opt_cpp(op, "group_index", group_index), dst_type, True)
+
+
+@_dynamic_quant.register_fake
+def _(x, smooth_scales=None, group_index=None, dst_type=None):
+    op = "dynamic_quant"
+    code = QINT8 if dst_type is None else _code(op, "dst_type", dst_type)
+    _check_all(op, x=x, smooth_scales=smooth_scales, group_index=group_index)
+    y_shape, p_shape = _meta.dynamic_quant_sym(_m(x), _opt_m(smooth_scales), _opt_m(group_index), code)
+    return x.new_empty(y_shape, dtype=_STORAGE[code]), x.new_empty(p_shape, dtype=torch.float32)
+
+
+def dynamic_quant(op: str, x: Tensor, smooth_scales: Any, group_index: Any, dst_type: Any) -> tuple[Tensor, Tensor]:
+    check_tensor(op, "x", x)
+    d = None if dst_type is None else quant_dtype(op, "dst_type", dst_type)
+    return torch.ops.xquant.dynamic_quant(x, smooth_scales=opt_tensor(op, "smooth_scales", smooth_scales),
+                                          group_index=opt_tensor(op, "group_index", group_index), dst_type=d)
+
+
+# ---- npu_anti_quant -----------------------------------------------------------------------------------------
+
+_FLOAT_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _dst_dtype(op: str, d: Optional[torch.dtype]) -> torch.dtype:
+    return _FLOAT_TORCH[_args.float_dtype_name(op, "dst_dtype", d)]
+
+
+@torch.library.custom_op("xquant::anti_quant", mutates_args=())
+def _anti_quant(x: Tensor, scale: Tensor, offset: Optional[Tensor] = None, dst_dtype: Optional[torch.dtype] = None,
+                src_dtype: Optional[torch.dtype] = None) -> Tensor:
+    op = "anti_quant"
+    dst = _dst_dtype(op, dst_dtype)
+    if src_dtype is not None:
+        _code(op, "src_dtype", src_dtype)
+    return _core.t_anti_quant(_cpp(op, "x", x), _cpp(op, "scale", scale), _opt_cpp(op, "offset", offset), dst,
+                              src_dtype, True)
+
+
+@_anti_quant.register_fake
+def _(x, scale, offset=None, dst_dtype=None, src_dtype=None):
+    op = "anti_quant"
+    dst = _dst_dtype(op, dst_dtype)
+    code = QINT8 if src_dtype is None else _code(op, "src_dtype", src_dtype)
+    _check_all(op, x=x, scale=scale, offset=offset)
+    shape = _meta.anti_quant(_m(x), _m(scale), _opt_m(offset), code)
+    return x.new_empty(shape, dtype=dst)
+
+
+def anti_quant(op: str, x: Tensor, scale: Any, offset: Any, dst_dtype: Any, src_dtype: Any) -> Tensor:
+    check_tensor(op, "x", x)
+    dst = _dst_dtype(op, dst_dtype)
+    src = None if src_dtype is None else quant_dtype(op, "src_dtype", src_dtype)
+    return torch.ops.xquant.anti_quant(x, check_tensor(op, "scale", scale), offset=opt_tensor(op, "offset", offset),
+                                       dst_dtype=dst, src_dtype=src)
 
 
 # ---- ActsULQ ------------------------------------------------------------------------------------------------

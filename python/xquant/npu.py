@@ -5,6 +5,8 @@ Code written for Ascend runs by changing its import::
     from mx_driving import npu_fake_tensor_quant      ->  from xquant.npu import npu_fake_tensor_quant
     torch_npu.npu_quantize(...)                        ->  xquant.npu.npu_quantize(...)
     torch_npu.npu_dynamic_quant_asymmetric(...)        ->  xquant.npu.npu_dynamic_quant_asymmetric(...)
+    torch_npu.npu_dynamic_quant(...)                   ->  xquant.npu.npu_dynamic_quant(...)
+    torch_npu.npu_anti_quant(...)                      ->  xquant.npu.npu_anti_quant(...)
     pypto_pro.language.quant(out, src, scale, ...)     ->  xquant.npu.quant(out, src, scale, ...)
     ActsULQ (CANN graph operator)                      ->  xquant.npu.acts_ulq(...)
 
@@ -36,6 +38,8 @@ __all__ = [
     "npu_fake_tensor_quant_with_axis",
     "npu_quantize",
     "npu_dynamic_quant_asymmetric",
+    "npu_dynamic_quant",
+    "npu_anti_quant",
     "quant",
     "acts_ulq",
     "QuantMode",
@@ -241,6 +245,50 @@ def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst
     b = _backend(op, "x", x)
     _args.dynamic_mode(op, quant_mode)
     return b.dynamic_quant_asymmetric(op, x, smooth_scales, group_index, dst_type, quant_mode)
+
+
+# ---- companions of seeds 02 / 04: torch_npu.npu_dynamic_quant and torch_npu.npu_anti_quant -----------------
+
+def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None):
+    """Dynamic symmetric quantization per token (row); returns ``(y, scale)`` (SPEC section 6)::
+
+        x'    = smooth_scales ? x * smooth_scales[expert(row)] : x                (float32)
+        scale = rowMax(|x'|) / DST_MAX                                             (float32 division)
+        y     = sat(rint(x' / scale))
+
+    ``x``, ``smooth_scales``, ``group_index`` and ``dst_type`` as for :func:`npu_dynamic_quant_asymmetric`
+    (``dst_type`` None / torch.qint8 / torch.int8 -> int8, DST_MAX 127; torch.quint4x2 -> int4, DST_MAX 7,
+    packed eight per int32, H % 8 == 0). ``scale`` is float32 of shape x.shape[:-1]. A row of zeros gets
+    scale 0 and y = 0; a row containing NaN gets a NaN scale and y = 0.
+    """
+    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
+        out = _core.t_dynamic_quant(x, smooth_scales, group_index, dst_type, False)
+        if out is not None:
+            return out
+    op = "dynamic_quant"
+    b = _backend(op, "x", x)
+    return b.dynamic_quant(op, x, smooth_scales, group_index, dst_type)
+
+
+def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
+    """Dequantization of int8 or packed int4 values (SPEC section 7)::
+
+        out = narrow((float(x) + offset) * scale)        (a float32 add, then a float32 multiply)
+
+    ``x``: int8 (``src_dtype`` None / torch.qint8 / torch.int8), or int32 words each holding eight int4
+    (``src_dtype`` torch.quint4x2; element 8k+j in bits [4j, 4j+3] of word k), rank >= 1; the logical last
+    dimension H of packed input is 8x the stored one. ``scale``: 1-D [1] or [H], float32 or bfloat16;
+    ``offset``: None (0) or the same shape and dtype as ``scale``. ``dst_dtype``: None / float16 (default),
+    bfloat16 or float32 (torch or NumPy dtypes, or their names). Returns x's logical shape in ``dst_dtype``;
+    the result is narrowed once, round to nearest even.
+    """
+    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
+        out = _core.t_anti_quant(x, scale, offset, dst_dtype, src_dtype, False)
+        if out is not None:
+            return out
+    op = "anti_quant"
+    b = _backend(op, "x", x)
+    return b.anti_quant(op, x, scale, offset, dst_dtype, src_dtype)
 
 
 # ---- seed 05: ActsULQ ---------------------------------------------------------------------------------------

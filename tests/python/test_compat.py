@@ -326,8 +326,8 @@ def test_torch_export_keeps_the_npu_operators(torch_npu):
 
 
 def test_companions_call_xquant_npu_when_it_has_them(torch_npu, monkeypatch):
-    """The hand-over contract: once xquant.npu.npu_dynamic_quant / npu_anti_quant exist, the stand-in calls
-    them (with int8 / float16 defaults and src_dtype from x's dtype) instead of its temporary fallback."""
+    """The hand-over contract: the stand-in calls xquant.npu.npu_dynamic_quant / npu_anti_quant (looked up at
+    call time), with int8 / float16 defaults and src_dtype from x's dtype."""
     calls = []
 
     def dq(input, smooth_scales=None, group_index=None, dst_type=torch.int8):

@@ -43,6 +43,9 @@ def test_fast_path_equals_custom_operators(dtype):
     amax = torch.tensor([2.5], dtype=dtype)
     amax_c = (torch.rand(6) * 3 + 0.1).to(dtype)
     s16 = (torch.rand(16) + 0.5).to(dtype)
+    q8 = torch.randint(-128, 128, (4, 6, 16), dtype=torch.int8)
+    q4 = torch.randint(-2**31, 2**31 - 1, (4, 6, 2), dtype=torch.int32)
+    moe, ends = s16.repeat(3, 1) * torch.tensor([[1.0], [0.5], [2.0]], dtype=dtype), torch.tensor([2, 2, 24])
     # each: (fast-path call, the custom operator call, the core's lenient call that must compute)
     cases = [
         (lambda: xquant.npu_fake_tensor_quant(x, amax, 5, True, False),
@@ -66,6 +69,18 @@ def test_fast_path_equals_custom_operators(dtype):
         (lambda: xquant.npu_dynamic_quant_asymmetric(x, quant_mode="pertensor"),
          lambda: ops.dynamic_quant_asymmetric(x, quant_mode="pertensor"),
          lambda: _core.t_dynamic_quant_asymmetric(x, None, None, None, "pertensor", False)),
+        (lambda: xquant.npu_dynamic_quant(x, smooth_scales=s16, dst_type=torch.quint4x2),
+         lambda: ops.dynamic_quant(x, s16, None, torch.quint4x2),
+         lambda: _core.t_dynamic_quant(x, s16, None, torch.quint4x2, False)),
+        (lambda: xquant.npu_dynamic_quant(x, smooth_scales=moe, group_index=ends),
+         lambda: ops.dynamic_quant(x, moe, ends),
+         lambda: _core.t_dynamic_quant(x, moe, ends, None, False)),
+        (lambda: xquant.npu_anti_quant(q8, s16.float(), offset=s16.float(), dst_dtype=dtype),
+         lambda: ops.anti_quant(q8, s16.float(), s16.float(), dtype),
+         lambda: _core.t_anti_quant(q8, s16.float(), s16.float(), dtype, None, False)),
+        (lambda: xquant.npu_anti_quant(q4, s16.bfloat16()[:1], src_dtype=torch.quint4x2),
+         lambda: ops.anti_quant(q4, s16.bfloat16()[:1], None, None, torch.quint4x2),
+         lambda: _core.t_anti_quant(q4, s16.bfloat16()[:1], None, None, torch.quint4x2, False)),
         (lambda: xquant.acts_ulq(x, torch.full((6, 1), -1.0, dtype=dtype), s16, True, 4),
          lambda: ops.acts_ulq(x, torch.full((6, 1), -1.0, dtype=dtype), s16, True, 4),
          lambda: _core.t_acts_ulq(x, torch.full((6, 1), -1.0, dtype=dtype), s16, True, 4, False)),

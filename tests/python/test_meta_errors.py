@@ -90,6 +90,42 @@ CASES = [
         d(t(4, 16)), smooth_scales=d(t(2, 16)), group_index=d(t(3, dtype=i32)))),
     ("dynamic zero experts", lambda d: xquant.npu_dynamic_quant_asymmetric(
         d(t(4, 16)), smooth_scales=d(t(0, 16)), group_index=d(t(0, dtype=i32)))),
+    # npu_dynamic_quant (symmetric)
+    ("sym rank", lambda d: xquant.npu_dynamic_quant(d(t(16)))),
+    ("sym x dtype", lambda d: xquant.npu_dynamic_quant(d(t(2, 16, dtype=i8)))),
+    ("sym dst_type", lambda d: xquant.npu_dynamic_quant(d(t(2, 16)), dst_type=torch.quint8)),
+    ("sym dst_type int32", lambda d: ops.dynamic_quant(d(t(2, 16)), None, None, torch.int32)),
+    ("sym int4 H", lambda d: xquant.npu_dynamic_quant(d(t(2, 12)), dst_type=torch.quint4x2)),
+    ("sym group without smooth", lambda d: ops.dynamic_quant(d(t(4, 16)), None, d(t(2, dtype=i32)))),
+    ("sym smooth 1-D shape", lambda d: xquant.npu_dynamic_quant(d(t(4, 16)), smooth_scales=d(t(8)))),
+    ("sym smooth 2-D no group", lambda d: xquant.npu_dynamic_quant(d(t(4, 16)), smooth_scales=d(t(2, 16)))),
+    ("sym smooth rank with group", lambda d: xquant.npu_dynamic_quant(
+        d(t(4, 16)), smooth_scales=d(t(16)), group_index=d(t(1, dtype=i32)))),
+    ("sym smooth H with group", lambda d: xquant.npu_dynamic_quant(
+        d(t(4, 16)), smooth_scales=d(t(2, 8)), group_index=d(t(2, dtype=i32)))),
+    ("sym smooth dtype", lambda d: xquant.npu_dynamic_quant(d(t(4, 16)), smooth_scales=d(t(16, dtype=i32)))),
+    ("sym group dtype", lambda d: xquant.npu_dynamic_quant(d(t(4, 16)), smooth_scales=d(t(2, 16)),
+                                                           group_index=d(t(2)))),
+    ("sym group shape", lambda d: xquant.npu_dynamic_quant(d(t(4, 16)), smooth_scales=d(t(2, 16)),
+                                                           group_index=d(t(3, dtype=i32)))),
+    ("sym zero experts", lambda d: xquant.npu_dynamic_quant(d(t(4, 16)), smooth_scales=d(t(0, 16)),
+                                                            group_index=d(t(0, dtype=i32)))),
+    # npu_anti_quant
+    ("anti src_dtype", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(1)), src_dtype=torch.quint8)),
+    ("anti x dtype int8", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i32)), d(t(1)))),
+    ("anti x dtype int4", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(1)), src_dtype=torch.quint4x2)),
+    ("anti x float", lambda d: xquant.npu_anti_quant(d(t(2, 8)), d(t(1)))),
+    ("anti x rank 0", lambda d: xquant.npu_anti_quant(d(t(dtype=i8)), d(t(1)))),
+    ("anti scale dtype", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(8, dtype=f16)))),
+    ("anti scale shape", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(4)))),
+    ("anti scale 2-D", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(1, 8)))),
+    ("anti scale int4 H", lambda d: xquant.npu_anti_quant(d(t(2, 1, dtype=i32)), d(t(1, 8)[0, :1].expand(2)
+                                                          .contiguous()), src_dtype=torch.quint4x2)),
+    ("anti offset dtype", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(8)), offset=d(t(8, dtype=bf16)))),
+    ("anti offset shape", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(8)), offset=d(t(1)))),
+    ("anti dst_dtype", lambda d: xquant.npu_anti_quant(d(t(2, 8, dtype=i8)), d(t(1)), dst_dtype=torch.int8)),
+    ("anti dst_dtype op", lambda d: ops.anti_quant(d(t(2, 8, dtype=i8)), d(t(1)), None, torch.float64)),
+    ("anti src_dtype op", lambda d: ops.anti_quant(d(t(2, 8, dtype=i8)), d(t(1)), None, None, torch.float32)),
     # ActsULQ
     ("ulq broadcast", lambda d: xquant.acts_ulq(d(t(2, 3)), d(t(4)), d(t(1)))),
     ("ulq broadcast max", lambda d: xquant.acts_ulq(d(t(2, 3)), d(t(1)), d(t(2, 1, 1, 4)))),

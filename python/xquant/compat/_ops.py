@@ -52,26 +52,6 @@ def _back(out, device: torch.device):
     return out.to(device)
 
 
-def dynamic_quant_impl():
-    """xquant's C++ npu_dynamic_quant when this build has it, else the temporary pure-PyTorch fallback."""
-    fn = getattr(_xnpu, "npu_dynamic_quant", None)
-    if fn is not None:
-        return fn
-    from ._fallback import _fallback_dynamic_quant
-
-    return _fallback_dynamic_quant
-
-
-def anti_quant_impl():
-    """xquant's C++ npu_anti_quant when this build has it, else the temporary pure-PyTorch fallback."""
-    fn = getattr(_xnpu, "npu_anti_quant", None)
-    if fn is not None:
-        return fn
-    from ._fallback import _fallback_anti_quant
-
-    return _fallback_anti_quant
-
-
 def _int4_out(op: str, name: str, d: Optional[torch.dtype]) -> bool:
     if d is None or d in (torch.int8, _QINT8):
         return False
@@ -110,9 +90,9 @@ def _quantize_fake(self, scales, zero_points, dtype, axis=1, div_mode=True):
 
 def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None):
     int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
-    y, scale = dynamic_quant_impl()(_cpu_keep(input), smooth_scales=_cpu_keep(smooth_scales),
-                                    group_index=_cpu_keep(group_index),
-                                    dst_type=_QUINT4X2 if int4 else torch.int8)
+    y, scale = _xnpu.npu_dynamic_quant(_cpu_keep(input), smooth_scales=_cpu_keep(smooth_scales),
+                                       group_index=_cpu_keep(group_index),
+                                       dst_type=_QUINT4X2 if int4 else torch.int8)
     return _back((y, scale), input.device)
 
 
@@ -153,8 +133,8 @@ def _dynamic_quant_asymmetric_fake(input, *, smooth_scales=None, group_index=Non
 
 def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     src = anti_quant_src("anti_quant", x, src_dtype)
-    out = anti_quant_impl()(_cpu_keep(x), _cpu_keep(scale), offset=_cpu_keep(offset),
-                            dst_dtype=torch.float16 if dst_dtype is None else dst_dtype, src_dtype=src)
+    out = _xnpu.npu_anti_quant(_cpu_keep(x), _cpu_keep(scale), offset=_cpu_keep(offset),
+                               dst_dtype=torch.float16 if dst_dtype is None else dst_dtype, src_dtype=src)
     return _back(out, x.device)
 
 
