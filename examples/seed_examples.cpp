@@ -169,6 +169,23 @@ void acts_ulq_example() {
   print_row("x_clamped_loss", r.x_clamped_loss.data<float>(), 6);
 }
 
+// The two companions of seeds 02 / 04: symmetric per-token quantization and dequantization.
+void companion_examples() {
+  std::printf("== companions: npu_dynamic_quant (symmetric) and npu_anti_quant ==\n");
+  xq::Tensor x = randn({1, 16});
+  auto r = xq::dynamic_quant(x);
+  const float scale = r.scale.data<float>()[0];
+  std::printf("symmetric pertoken int8, x [1, 16]: scale = max|x| / 127 = %.6f\n", static_cast<double>(scale));
+  print_row("y", r.y.data<std::int8_t>(), 8);
+  xq::Tensor back = xq::anti_quant(r.y, scalar(scale), std::nullopt, xq::DType::float32);
+  print_row("x", x.data<float>(), 8);
+  print_row("anti_quant(y, scale)", back.data<float>(), 8);
+  float err = 0.f;
+  for (int i = 0; i < 16; ++i) err = std::max(err, std::fabs(back.data<float>()[i] - x.data<float>()[i]));
+  std::printf("  max |x - anti_quant(y, scale)| = %.6f (half a step: %.6f)\n", static_cast<double>(err),
+              static_cast<double>(scale / 2));
+}
+
 }  // namespace
 
 int main() {
@@ -179,6 +196,7 @@ int main() {
     tile_quant_example();
     dynamic_quant_examples();
     acts_ulq_example();
+    companion_examples();
   } catch (const xq::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

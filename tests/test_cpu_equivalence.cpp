@@ -131,7 +131,8 @@ TEST(CpuEquivalence, FakeQuantPerTensor) {
       for (auto [nb, uns, narrow] : {std::tuple{8, false, true}, std::tuple{4, true, false}, std::tuple{16, false, false}}) {
         Placed x = placed_floats(dt, {n}, test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n)), 1);
         Tensor amax = make_float(DType::float32, {1}, {2.5f});
-        check_equivalent([&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, uns, narrow}); },
+        // (init-captures: clang 14 cannot capture structured bindings)
+        check_equivalent([&, nb = nb, uns = uns, narrow = narrow](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, uns, narrow}); },
                          {{dt, {n}}}, "fake_tensor_quant n=" + std::to_string(n) + " " + std::string(xquant::dtype_name(dt)));
       }
 }
@@ -149,7 +150,7 @@ TEST(CpuEquivalence, FakeQuantPerAxisLayouts) {
       for (std::int64_t c = 0; c < C; ++c) amax_v[static_cast<std::size_t>(c)] = c % 5 == 3 ? 0.f : 0.5f + 0.37f * static_cast<float>(c);
       Tensor amax = make_float(DType::float32, {C}, amax_v);
       Placed x = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 99), 1);
-      check_equivalent([&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax, axis); },
+      check_equivalent([&, axis = axis](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax, axis); },
                        {{dt, shape}}, "fake_tensor_quant_with_axis " + xquant::shape_str(shape) + " axis " + std::to_string(axis));
     }
 }
@@ -169,7 +170,7 @@ TEST(CpuEquivalence, FakeQuantBackward) {
       Placed x = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 7, 6.f), 1);
       Placed g = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 8, 1000.f), 2);
       check_equivalent(
-          [&](std::vector<TensorView>& o) {
+          [&, axis = axis](std::vector<TensorView>& o) {
             xquant::fake_tensor_quant_backward_out(o[0], o[1], g.view, x.view, amax, axis, {8, false, false});
           },
           {{dt, shape}, {dt, {C}}}, "fake_tensor_quant_backward " + xquant::shape_str(shape));
@@ -250,7 +251,7 @@ TEST(CpuEquivalence, TileQuant) {
       if (mode == QuantMode::ASYM) offset = xquant::ConstTileView(of.data(), DType::float32, rows, 1, 2);
       const DType odt = mode == QuantMode::SYM ? DType::int8 : DType::uint8;
       check_equivalent(
-          [&](std::vector<TensorView>& o) {
+          [&, rows = rows, cols = cols, pitch = pitch](std::vector<TensorView>& o) {
             // the whole padded tile is compared: padding must stay as the sentinel left it
             xquant::tile_quant(xquant::TileView{o[0].data, odt, rows, cols, pitch}, s, scale, mode, offset);
           },

@@ -1,6 +1,7 @@
 // Runtime settings: threads, backend, the SIMD target name and the large-allocation cache.
 #include <cstring>
 
+#include "backends/registry.hpp"
 #include "test_util.hpp"
 #include "xquant/runtime.hpp"
 
@@ -32,6 +33,26 @@ TEST(Runtime, ThreadCountIsCapped) {
   EXPECT_EQ(xquant::get_num_threads(), xquant::kMaxThreads);
   xquant::set_num_threads(0);
   EXPECT_GE(xquant::get_num_threads(), 1);
+}
+
+// The backend registry: every Backend has a complete kernel table, and active_kernels() follows set_backend.
+TEST(Runtime, RegistryHasEveryBackendComplete) {
+  namespace d = xquant::detail;
+  const std::pair<xquant::Backend, const char*> backends[] = {{xquant::Backend::cpu, "cpu"},
+                                                              {xquant::Backend::reference, "reference"}};
+  const xquant::Backend saved = xquant::get_backend();
+  for (const auto& [b, name] : backends) {
+    const d::KernelTable* t = d::find_kernels(b);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_STREQ(t->name, name);
+    EXPECT_TRUE(t->fake_quant && t->fake_quant_backward && t->quantize && t->tile_quant && t->dynamic_quant &&
+                t->acts_ulq && t->acts_ulq_backward && t->anti_quant)
+        << name << ": a kernel entry is missing";
+    xquant::set_backend(b);
+    EXPECT_EQ(&d::active_kernels(), t) << name;
+  }
+  EXPECT_EQ(&d::reference_kernels(), d::find_kernels(xquant::Backend::reference));
+  xquant::set_backend(saved);
 }
 
 TEST(Runtime, LargeAllocationsAreReusedAndZerosStillZero) {

@@ -4,7 +4,8 @@
 // words are first unpacked into a small int8 staging buffer (unpack_int4_bytes, the inverse of the
 // packing the quantizers use). Parameters follow the [outer, C, inner] channel walk shared with
 // npu_quantize (cpu/walk.hpp): scale / offset of length H are expanded to a period, a single scale is
-// broadcast. Any thread partition gives the same bits.
+// broadcast. Outputs of at least stream_min_bytes() use non-temporal stores. Any thread partition gives
+// the same bits.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/anti_quant.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -14,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
@@ -29,6 +31,7 @@ struct AqJob {
   const ChannelWalk* walk;
   const float* scale;   // periodic walk: expanded per-phase arrays
   const float* offset;
+  bool stream;  // non-temporal stores for out (large outputs, cpu/parallel.hpp)
 };
 #endif
 }  // namespace xquant::detail
@@ -47,20 +50,18 @@ HWY_INLINE VF AntiQuantVec(const std::int8_t* q, VF offset, VF scale) {
 }
 
 // m values q[0, m) -> out elements [pos, pos + m); parameters broadcast (sa == nullptr) or arrays
-// aligned with q.
+// aligned with q. stream: non-temporal stores where the output can be aligned (DriveSpan).
 template <DType DT>
 void Values(const std::int8_t* q, std::int64_t m, void* out, std::int64_t pos, const float* sa, const float* oa,
-            float s, float o) {
+            float s, float o, bool stream) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t k = 0;
-  for (; k + N <= m; k += N) {
+  auto step = [&]<bool kStream>(std::int64_t k) {
     const VF sv = sa ? hn::LoadU(df, sa + k) : hn::Set(df, s);
     const VF ov = oa ? hn::LoadU(df, oa + k) : hn::Set(df, o);
-    StoreF<DT>(AntiQuantVec(q + k, ov, sv), out, pos + k);
-  }
-  if (k < m) {  // fewer than a vector: through padded stack buffers
-    const std::int64_t rem = m - k;
+    StoreF<DT, kStream>(AntiQuantVec(q + k, ov, sv), out, pos + k);
+  };
+  auto stage = [&](std::int64_t k, std::int64_t rem) {  // fewer than a vector: through padded stack buffers
     HWY_ALIGN std::int8_t tq[kMaxLanes] = {};
     HWY_ALIGN float ts[kMaxLanes], to[kMaxLanes];
     alignas(64) unsigned char tout[kMaxLanes * 4];
@@ -73,7 +74,8 @@ void Values(const std::int8_t* q, std::int64_t m, void* out, std::int64_t pos, c
     const std::size_t es = dtype_size(DT);
     std::memcpy(static_cast<unsigned char*>(out) + (pos + k) * static_cast<std::int64_t>(es), tout,
                 static_cast<std::size_t>(rem) * es);
-  }
+  };
+  DriveSpan(m, stream, out, pos, dtype_size(DT), step, stage);
 }
 
 // n logical elements at pos.
@@ -81,14 +83,14 @@ template <DType DT>
 void SpanT(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* oa, float s, float o) {
   const AntiQuantArgs& a = *j.args;
   if (a.src != QuantDType::quint4x2) {
-    Values<DT>(static_cast<const std::int8_t*>(a.x) + pos, n, a.out, pos, sa, oa, s, o);
+    Values<DT>(static_cast<const std::int8_t*>(a.x) + pos, n, a.out, pos, sa, oa, s, o, j.stream);
     return;
   }
   HWY_ALIGN std::int8_t q[kPiece];
   for (std::int64_t b = 0; b < n; b += kPiece) {
     const std::int64_t m = std::min(kPiece, n - b);
     unpack_int4_bytes(static_cast<const std::int32_t*>(a.x), pos + b, m, q);
-    Values<DT>(q, m, a.out, pos + b, sa ? sa + b : nullptr, oa ? oa + b : nullptr, s, o);
+    Values<DT>(q, m, a.out, pos + b, sa ? sa + b : nullptr, oa ? oa + b : nullptr, s, o, j.stream);
   }
 }
 
@@ -111,6 +113,7 @@ void AntiQuantRange(const AqJob& j, std::int64_t b0, std::int64_t b1) {
     case DType::bfloat16: RangeT<DType::bfloat16>(j, b0, b1); break;
     default: RangeT<DType::float32>(j, b0, b1); break;
   }
+  if (j.stream) hwy::FlushStream();
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -133,8 +136,8 @@ void cpu_anti_quant(const AntiQuantArgs& a) {
     scale = walk.expand(s.data());
     offset = walk.expand(o.data());
   }
-  const AqJob j{&a, &walk, scale.data(), offset.data()};
   const std::int64_t n = a.layout.numel();
+  const AqJob j{&a, &walk, scale.data(), offset.data(), use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(AntiQuantRange)(j, b0, b1); });
