@@ -119,7 +119,7 @@ void tile_quant_example() {
   xq::Tensor out = xq::tile_quant(xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
                                   xq::ConstTileView(scale.data(), xq::DType::float32, 64, 1, 1), xq::QuantMode::SYM);
   for (int r = 0; r < 4; ++r) {
-    char label[32];
+    char label[64];  // room for any int and %g (no -Wformat-truncation)
     std::snprintf(label, sizeof label, "row %d (src from %g)", r, -16.0 + 32.0 * r);
     print_row(label, out.data<std::int8_t>() + r * 128, 8);
   }
