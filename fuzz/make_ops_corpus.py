@@ -61,10 +61,10 @@ def seeds():
     s["fq-alias-out-is-in"] = bytes([0, 0, F32] + shape(3, 5) + [0, F32, 0, 0, 7, 0, 0, 0, 0, 0, 224]) + data(rng, 20)
     s["fq-bad-amax"] = bytes([0, 0, F32] + shape(3, 5) + [0, F32, 0, 250, 7, 0, 0, 0, 0, 0, 0]) + data(rng, 20)
     # fake_tensor_quant_with_axis_out (op 1) and fake_tensor_quant_inplace (op 33)
-    for ax in (0, 1, 255, 254):  # axis bytes: 0, 1, -1, -2
+    for ax in (0, 1, 6, 7):  # axis bytes: 0, 1, -1, -2 (small_axis: 6.. = -1..)
         args = [F32] + shape(3, 4, 5) + [0, ax, F32, 0, 0, num_bits(8, 1), 0, 0, 0]
         s[f"fq-axis-{ax}"] = bytes([1, 0] + args + [0, 0, 0]) + data(rng, 70)
-    s["fq-axis-bf16-last"] = bytes([1, 0, BF16] + shape(2, 65) + [0, 255, BF16, 0, 0, 7, 0, 0, 0, 0, 0, 0]) + data(rng, 70)
+    s["fq-axis-bf16-last"] = bytes([1, 0, BF16] + shape(2, 65) + [0, 6, BF16, 0, 0, 7, 0, 0, 0, 0, 0, 0]) + data(rng, 70)
     s["fq-inplace"] = bytes([33, 0, F16] + shape(4, 9) + [0, F32, 0, 0, 7, 0, 0, 0]) + data(rng, 30)
     s["fq-inplace-f32"] = bytes([33, 0, F32] + shape(17) + [0, F32, 0, 0, 3, 2, 0, 0]) + data(rng, 30)
     # fake_tensor_quant_backward_out (op 2): form bit 0 = per-axis, bit 7 = no grad_amax
@@ -72,15 +72,15 @@ def seeds():
     s["fqb-axis"] = bytes([2, 0, F32] + shape(4, 9) + [1, 1, F32, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0] + [0] * 5) + data(rng, 60)
     s["fqb-axis0-f16"] = bytes([2, 0, F16] + shape(5, 3, 2) + [1, 0, F16, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0] + [0] * 5) + data(rng, 60)
     s["fqb-no-grad-amax"] = bytes([2, 0, BF16] + shape(31) + [0x80, F32, 0, 0, 7, 0, 0, 0, 0, 0] + [0] * 4) + data(rng, 60)
-    s["fqb-alloc"] = bytes([26, 0, F32] + shape(3, 7) + [1, 255, F32, 0, 0, 7, 0, 0, 0] + [0] * 3) + data(rng, 60)
+    s["fqb-alloc"] = bytes([26, 0, F32] + shape(3, 7) + [1, 6, F32, 0, 0, 7, 0, 0, 0] + [0] * 3) + data(rng, 60)
     # quantize_out (op 3): flags bit 0 = multiply mode, bit 1 = zero_points
     for q, qn in ((0, "qint8"), (1, "quint8"), (2, "qint32")):
         for sv in (0, 1):  # scales [1] / [channels]
             args = [F32] + shape(3, 8) + [q, 2, 1, F32, sv, 0, 3, 0, 0, 0]
             s[f"q-div-{qn}-{sv}"] = bytes([3, 0] + args + [0, 0, 0, 0]) + data(rng, 40)
     s["q-mul-int8"] = bytes([3, 0, F32] + shape(4, 16) + [0, 1, 1, F32, 1, 0, 0, 0, 0, 0] + [0] * 3) + data(rng, 80)
-    s["q-mul-int4"] = bytes([3, 0, F16] + shape(4, 16) + [3, 3, 255, F32, 2, 0, 0, 0, 0, 0] + [0] * 4) + data(rng, 80)
-    s["q-mul-int4-axis-2"] = bytes([3, 0, BF16] + shape(4, 16) + [3, 3, 254, F16, 1, 0, 0, 0, 0, 0] + [0] * 4) + data(rng, 80)
+    s["q-mul-int4"] = bytes([3, 0, F16] + shape(4, 16) + [3, 3, 6, F32, 2, 0, 0, 0, 0, 0] + [0] * 4) + data(rng, 80)
+    s["q-mul-int4-axis-2"] = bytes([3, 0, BF16] + shape(4, 16) + [3, 3, 7, F16, 1, 0, 0, 0, 0, 0] + [0] * 4) + data(rng, 80)
     s["q-alloc"] = bytes([27, 0, F32] + shape(2, 3, 4) + [0, 2, 1, F32, 1, 0, 4, 0] + [0] * 3) + data(rng, 40)
     # tile_quant (op 4): flags bit 0 = ASYM
     s["tile-sym"] = bytes([4, 0, 5, 9, 2, 0, 0, 0, 0, 0, 0, 3] + [0] * 3) + data(rng, 70)
@@ -101,7 +101,7 @@ def seeds():
         s[f"ulq-{dn}"] = bytes([6, 0] + args + [0] * 7) + data(rng, 40)
     s["ulq-channel"] = bytes([6, 0, F32] + shape(2, 3, 4) + [0, 2, 0b101, 2, 0b101, 1, num_bits(4, 2), 0, 0]
                              + [0] * 8 + [0] * 7) + data(rng, 40)
-    s["ulq-alloc"] = bytes([30, 0, F32] + shape(4, 5) + [0, 9, 2, 0b01, 0, 6, 0, 0] + [0] * 3) + data(rng, 40)
+    s["ulq-alloc"] = bytes([30, 0, F32] + shape(4, 5) + [0, 11, 2, 0b01, 0, 6, 0, 0] + [0] * 3) + data(rng, 40)
     s["ulqb-f32"] = bytes([7, 0, F32] + shape(2, 3, 4) + [0, 2, 0b101, 2, 0b101, 0, 6, 0, 0] + [0] * 8
                           + [0] * 6 + [0] * 9) + data(rng, 120)
     s["ulqb-scalar"] = bytes([7, 0, F16] + shape(5, 6) + [0, 1, 1, 0, 6, 0, 0] + [0] * 8 + [0] * 6 + [0] * 9) + data(rng, 120)
