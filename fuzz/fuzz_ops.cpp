@@ -102,6 +102,7 @@ class Pool {
   Pool(const std::uint8_t* data, std::size_t size) : d_(data), n_(size) {}
   // (Block copies, not byte loops: the harness's own loops are coverage-instrumented and slow.)
   void fill(std::uint8_t* out, std::size_t len) {
+    if (len == 0) return;
     if (n_ == 0) {
       std::memset(out, 0, len);
       return;

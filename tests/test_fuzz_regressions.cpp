@@ -59,6 +59,34 @@ TEST(FuzzRegression, DynamicQuantNanPayloadInSingleElementRow) {
   }
 }
 
+// fuzz/corpus/ops/regressions/dq-empty-rows-overflow{,-pertensor}.
+// x is empty (last dimension 0) but its leading dimensions multiply past int64: [2^32, 2^32, 0]. check_view
+// accepts it (empty tensors are valid, and an empty shape's element count is 0 whatever the other
+// dimensions), then validate_inputs (src/ops/dynamic_quant.cpp, `p.rows *= x.shape[d]`, commented "fits:
+// check_view") multiplies the leading dimensions into int64 and overflows: undefined behaviour, reported
+// by UndefinedBehaviorSanitizer (this test fails under the asan preset). pertensor has valid outputs
+// (y empty, scale and offset [1], the empty reduction's rowMax = rowMin = 0); pertoken would need a
+// scale of 2^64 elements and must be rejected with an xquant::Error.
+TEST(FuzzRegression, DynamicQuantEmptyXWithHugeLeadingDims) {
+  BackendGuard guard;
+  const std::int64_t big = std::int64_t{1} << 32;
+  float dummy = 0.f;
+  const xquant::ConstTensorView x(&dummy, DType::float32, {big, big, 0});
+  std::int8_t ydummy = 0;
+  for (const Backend b : {Backend::reference, Backend::cpu}) {
+    xquant::set_backend(b);
+    float scale = -1.f, offset = -1.f;
+    xquant::dynamic_quant_asymmetric_out(xquant::TensorView(&ydummy, DType::int8, {big, big, 0}),
+                                         xquant::TensorView(&scale, DType::float32, {1}),
+                                         xquant::TensorView(&offset, DType::float32, {1}), x, std::nullopt,
+                                         std::nullopt, xquant::QuantDType::qint8,
+                                         xquant::DynamicQuantMode::pertensor);
+    EXPECT_EQ(scale, 1e-12f);   // max((0 - 0) / 255, 1e-12)
+    EXPECT_EQ(offset, 127.f);   // 127 - 0 / scale
+    EXPECT_THROW(xquant::dynamic_quant_asymmetric(x), xquant::Error);
+  }
+}
+
 // The harness inputs of every finding above (byte for byte the files in fuzz/corpus/ops/regressions/).
 struct Input {
   const char* name;
@@ -68,6 +96,9 @@ struct Input {
 const Input kInputs[] = {
     {"dq-nan-payload-single-column",
      {5, 0, 1, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x88, 0xfd, 0x00, 0x3c}},
+    {"dq-empty-rows-overflow", {5, 0, 0, 0, 3, 246, 246, 192, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {"dq-empty-rows-overflow-pertensor",
+     {5, 0, 0, 2, 3, 246, 246, 192, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
 };
 
 TEST(FuzzRegression, HarnessInputs) {
