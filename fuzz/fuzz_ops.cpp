@@ -783,8 +783,8 @@ void build_dynamic_quant(Reader& r, Case& c, bool alloc, bool big) {
   const bool with_smooth = (flags & 4) != 0;
   const bool with_group = (flags & 8) != 0;
   const std::int64_t H = shape.empty() ? 1 : shape.back();
-  std::int64_t S = 1;
-  for (std::size_t d = 0; d + 1 < shape.size(); ++d) S = shape[d] >= 0 && S <= kI64Max / std::max<std::int64_t>(shape[d], 1) ? S * shape[d] : -1;
+  // S: rows of x (-1 when not representable; group_index is then invalid anyway).
+  const std::int64_t S = shape.empty() ? 1 : numel_of(Shape(shape.begin(), shape.end() - 1)).value_or(-1);
   const std::int64_t E = 1 + r.byte() % 4;
   const DType smooth_dt = float_dtype(r);
   const Shape smooth_shape = maybe_corrupt_shape(r, with_group ? Shape{E, H} : Shape{H});
