@@ -436,11 +436,13 @@ Layout layout_views(Reader& r, Case& c) {
     const std::size_t bytes = view_bytes(v);
     if (b >= 216 && b < 224) v.null_data = true;
     if (b >= 224 && i > 0) {
-      // Alias: start 0..3 elements into the buffer of an earlier view.
+      // Alias: start 0..3 elements into the buffer of an earlier view (naturally aligned for its dtype:
+      // a misaligned typed pointer would be the caller's bug, not the library's).
       const ViewSpec& host = c.views[(b - 224u) % i];
       if (host.buffer >= 0) {
+        const std::size_t es = xquant::dtype_size(v.dtype);
         v.buffer = host.buffer;
-        v.offset = host.offset + ((b >> 3) & 3u) * xquant::dtype_size(v.dtype);
+        v.offset = (host.offset + es - 1) / es * es + ((b >> 3) & 3u) * es;
         auto& size = L.sizes[static_cast<std::size_t>(v.buffer)];
         size = std::max(size, v.offset + bytes);
         continue;
@@ -1092,10 +1094,11 @@ inline bool run_one(const std::uint8_t* data, std::size_t size) {
   fill_layout(L, c, pool);
 
   SettingsGuard settings;
+  if (verbose()) std::fprintf(stderr, "fuzz_ops: %s\n", describe(c).c_str());
   settings.configure(xquant::Backend::reference, 1, false, false);
   const Outcome ref = execute(c, L, lead);
   if (verbose())
-    std::fprintf(stderr, "fuzz_ops: %s\n  -> %s\n", describe(c).c_str(),
+    std::fprintf(stderr, "  -> %s\n",
                  ref.threw ? (std::string(xquant::error_code_name(ref.code)) + ": " + ref.message).c_str() : "ok");
   if (ref.threw) {
     // A typed error that names the operator and the argument.
