@@ -213,7 +213,7 @@ Shape maybe_corrupt_shape(Reader& r, Shape s) {
   switch (b % 6) {
     case 0: s.push_back(1); break;
     case 1: if (!s.empty()) s.pop_back(); break;
-    case 2: if (!s.empty()) s[i] += 1; else s.push_back(2); break;
+    case 2: if (s.empty()) s.push_back(2); else if (s[i] < kI64Max) s[i] += 1; break;
     case 3: if (!s.empty()) s[i] = 0; else s.push_back(0); break;
     case 4: s.clear(); break;
     default: if (!s.empty()) s[i] = -1; else s.push_back(-1); break;
@@ -283,7 +283,7 @@ void make_group_ends(DType dt, std::uint8_t* p, std::int64_t n, std::int64_t row
   for (std::int64_t i = 0; i < n; ++i) {
     std::int64_t v = rows;
     if (i + 1 < n) {
-      const std::int64_t room = rows - prev + 1;
+      const std::int64_t room = rows - prev < kI64Max ? rows - prev + 1 : kI64Max;
       v = prev + (room > 0 ? static_cast<std::int64_t>(p[xquant::dtype_size(dt) * static_cast<std::size_t>(i)]) % room : 0);
     }
     prev = v;
@@ -717,20 +717,21 @@ ViewSpec tile_spec(std::string name, Role role, DType dt, std::int64_t rows, std
 
 std::int64_t pitch_for(Reader& r, std::int64_t cols) {
   const std::uint8_t b = r.byte();
-  if (b < 240) return cols + b % 5;
-  const std::int64_t weird[4] = {cols - 1, -1, 0, kI64Max};
+  if (b < 240) return cols <= kI64Max - 4 ? cols + b % 5 : cols;
+  const std::int64_t weird[4] = {cols > kI64Min ? cols - 1 : cols, -1, 0, kI64Max};
   return weird[b % 4];
 }
 
 void build_tile_quant(Reader& r, Case& c, bool alloc, bool big) {
   c.op = "tile_quant";
   std::int64_t rows = tile_dim(r), cols = tile_dim(r);
-  if (big && rows > 0 && cols > 0 && rows * cols < kBigElements) rows = (kBigElements + cols - 1) / cols;
+  if (big && rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096 && rows * cols < kBigElements)
+    rows = (kBigElements + cols - 1) / cols;
   const std::int64_t pitch = pitch_for(r, cols);
   const std::uint8_t flags = r.byte();
   const auto mode = (flags & 1) ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM;
   const bool offset_given = ((flags >> 1) & 1) ^ (mode == xquant::QuantMode::ASYM);  // usually as required
-  const std::int64_t srows = (flags & 4) ? rows + 1 : rows;
+  const std::int64_t srows = (flags & 4) && rows < kI64Max ? rows + 1 : rows;
   const std::int64_t scols = (flags & 8) ? ((flags & 16) ? 2 : 0) : 1;
   const std::int64_t spitch = pitch_for(r, scols);
   const std::int64_t opitch = (flags & 32) ? pitch_for(r, scols) : spitch;
