@@ -778,6 +778,13 @@ void build_dynamic_quant(Reader& r, Case& c, bool alloc, bool big) {
     if (shape.size() >= 2 && n && *n > 0 && *n < kBigElements) shape[0] *= (kBigElements + *n - 1) / *n;
     shape = fit_shape(std::move(shape), dt, c.max_view_bytes);
   }
+  // scale / offset have x.shape[:-1], which is not empty when only the last dimension is 0: keep it
+  // within the memory limit too (the allocating form would otherwise legitimately write terabytes).
+  if (shape.size() >= 2) {
+    Shape lead = fit_shape(Shape(shape.begin(), shape.end() - 1), DType::float32, c.max_view_bytes);
+    lead.push_back(shape.back());
+    shape = std::move(lead);
+  }
   const std::uint8_t qb = r.byte();
   const QuantDType dst = qb < 248 ? ((flags & 1) ? QuantDType::quint4x2 : QuantDType::qint8) : static_cast<QuantDType>(qb % 8);
   const std::uint8_t mb = r.byte();
