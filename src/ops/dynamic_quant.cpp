@@ -65,9 +65,19 @@ Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::o
 
   Plan p;
   p.cols = x.shape.back();
-  p.rows = 1;
-  for (std::size_t d = 0; d + 1 < x.shape.size(); ++d) p.rows *= x.shape[d];  // fits: check_view
   p.per_tensor = quant_mode == DynamicQuantMode::pertensor;
+  // check_view bounds the element count, which is 0 when H == 0 whatever the leading dimensions are: the
+  // row count of such an x can still overflow int64 (found by fuzz_ops).
+  p.rows = 1;
+  for (std::size_t d = 0; d + 1 < x.shape.size(); ++d) {
+    if (__builtin_mul_overflow(p.rows, x.shape[d], &p.rows)) {
+      if (!p.per_tensor)  // pertoken: scale and offset would have that many elements
+        fail(ErrorCode::shape_mismatch, op, "x",
+             "x has shape " + shape_str(x.shape) + " whose row count overflows int64");
+      p.rows = 0;  // pertensor over an empty x: no rows to visit, outputs [1]
+      break;
+    }
+  }
   p.y_dtype = storage_dtype(dst_type);
   p.y_shape = x.shape;
   if (dst_type == QuantDType::quint4x2) {
