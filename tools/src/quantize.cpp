@@ -95,8 +95,13 @@ struct Job {
     std::vector<float> lo(channels, std::numeric_limits<float>::infinity());
     std::vector<float> hi(channels, -std::numeric_limits<float>::infinity());
     std::int64_t nonfinite = 0;
-    for (const auto& [first, last] : chunks) {
-#pragma omp parallel
+    // Tiny tensors (one piece) run on the calling thread: waking the team for each of 100k tensors
+    // costs far more than the work. The results do not depend on the thread count either way.
+    const bool parallel = pieces.size() > 1;
+    for (const auto& chunk : chunks) {
+      // Plain copies: clang 14 cannot capture structured bindings in an OpenMP region.
+      const std::size_t first = chunk.first, last = chunk.second;
+#pragma omp parallel if (parallel)
       {
         std::vector<float> l(channels, std::numeric_limits<float>::infinity());
         std::vector<float> u(channels, -std::numeric_limits<float>::infinity());
@@ -134,7 +139,8 @@ struct Job {
 
     // 3. Quantize chunk by chunk; pieces of a chunk in parallel.
     std::vector<ErrorStats> errors(pieces.size());
-    for (const auto& [first, last] : chunks) {
+    for (const auto& chunk : chunks) {
+      const std::size_t first = chunk.first, last = chunk.second;
       std::int64_t count = 0;
       for (std::size_t k = first; k < last; ++k) count += pieces[k].count;
       const std::int64_t chunk_begin = pieces[first].begin;
@@ -143,7 +149,7 @@ struct Job {
       buffer.resize(chunk_bytes);
       std::byte* obytes = buffer.data();  // operator new's alignment: enough for int32 words
       std::string failure;
-#pragma omp parallel
+#pragma omp parallel if (parallel)
       {
         std::vector<std::byte> staging;
 #pragma omp for schedule(dynamic, 1)
