@@ -251,6 +251,8 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& what,
   return std::move(b.root);
 }
 
+std::string quote_name(std::string_view s) { return q_name(s); }
+
 std::string clip(std::string_view s, std::size_t max) {
   if (s.size() <= max) return std::string(s);
   std::size_t n = max;
@@ -367,6 +369,18 @@ Header parse_header(const std::byte* file, std::uint64_t file_size) {
   return h;
 }
 
+std::string json_object_text(const std::map<std::string, std::string>& m) {
+  std::string text = "{";
+  for (const auto& [k, v] : m) {
+    if (text.size() > 1) text.push_back(',');
+    text += nlohmann::json(k).dump();
+    text.push_back(':');
+    text += nlohmann::json(v).dump();
+  }
+  text.push_back('}');
+  return text;
+}
+
 std::uint64_t layout_tensors(std::vector<OutTensor>& tensors) {
   std::sort(tensors.begin(), tensors.end(), [](const OutTensor& a, const OutTensor& b) {
     const auto sa = st_dtype_size(a.dtype), sb = st_dtype_size(b.dtype);
@@ -382,20 +396,27 @@ std::uint64_t layout_tensors(std::vector<OutTensor>& tensors) {
 }
 
 std::string build_header(const std::vector<OutTensor>& tensors, const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  // Written member by member: nlohmann's ordered_json finds a key by a linear scan, so building one
+  // object of 100k tensors was quadratic. The text is what ordered_json's dump() gave.
+  std::string text = "{";
+  bool first = true;
   if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    j["__metadata__"] = std::move(m);
+    text += "\"__metadata__\":";
+    text += json_object_text(metadata);
+    first = false;
   }
   for (const auto& t : tensors) {
+    if (!first) text.push_back(',');
+    first = false;
     nlohmann::ordered_json e = nlohmann::ordered_json::object();
     e["dtype"] = std::string(st_dtype_name(t.dtype));
     e["shape"] = t.shape;
     e["data_offsets"] = {t.offset, t.offset + t.nbytes};
-    j[t.name] = std::move(e);
+    text += nlohmann::json(t.name).dump();
+    text.push_back(':');
+    text += e.dump();
   }
-  std::string text = j.dump();
+  text.push_back('}');
   // Invalid UTF-8 in a name cannot reach here: names come from a parsed header or from those names.
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
   std::string out(8, '\0');

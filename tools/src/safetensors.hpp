@@ -72,6 +72,8 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& what,
 std::string json_excerpt(const nlohmann::json& j);
 // `s` cut to at most `max` bytes (at a UTF-8 character boundary) with "..." appended when cut.
 std::string clip(std::string_view s, std::size_t max = kMaxQuoted);
+// 'name' for a message: clip(s) in single quotes.
+std::string quote_name(std::string_view s);
 // `s` with every byte that is not part of a valid UTF-8 sequence written as the four characters \xNN
 // (NN upper-case hex): messages and JSON output stay valid UTF-8 whatever a path or name holds.
 std::string utf8_safe(std::string_view s);
@@ -99,6 +101,9 @@ std::uint64_t layout_tensors(std::vector<OutTensor>& tensors);
 // The file prefix: 8-byte length + JSON header ("__metadata__" first, then tensors in data order), padded
 // with spaces so the data section starts at a multiple of 8. Expects layout_tensors() to have run.
 std::string build_header(const std::vector<OutTensor>& tensors, const std::map<std::string, std::string>& metadata);
+
+// A JSON object of strings as compact text, keys in the map's order (linear time).
+std::string json_object_text(const std::map<std::string, std::string>& m);
 
 // Product of dims, or nullopt when a dimension is negative or the product overflows int64.
 std::optional<std::int64_t> checked_numel(const Dims& dims) noexcept;
