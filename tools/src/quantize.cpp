@@ -231,8 +231,13 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
   } catch (const CliError& e) {
     throw CliError(e.exit_code(), o.input + ": " + e.what());
   }
-  if (parse_quant_metadata(h.metadata))
-    bad_input(o.input + ": already quantized by xquant (its __metadata__ has xquant.format_version)");
+  bool quantized = false;
+  try {
+    quantized = parse_quant_metadata(h.metadata).has_value();
+  } catch (const CliError& e) {
+    throw CliError(e.exit_code(), o.input + ": " + e.what());
+  }
+  if (quantized) bad_input(o.input + ": already quantized by xquant (its __metadata__ has xquant.format_version)");
 
   // Decide every tensor and lay out the output before reading any data.
   QuantizeResult result;
