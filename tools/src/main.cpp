@@ -25,7 +25,7 @@ std::optional<xqcli::StDType> parse_out_dtype(const std::string& s) {
 int run(int argc, char** argv) {
   CLI::App app{"xquant: quantize safetensors checkpoints to int8 / int4 (npu_quantize semantics), dequantize "
                "them, inspect files.\nExit codes: 0 success, 1 usage error or bad input, 2 I/O error, "
-               "130 interrupted."};
+               "128 + N stopped by signal N (130: Ctrl-C)."};
   app.name("xquant");
   app.set_version_flag("--version", std::string("xquant ") + xquant::kVersion);
   app.require_subcommand(1);
