@@ -223,6 +223,8 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
   check_threads(o.threads);
   check_can_create(o.output, o.force);
   if (!o.report_path.empty()) check_can_create(o.report_path, o.force);
+  if (!o.report_path.empty() && o.report_path == o.output)
+    bad_input("--report " + o.report_path + " is the output file too");
 
   const MappedFile in(o.input);
   Header h;
