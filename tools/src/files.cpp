@@ -101,7 +101,10 @@ void install_signal_cleanup() {
   for (int sig : kCleanupSignals) {
     struct sigaction old {};
     ::sigaction(sig, nullptr, &old);
-    if (old.sa_handler == SIG_IGN) continue;  // e.g. SIGHUP under nohup: keep running
+    // Only a signal with its default action (ending the process) is taken over: an ignored one stays
+    // ignored (SIGHUP under nohup: keep running), and a handler installed by whoever embeds this code
+    // stays in place (libFuzzer's SIGALRM / SIGUSR1 for its timeouts, for instance).
+    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) continue;
     ::sigaction(sig, &sa, nullptr);
   }
   // Beyond RLIMIT_FSIZE a write fails with EFBIG (an I/O error that removes the temporary file) instead
