@@ -74,6 +74,11 @@ void run_inspect(const InspectOptions& o, std::FILE* out);
 // OMP_NUM_THREADS) is lowered to it.
 inline constexpr int kMaxThreads = 1024;
 
+// Lowers each number of OMP_NUM_THREADS above kMaxThreads to kMaxThreads. Call before the first
+// OpenMP call: LLVM's libomp reads the variable when it starts and fails an internal assertion on a
+// huge value (libgomp copes, and omp_set_num_threads() overrides it later).
+void cap_openmp_environment();
+
 // Refuses (exit 1) a thread count outside [0, kMaxThreads], naming `option`.
 void check_threads(int threads, const char* option = "--threads");
 

@@ -114,6 +114,7 @@ void print_error(const char* what) { std::fprintf(stderr, "xquant: error: %s\n",
 }  // namespace
 
 int main(int argc, char** argv) {
+  xqcli::cap_openmp_environment();  // before OpenMP starts
   try {
     return run(argc, argv);
   } catch (const xqcli::CliError& e) {

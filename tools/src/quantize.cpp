@@ -11,6 +11,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -202,6 +203,33 @@ std::string gb_per_s(std::uint64_t bytes, double seconds) {
 }
 
 }  // namespace
+
+void cap_openmp_environment() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (!env) return;
+  // A comma-separated list of thread counts (one per nesting level), possibly with spaces.
+  std::string out;
+  bool changed = false;
+  for (std::string_view rest(env);;) {
+    const std::size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    std::size_t b = 0, e = item.size();
+    while (b < e && (item[b] == ' ' || item[b] == '\t')) ++b;
+    while (e > b && (item[e - 1] == ' ' || item[e - 1] == '\t')) --e;
+    const std::string_view digits = item.substr(b, e - b);
+    const bool numeric = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
+    if (numeric && (digits.size() > 4 || std::stoi(std::string(digits)) > kMaxThreads)) {
+      out += std::to_string(kMaxThreads);
+      changed = true;
+    } else {
+      out.append(item);
+    }
+    if (comma == std::string_view::npos) break;
+    out.push_back(',');
+    rest.remove_prefix(comma + 1);
+  }
+  if (changed) ::setenv("OMP_NUM_THREADS", out.c_str(), 1);
+}
 
 void check_threads(int threads, const char* option) {
   if (threads < 0 || threads > kMaxThreads)
