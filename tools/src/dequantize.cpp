@@ -28,24 +28,24 @@ struct Source {
 
 Source find_source(const Header& h, const std::string& name, const QuantizedTensorInfo& qi, const QuantizedFileInfo& info) {
   Source s;
-  const std::string who = "quantized tensor '" + name + "'";
+  const std::string who = "quantized tensor " + quote_name(name);
   s.data = h.find(name);
   if (!s.data) bad_input(who + " is listed in xquant.tensors but missing from the file");
   const Dims want = quantized_shape(qi.shape, info.bits);
   if (s.data->dtype != quantized_dtype(info.bits) || s.data->shape != want)
-    bad_input(who + " is stored as " + std::string(st_dtype_name(s.data->dtype)) + " " + dims_str(s.data->shape) +
-              " but a " + std::to_string(info.bits) + "-bit quantization of " + dims_str(qi.shape) + " is " +
-              std::string(st_dtype_name(quantized_dtype(info.bits))) + " " + dims_str(want));
+    bad_input(who + " is stored as " + std::string(st_dtype_name(s.data->dtype)) + " " + clip(dims_str(s.data->shape)) +
+              " but a " + std::to_string(info.bits) + "-bit quantization of " + clip(dims_str(qi.shape)) + " is " +
+              std::string(st_dtype_name(quantized_dtype(info.bits))) + " " + clip(dims_str(want)));
   const Dims pshape = param_shape(qi.shape, qi.channel_dim);
   const auto param = [&](const char* suffix, bool required) -> const TensorEntry* {
     const TensorEntry* p = h.find(name + suffix);
     if (!p) {
-      if (required) bad_input(who + " has no '" + name + suffix + "' tensor");
+      if (required) bad_input(who + " has no " + quote_name(name + suffix) + " tensor");
       return nullptr;
     }
     if (p->dtype != StDType::F32 || p->shape != pshape)
-      bad_input("'" + name + suffix + "' is " + std::string(st_dtype_name(p->dtype)) + " " + dims_str(p->shape) +
-                " but expected F32 " + dims_str(pshape));
+      bad_input(quote_name(name + suffix) + " is " + std::string(st_dtype_name(p->dtype)) + " " +
+                clip(dims_str(p->shape)) + " but expected F32 " + clip(dims_str(pshape)));
     return p;
   };
   s.scale = param(kScaleSuffix, true);
@@ -62,6 +62,7 @@ std::vector<float> read_floats(const MappedFile& in, const Header& h, const Tens
 }  // namespace
 
 void run_dequantize(const DequantizeOptions& o) {
+  check_threads(o.threads);
   check_can_create(o.output, o.force);
   const MappedFile in(o.input);
   FileHeader parsed = read_file_header(in.data(), in.size(), o.input);
@@ -137,7 +138,7 @@ void run_dequantize(const DequantizeOptions& o) {
         const std::int64_t ce = std::min(n, cb + kChunkElems);
         buffer.resize(static_cast<std::size_t>((ce - cb) * osize));
         const std::int64_t npieces = (ce - cb + kPieceElems - 1) / kPieceElems;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (npieces > 1)
         for (std::int64_t k = 0; k < npieces; ++k) {
           const std::int64_t b = cb + k * kPieceElems;  // a multiple of 8: packed words are not split
           const std::int64_t e = std::min(ce, b + kPieceElems);

@@ -8,7 +8,7 @@ namespace xqcli {
 // Exit codes: 0 success; 1 the command line or the content of a file is wrong (usage error, malformed
 // or truncated input, a tensor that cannot be quantized under --strict, an output that exists without
 // --force); 2 the operating system refused an operation (open, read, map, write, sync, rename).
-// Interrupted by SIGINT / SIGTERM: 130 / 143.
+// Stopped by a signal (SIGINT, SIGTERM, SIGHUP, ...): 128 + its number (files.hpp).
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitBadInput = 1;
 inline constexpr int kExitIo = 2;

@@ -64,6 +64,10 @@ extern "C" void on_fatal_signal(int sig) {
   ::_exit(128 + sig);
 }
 
+// The signals whose default action ends the process and that a user or the system sends to stop it.
+constexpr int kCleanupSignals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,   SIGPIPE, SIGALRM,
+                                   SIGUSR1, SIGUSR2, SIGXCPU, SIGVTALRM, SIGPROF};
+
 std::string dir_of(const std::string& path) {
   const auto slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -91,8 +95,21 @@ void install_signal_cleanup() {
   struct sigaction sa {};
   sa.sa_handler = on_fatal_signal;
   sigemptyset(&sa.sa_mask);
+  for (int sig : kCleanupSignals) sigaddset(&sa.sa_mask, sig);  // one cleanup at a time
   sa.sa_flags = 0;
-  for (int sig : {SIGINT, SIGTERM, SIGBUS}) ::sigaction(sig, &sa, nullptr);
+  ::sigaction(SIGBUS, &sa, nullptr);
+  for (int sig : kCleanupSignals) {
+    struct sigaction old {};
+    ::sigaction(sig, nullptr, &old);
+    // Only a signal with its default action (ending the process) is taken over: an ignored one stays
+    // ignored (SIGHUP under nohup: keep running), and a handler installed by whoever embeds this code
+    // stays in place (libFuzzer's SIGALRM / SIGUSR1 for its timeouts, for instance).
+    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
+  // Beyond RLIMIT_FSIZE a write fails with EFBIG (an I/O error that removes the temporary file) instead
+  // of killing the process.
+  ::signal(SIGXFSZ, SIG_IGN);
 }
 
 // ---- MappedFile ----
@@ -151,8 +168,7 @@ AtomicOutput::AtomicOutput(const std::string& path, bool force) : path_(path), f
   // Signals are held while the file is created and registered, so no SIGINT can fall between the two.
   sigset_t block, old;
   sigemptyset(&block);
-  sigaddset(&block, SIGINT);
-  sigaddset(&block, SIGTERM);
+  for (int sig : kCleanupSignals) sigaddset(&block, sig);
   ::pthread_sigmask(SIG_BLOCK, &block, &old);
   fd_ = ::mkostemp(tmpl.data(), O_CLOEXEC);
   const int create_err = errno;
@@ -194,11 +210,16 @@ void AtomicOutput::write_at(const void* data, std::size_t len, std::uint64_t off
   }
 }
 
-void AtomicOutput::commit() {
+void AtomicOutput::sync() {
+  if (fd_ < 0) return;
   if (::fsync(fd_) != 0) io_error("cannot sync " + temp_, errno);
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) io_error("cannot close " + temp_, errno);
+}
+
+void AtomicOutput::commit() {
+  sync();
   if (force_) {
     if (::rename(temp_.c_str(), path_.c_str()) != 0) io_error("cannot rename " + temp_ + " to " + path_, errno);
   } else if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) != 0) {

@@ -31,7 +31,8 @@ class MappedFile {
 // Writes `path` atomically. The constructor refuses an existing `path` unless `force` (exit 1) and
 // creates ".<name>.xquant-XXXXXX" beside it; commit() syncs, renames into place (without replacing a
 // file that appeared meanwhile unless `force`) and syncs the directory. Without commit() the temporary
-// file is removed by the destructor; a signal handler removes it on SIGINT / SIGTERM.
+// file is removed by the destructor; a signal handler removes it on SIGINT / SIGTERM / SIGHUP / ...
+// (install_signal_cleanup).
 class AtomicOutput {
  public:
   AtomicOutput(const std::string& path, bool force);
@@ -40,6 +41,9 @@ class AtomicOutput {
   AtomicOutput& operator=(const AtomicOutput&) = delete;
 
   void write_at(const void* data, std::size_t len, std::uint64_t offset);
+  // Syncs and closes the temporary file (I/O errors surface here, before anything is renamed);
+  // commit() calls it when it has not run.
+  void sync();
   void commit();
   const std::string& temp_path() const noexcept { return temp_; }
   std::uint64_t bytes_written() const noexcept { return written_; }
@@ -57,8 +61,10 @@ class AtomicOutput {
 // Refuses (exit 1) when `path` exists and not `force`: checked before any work starts.
 void check_can_create(const std::string& path, bool force);
 
-// Installs the SIGINT / SIGTERM / SIGBUS handlers that remove registered temporary files and exit
-// (130 / 143 / 2). Idempotent.
+// Installs the handlers that remove registered temporary files and exit: SIGBUS (exit 2) and the
+// terminating signals SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2, SIGXCPU,
+// SIGVTALRM, SIGPROF (exit 128 + the signal's number), each only while its action is the default: a
+// signal that is ignored (nohup) or already handled (libFuzzer's SIGALRM) is left as it is. SIGXFSZ is ignored, so a file-size limit is a write error (exit 2). Idempotent.
 void install_signal_cleanup();
 
 }  // namespace xqcli

@@ -39,7 +39,7 @@ void run_inspect(const InspectOptions& o, std::FILE* out) {
   if (o.json) {
     using J = nlohmann::ordered_json;
     J j = J::object();
-    j["file"] = o.path;
+    j["file"] = utf8_safe(o.path);
     j["file_size"] = in.size();
     j["header_size"] = h.header_len;
     J meta = J::object();
@@ -80,7 +80,7 @@ void run_inspect(const InspectOptions& o, std::FILE* out) {
 
   std::uint64_t data_bytes = 0;
   for (const auto& t : h.tensors) data_bytes += t.nbytes();
-  std::fprintf(out, "%s: %s, %zu tensors, header %llu bytes, data %s\n", o.path.c_str(),
+  std::fprintf(out, "%s: %s, %zu tensors, header %llu bytes, data %s\n", utf8_safe(o.path).c_str(),
                Progress::bytes_str(static_cast<double>(in.size())).c_str(), h.tensors.size(),
                static_cast<unsigned long long>(h.header_len), Progress::bytes_str(static_cast<double>(data_bytes)).c_str());
   if (info)

@@ -23,7 +23,7 @@ struct QuantizeOptions {
   bool strict = false;  // a tensor that the options cannot quantize is an error, not a warning
   bool force = false;
   bool quiet = false;
-  int threads = 0;      // 0: OpenMP's default
+  int threads = 0;      // 0: OpenMP's default; at most kMaxThreads
 };
 
 struct TensorResult {
@@ -70,8 +70,20 @@ struct InspectOptions {
 };
 void run_inspect(const InspectOptions& o, std::FILE* out);
 
-// Applies --threads (0 keeps OpenMP's default) and forbids nested parallel regions, so a parallel
-// kernel called from the tool's own parallel loop runs on its calling thread.
+// The most worker threads --threads takes (the library's cap too); OpenMP's default (--threads 0,
+// OMP_NUM_THREADS) is lowered to it.
+inline constexpr int kMaxThreads = 1024;
+
+// Lowers each number of OMP_NUM_THREADS above kMaxThreads to kMaxThreads. Call before the first
+// OpenMP call: LLVM's libomp reads the variable when it starts and fails an internal assertion on a
+// huge value (libgomp copes, and omp_set_num_threads() overrides it later).
+void cap_openmp_environment();
+
+// Refuses (exit 1) a thread count outside [0, kMaxThreads], naming `option`.
+void check_threads(int threads, const char* option = "--threads");
+
+// Applies --threads (0 keeps OpenMP's default, capped at kMaxThreads) and forbids nested parallel
+// regions, so a parallel kernel called from the tool's own parallel loop runs on its calling thread.
 void configure_threads(int threads);
 
 }  // namespace xqcli

@@ -27,7 +27,7 @@ std::optional<xqcli::StDType> parse_out_dtype(const std::string& s) {
 int run(int argc, char** argv) {
   CLI::App app{"xquant: quantize safetensors checkpoints to int8 / int4 (npu_quantize semantics), dequantize "
                "them, inspect files.\nExit codes: 0 success, 1 usage error or bad input, 2 I/O error, "
-               "130 interrupted."};
+               "128 + N stopped by signal N (130: Ctrl-C)."};
   app.name("xquant");
   app.set_version_flag("--version", std::string("xquant ") + xquant::kVersion);
   app.require_subcommand(1);
@@ -61,7 +61,9 @@ int run(int argc, char** argv) {
       ->take_all();
   qc->add_flag("--strict", q.strict, "Fail (exit 1) on a tensor the options cannot quantize instead of keeping it");
   qc->add_option("--report", q.report_path, "Also write the report as JSON to this file (written atomically)");
-  qc->add_option("--threads", q.threads, "Worker threads (0: all cores)")->check(CLI::NonNegativeNumber)->default_val(0);
+  qc->add_option("--threads", q.threads, "Worker threads, at most 1024 (0: all cores)")
+      ->check(CLI::Range(0, xqcli::kMaxThreads))
+      ->default_val(0);
   qc->add_flag("-f,--force", q.force, "Replace existing output / report files");
   qc->add_flag("-q,--quiet", q.quiet, "No progress bar, warnings or report on the terminal");
   // Model directories and the compressed-tensors format (compressed_tensors.hpp).
@@ -87,7 +89,9 @@ int run(int argc, char** argv) {
   dc->add_option("--dtype", out_dtype, "Output dtype of dequantized tensors (original: as before quantization)")
       ->check(CLI::IsMember({"original", "F32", "F16", "BF16", "float32", "float16", "bfloat16"}))
       ->default_val("original");
-  dc->add_option("--threads", d.threads, "Worker threads (0: all cores)")->check(CLI::NonNegativeNumber)->default_val(0);
+  dc->add_option("--threads", d.threads, "Worker threads, at most 1024 (0: all cores)")
+      ->check(CLI::Range(0, xqcli::kMaxThreads))
+      ->default_val(0);
   dc->add_flag("-f,--force", d.force, "Replace an existing output file");
   dc->add_flag("-q,--quiet", d.quiet, "No progress bar");
 
@@ -136,22 +140,27 @@ int run(int argc, char** argv) {
   return xqcli::kExitOk;
 }
 
+// Messages quote paths and values from the command line and the file: written UTF-8-safe (invalid
+// bytes as \xNN).
+void print_error(const char* what) { std::fprintf(stderr, "xquant: error: %s\n", xqcli::utf8_safe(what).c_str()); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  xqcli::cap_openmp_environment();  // before OpenMP starts
   try {
     return run(argc, argv);
   } catch (const xqcli::CliError& e) {
-    std::fprintf(stderr, "xquant: error: %s\n", e.what());
+    print_error(e.what());
     return e.exit_code();
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "xquant: error: out of memory\n");
+    print_error("out of memory");
     return xqcli::kExitIo;
   } catch (const xquant::Error& e) {
-    std::fprintf(stderr, "xquant: error: %s\n", e.what());
+    print_error(e.what());
     return xqcli::kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "xquant: error: %s\n", e.what());
+    print_error(e.what());
     return xqcli::kExitBadInput;
   }
 }

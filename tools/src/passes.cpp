@@ -41,8 +41,6 @@ inline float bf16_to_f32(std::uint16_t h) noexcept {
   return v;
 }
 
-inline bool finite(float v) noexcept { return std::fabs(v) <= FLT_MAX; }  // false for NaN and +-Inf
-
 }  // namespace
 
 float load_element(const std::byte* base, StDType dt, std::int64_t i) noexcept {

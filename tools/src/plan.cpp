@@ -54,6 +54,12 @@ Decision decide(const TensorEntry& t, const QuantScheme& scheme, const Filters& 
     d.reason = "empty tensor";
     return d;
   }
+  if (rank > kMaxQuantizeRank) {
+    d.warn = true;
+    d.reason = "rank " + std::to_string(rank) + " is above " + std::to_string(kMaxQuantizeRank) +
+               " (NumPy's limit; larger ranks are kept as they are)";
+    return d;
+  }
   if (scheme.per_channel) {
     if (scheme.axis < -rank || scheme.axis >= rank) {
       d.warn = true;
@@ -129,60 +135,77 @@ NormalForm normal_form(const Dims& shape, std::int64_t channel_dim) {
   return f;
 }
 
-namespace {
-
-void plan_rec(const Dims& shape, std::int64_t begin, std::int64_t ch_dim, std::int64_t ch_begin, std::int64_t ch_count,
-              std::int64_t target, std::int64_t align, std::vector<Piece>& out) {
-  const std::int64_t n = checked_numel(shape).value_or(0);
-  if (n == 0) return;
-  if (n <= target) {
-    out.push_back({begin, n, shape, ch_begin, ch_count, ch_dim});
-    return;
-  }
-  if (shape.size() == 1) {
-    // One long row: cut at multiples of `align`; per-element channels (ch_dim 0) take their own subset.
-    const std::int64_t step = std::max(align, target / align * align);
-    for (std::int64_t s = 0; s < n; s += step) {
-      const std::int64_t len = std::min(step, n - s);
-      if (ch_dim == 0)
-        out.push_back({begin + s, len, {len}, ch_begin + s, len, 0});
-      else
-        out.push_back({begin + s, len, {len}, ch_begin, ch_count, ch_dim});
-    }
-    return;
-  }
-  const Dims rest(shape.begin() + 1, shape.end());
-  const std::int64_t slice = n / shape[0];
-  if (slice <= target) {
-    // Whole slices along dimension 0, several per piece.
-    const std::int64_t k = std::max<std::int64_t>(1, target / slice);
-    for (std::int64_t i = 0; i < shape[0]; i += k) {
-      const std::int64_t kk = std::min(k, shape[0] - i);
-      Dims s = shape;
-      s[0] = kk;
-      if (ch_dim == 0)
-        out.push_back({begin + i * slice, kk * slice, s, ch_begin + i, kk, 0});
-      else
-        out.push_back({begin + i * slice, kk * slice, s, ch_begin, ch_count, ch_dim});
-    }
-    return;
-  }
-  // A slice is larger than the target: recurse into each one. Channels along dimension 0 become one
-  // channel per slice (a per-tensor call with that channel's parameters).
-  for (std::int64_t i = 0; i < shape[0]; ++i) {
-    if (ch_dim == 0)
-      plan_rec(rest, begin + i * slice, -1, ch_begin + i, 1, target, align, out);
-    else
-      plan_rec(rest, begin + i * slice, ch_dim < 0 ? -1 : ch_dim - 1, ch_begin, ch_count, target, align, out);
-  }
-}
-
-}  // namespace
-
 std::vector<Piece> plan_pieces(const Dims& shape, std::int64_t channel_dim, std::int64_t target, std::int64_t align) {
   std::vector<Piece> out;
+  target = std::max<std::int64_t>(target, 1);
+  align = std::max<std::int64_t>(align, 1);
+  const std::int64_t n = checked_numel(shape).value_or(0);
+  if (n == 0) return out;
+  const std::size_t rank = shape.size();
   const std::int64_t channels = channel_dim < 0 ? 1 : shape[static_cast<std::size_t>(channel_dim)];
-  plan_rec(shape, 0, channel_dim, 0, channels, std::max<std::int64_t>(target, 1), std::max<std::int64_t>(align, 1), out);
+  // suffix[i]: elements of a slice over dimensions [i, rank) (no overflow: the product of all fits).
+  std::vector<std::int64_t> suffix(rank + 1, 1);
+  for (std::size_t i = rank; i-- > 0;) suffix[i] = suffix[i + 1] * shape[i];
+
+  // The level L where pieces are cut, found without recursion (time and memory linear in the rank):
+  // every dimension before L is iterated whole, because one slice over [L, rank) exceeds the target.
+  enum class Cut { whole, row, group } cut = Cut::whole;
+  std::size_t level = 0;
+  for (;; ++level) {
+    if (suffix[level] <= target) {
+      cut = Cut::whole;  // the slice over [L, rank) is one piece
+      break;
+    }
+    if (rank - level == 1) {
+      cut = Cut::row;  // one long row: cut at multiples of `align`
+      break;
+    }
+    if (suffix[level + 1] <= target) {
+      cut = Cut::group;  // whole slices along dimension L, several per piece
+      break;
+    }
+  }
+  const Dims rest(shape.begin() + static_cast<std::ptrdiff_t>(level), shape.end());
+  const auto L = static_cast<std::int64_t>(level);
+  const std::int64_t blocks = n / suffix[level];
+  for (std::int64_t o = 0; o < blocks; ++o) {
+    const std::int64_t begin = o * suffix[level];
+    // Channels along a dimension before L: one channel per block (a per-tensor call with that
+    // channel's parameters); along L or after: the channel dimension of the block.
+    std::int64_t ch_dim = -1, ch_begin = 0, ch_count = channels;
+    if (channel_dim >= 0 && channel_dim < L) {
+      const auto c = static_cast<std::size_t>(channel_dim);
+      ch_begin = (begin / suffix[c + 1]) % shape[c];
+      ch_count = 1;
+    } else if (channel_dim >= L) {
+      ch_dim = channel_dim - L;
+    }
+    if (cut == Cut::whole) {
+      out.push_back({begin, suffix[level], rest, ch_begin, ch_count, ch_dim});
+    } else if (cut == Cut::row) {
+      const std::int64_t len_all = suffix[level];
+      const std::int64_t step = std::max(align, target / align * align);
+      for (std::int64_t s = 0; s < len_all; s += step) {
+        const std::int64_t len = std::min(step, len_all - s);
+        if (ch_dim == 0)
+          out.push_back({begin + s, len, {len}, ch_begin + s, len, 0});
+        else
+          out.push_back({begin + s, len, {len}, ch_begin, ch_count, ch_dim});
+      }
+    } else {
+      const std::int64_t slice = suffix[level + 1];
+      const std::int64_t k = std::max<std::int64_t>(1, target / slice);
+      for (std::int64_t i = 0; i < shape[level]; i += k) {
+        const std::int64_t kk = std::min(k, shape[level] - i);
+        Dims s = rest;
+        s[0] = kk;
+        if (ch_dim == 0)
+          out.push_back({begin + i * slice, kk * slice, std::move(s), ch_begin + i, kk, 0});
+        else
+          out.push_back({begin + i * slice, kk * slice, std::move(s), ch_begin, ch_count, ch_dim});
+      }
+    }
+  }
   return out;
 }
 
@@ -203,14 +226,20 @@ Dims param_shape(const Dims& shape, std::int64_t channel_dim) {
 }
 
 std::map<std::string, std::string> quant_metadata(const QuantizedFileInfo& info) {
-  nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
+  // Member by member (ordered_json's operator[] is a linear scan: quadratic for 100k tensors); the same
+  // text as ordered_json's dump().
+  std::string tensors = "{";
   for (const auto& [name, t] : info.tensors) {
     nlohmann::ordered_json e = nlohmann::ordered_json::object();
     e["dtype"] = std::string(st_dtype_name(t.dtype));
     e["shape"] = t.shape;
     e["axis"] = t.channel_dim < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(t.channel_dim);
-    tensors[name] = std::move(e);
+    if (tensors.size() > 1) tensors.push_back(',');
+    tensors += nlohmann::json(name).dump();
+    tensors.push_back(':');
+    tensors += e.dump();
   }
+  tensors.push_back('}');
   return {
       {"xquant.format_version", kFormatVersion},
       {"xquant.version", xquant::kVersion},
@@ -218,7 +247,7 @@ std::map<std::string, std::string> quant_metadata(const QuantizedFileInfo& info)
       {"xquant.scheme", info.per_channel ? "per-channel" : "per-tensor"},
       {"xquant.axis", info.axis},
       {"xquant.mode", info.symmetric ? "symmetric" : "asymmetric"},
-      {"xquant.tensors", tensors.dump()},
+      {"xquant.tensors", tensors},
   };
 }
 
@@ -246,28 +275,23 @@ std::optional<QuantizedFileInfo> parse_quant_metadata(const std::map<std::string
   info.symmetric = mode == "symmetric";
   info.axis = get("xquant.axis");
 
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(get("xquant.tensors"));
-  } catch (const nlohmann::json::exception& e) {
-    bad_input(std::string("xquant.tensors is not valid JSON: ") + e.what());
-  }
+  const nlohmann::json j = parse_json_strict(get("xquant.tensors"), "xquant.tensors", "xquant.tensors is not valid JSON: ");
   if (!j.is_object()) bad_input("xquant.tensors must be a JSON object");
   for (const auto& [name, e] : j.items()) {
-    const std::string who = "xquant.tensors['" + name + "']";
+    const std::string who = "xquant.tensors['" + clip(name) + "']";
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("axis"))
       bad_input(who + " must be an object with dtype, shape and axis");
     QuantizedTensorInfo t;
     const auto dt = e["dtype"].is_string() ? parse_st_dtype(e["dtype"].get<std::string>()) : std::nullopt;
-    if (!dt || !st_is_quantizable(*dt)) bad_input(who + ": dtype must be F32, F16 or BF16, got " + e["dtype"].dump());
+    if (!dt || !st_is_quantizable(*dt)) bad_input(who + ": dtype must be F32, F16 or BF16, got " + json_excerpt(e["dtype"]));
     t.dtype = *dt;
     if (!e["shape"].is_array()) bad_input(who + ": shape must be an array");
     for (const auto& d : e["shape"]) {
       if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-        bad_input(who + ": shape must hold non-negative integers, got " + e["shape"].dump());
+        bad_input(who + ": shape must hold non-negative integers, got " + json_excerpt(e["shape"]));
       t.shape.push_back(d.get<std::int64_t>());
     }
-    if (!checked_numel(t.shape)) bad_input(who + ": shape " + e["shape"].dump() + " is too large");
+    if (!checked_numel(t.shape)) bad_input(who + ": shape " + json_excerpt(e["shape"]) + " is too large");
     const auto rank = static_cast<std::int64_t>(t.shape.size());
     if (e["axis"].is_null()) {
       t.channel_dim = -1;
@@ -275,10 +299,10 @@ std::optional<QuantizedFileInfo> parse_quant_metadata(const std::map<std::string
                e["axis"].get<std::int64_t>() < rank) {
       t.channel_dim = e["axis"].get<std::int64_t>();
     } else {
-      bad_input(who + ": axis must be null or a dimension of the shape, got " + e["axis"].dump());
+      bad_input(who + ": axis must be null or a dimension of the shape, got " + json_excerpt(e["axis"]));
     }
     if (info.bits == 4 && (t.shape.empty() || t.shape.back() % 8 != 0))
-      bad_input(who + ": an int4 tensor needs a last dimension divisible by 8, shape is " + dims_str(t.shape));
+      bad_input(who + ": an int4 tensor needs a last dimension divisible by 8, shape is " + clip(dims_str(t.shape)));
     info.tensors.emplace(name, std::move(t));
   }
   return info;

@@ -51,6 +51,10 @@ struct Decision {
   std::int64_t channels = 1;     // number of (scale, zero point) pairs
 };
 
+// Tensors of a higher rank are kept (with a warning): NumPy's limit, and it bounds the size of the
+// piece shapes that plan_pieces() returns.
+inline constexpr std::int64_t kMaxQuantizeRank = 64;
+
 // Whether tensor `t` is quantized under `scheme` and `filters`, and along which dimension.
 Decision decide(const TensorEntry& t, const QuantScheme& scheme, const Filters& filters);
 
@@ -94,7 +98,7 @@ struct Piece {
 };
 
 // Splits a tensor into pieces of at most max(target, one row) elements, in order, covering every
-// element once. Runs inside one row are cut at multiples of `align` (8 for int4: a packed word never
+// element once, in time linear in the rank plus the pieces' size (no recursion). Runs inside one row are cut at multiples of `align` (8 for int4: a packed word never
 // straddles two pieces).
 std::vector<Piece> plan_pieces(const Dims& shape, std::int64_t channel_dim, std::int64_t target, std::int64_t align);
 

@@ -11,6 +11,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -95,8 +96,13 @@ struct Job {
     std::vector<float> lo(channels, std::numeric_limits<float>::infinity());
     std::vector<float> hi(channels, -std::numeric_limits<float>::infinity());
     std::int64_t nonfinite = 0;
-    for (const auto& [first, last] : chunks) {
-#pragma omp parallel
+    // Tiny tensors (one piece) run on the calling thread: waking the team for each of 100k tensors
+    // costs far more than the work. The results do not depend on the thread count either way.
+    const bool parallel = pieces.size() > 1;
+    for (const auto& chunk : chunks) {
+      // Plain copies: clang 14 cannot capture structured bindings in an OpenMP region.
+      const std::size_t first = chunk.first, last = chunk.second;
+#pragma omp parallel if (parallel)
       {
         std::vector<float> l(channels, std::numeric_limits<float>::infinity());
         std::vector<float> u(channels, -std::numeric_limits<float>::infinity());
@@ -134,7 +140,8 @@ struct Job {
 
     // 3. Quantize chunk by chunk; pieces of a chunk in parallel.
     std::vector<ErrorStats> errors(pieces.size());
-    for (const auto& [first, last] : chunks) {
+    for (const auto& chunk : chunks) {
+      const std::size_t first = chunk.first, last = chunk.second;
       std::int64_t count = 0;
       for (std::size_t k = first; k < last; ++k) count += pieces[k].count;
       const std::int64_t chunk_begin = pieces[first].begin;
@@ -143,7 +150,7 @@ struct Job {
       buffer.resize(chunk_bytes);
       std::byte* obytes = buffer.data();  // operator new's alignment: enough for int32 words
       std::string failure;
-#pragma omp parallel
+#pragma omp parallel if (parallel)
       {
         std::vector<std::byte> staging;
 #pragma omp for schedule(dynamic, 1)
@@ -177,7 +184,7 @@ struct Job {
           }
         }
       }
-      if (!failure.empty()) bad_input("tensor '" + t.name + "': " + failure);
+      if (!failure.empty()) bad_input("tensor " + quote_name(t.name) + ": " + failure);
       out.submit(std::move(buffer), out_data_start + data_off + static_cast<std::uint64_t>(bits == 4 ? chunk_begin / 2 : chunk_begin));
       bytes_done += static_cast<std::uint64_t>(count * esize);
       progress.update(bytes_done, tensors_done);
@@ -197,8 +204,43 @@ std::string gb_per_s(std::uint64_t bytes, double seconds) {
 
 }  // namespace
 
+void cap_openmp_environment() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (!env) return;
+  // A comma-separated list of thread counts (one per nesting level), possibly with spaces.
+  std::string out;
+  bool changed = false;
+  for (std::string_view rest(env);;) {
+    const std::size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    std::size_t b = 0, e = item.size();
+    while (b < e && (item[b] == ' ' || item[b] == '\t')) ++b;
+    while (e > b && (item[e - 1] == ' ' || item[e - 1] == '\t')) --e;
+    const std::string_view digits = item.substr(b, e - b);
+    const bool numeric = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
+    if (numeric && (digits.size() > 4 || std::stoi(std::string(digits)) > kMaxThreads)) {
+      out += std::to_string(kMaxThreads);
+      changed = true;
+    } else {
+      out.append(item);
+    }
+    if (comma == std::string_view::npos) break;
+    out.push_back(',');
+    rest.remove_prefix(comma + 1);
+  }
+  if (changed) ::setenv("OMP_NUM_THREADS", out.c_str(), 1);
+}
+
+void check_threads(int threads, const char* option) {
+  if (threads < 0 || threads > kMaxThreads)
+    bad_input(std::string(option) + " is " + std::to_string(threads) + " but expected a value in [0, " +
+              std::to_string(kMaxThreads) + "] (0: every core)");
+}
+
 void configure_threads(int threads) {
+  check_threads(threads);
   if (threads > 0) omp_set_num_threads(threads);
+  else if (omp_get_max_threads() > kMaxThreads) omp_set_num_threads(kMaxThreads);  // a huge OMP_NUM_THREADS
   omp_set_max_active_levels(1);
 }
 
@@ -206,8 +248,11 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const Filters filters{compile_patterns(o.include, "--include"), compile_patterns(o.exclude, "--exclude")};
   if (o.scheme.bits != 8 && o.scheme.bits != 4) bad_input("--bits must be 8 or 4");
+  check_threads(o.threads);
   check_can_create(o.output, o.force);
   if (!o.report_path.empty()) check_can_create(o.report_path, o.force);
+  if (!o.report_path.empty() && o.report_path == o.output)
+    bad_input("--report " + o.report_path + " is the output file too");
 
   const MappedFile in(o.input);
   Header h;
@@ -216,8 +261,13 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
   } catch (const CliError& e) {
     throw CliError(e.exit_code(), o.input + ": " + e.what());
   }
-  if (parse_quant_metadata(h.metadata))
-    bad_input(o.input + ": already quantized by xquant (its __metadata__ has xquant.format_version)");
+  bool quantized = false;
+  try {
+    quantized = parse_quant_metadata(h.metadata).has_value();
+  } catch (const CliError& e) {
+    throw CliError(e.exit_code(), o.input + ": " + e.what());
+  }
+  if (quantized) bad_input(o.input + ": already quantized by xquant (its __metadata__ has xquant.format_version)");
 
   // Decide every tensor and lay out the output before reading any data.
   QuantizeResult result;
@@ -233,7 +283,7 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
   for (const auto& t : h.tensors) {
     Decision d = decide(t, o.scheme, filters);
     if (d.warn && o.strict)
-      bad_input("tensor '" + t.name + "' cannot be quantized with these options (--strict): " + d.reason);
+      bad_input("tensor " + quote_name(t.name) + " cannot be quantized with these options (--strict): " + d.reason);
     TensorResult r;
     r.name = t.name;
     r.dtype = t.dtype;
@@ -245,8 +295,8 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
     if (d.quantize) {
       for (const char* suffix : {kScaleSuffix, kZeroPointSuffix})
         if (names.count(t.name + suffix))
-          bad_input(o.input + ": tensor '" + t.name + suffix + "' already exists, so the parameters of '" + t.name +
-                    "' cannot be stored under that name");
+          bad_input(o.input + ": tensor " + quote_name(t.name + suffix) + " already exists, so the parameters of " +
+                    quote_name(t.name) + " cannot be stored under that name");
       r.channel_dim = d.channel_dim;
       r.channels = d.channels;
       r.stored_dtype = quantized_dtype(o.scheme.bits);
@@ -282,6 +332,10 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
 
   configure_threads(o.threads);
   AtomicOutput out(o.output, o.force);
+  // The report's temporary file too, before any work: an unwritable report fails the run early, and
+  // neither file is renamed into place unless both were written and synced.
+  std::optional<AtomicOutput> rep;
+  if (!o.report_path.empty()) rep.emplace(o.report_path, o.force);
   out.write_at(header.data(), header.size(), 0);
   std::uint64_t total_bytes = 0;
   for (const auto& t : h.tensors) total_bytes += t.nbytes();
@@ -305,17 +359,19 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
   writer.finish();
   in.release(h.data_start, h.data_size);
   progress.clear();
-  out.commit();
+  out.sync();
   result.file_bytes_in = in.size();
   result.file_bytes_out = header.size() + data_size;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  if (!o.report_path.empty()) {
+  if (rep) {
     const std::string json = report_json(o, result) + "\n";
-    AtomicOutput rep(o.report_path, o.force);
-    rep.write_at(json.data(), json.size(), 0);
-    rep.commit();
+    rep->write_at(json.data(), json.size(), 0);
+    rep->sync();
   }
+  // Everything is written and synced: only the renames are left.
+  out.commit();
+  if (rep) rep->commit();
   return result;
 }
 
@@ -333,6 +389,12 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+std::vector<std::string> safe_list(const std::vector<std::string>& v) {
+  std::vector<std::string> r;
+  for (const auto& s : v) r.push_back(utf8_safe(s));
+  return r;
+}
+
 std::string scheme_str(const QuantScheme& s) {
   return std::string(s.bits == 4 ? "int4 (quint4x2)" : "int8") + ", " +
          (s.per_channel ? "per-channel (axis " + std::to_string(s.axis) + ")" : "per-tensor") + ", " +
@@ -346,14 +408,14 @@ std::string report_json(const QuantizeOptions& o, const QuantizeResult& r) {
   J j = J::object();
   j["xquant_version"] = xquant::kVersion;
   j["command"] = "quantize";
-  j["input"] = o.input;
-  j["output"] = o.output;
+  j["input"] = utf8_safe(o.input);
+  j["output"] = utf8_safe(o.output);
   j["options"] = {{"bits", o.scheme.bits},
                   {"scheme", o.scheme.per_channel ? "per-channel" : "per-tensor"},
                   {"axis", o.scheme.axis},
                   {"mode", o.scheme.symmetric ? "symmetric" : "asymmetric"},
-                  {"include", o.include},
-                  {"exclude", o.exclude},
+                  {"include", safe_list(o.include)},
+                  {"exclude", safe_list(o.exclude)},
                   {"strict", o.strict},
                   {"threads", o.threads}};
   J tensors = J::array();
@@ -403,7 +465,8 @@ std::string report_json(const QuantizeOptions& o, const QuantizeResult& r) {
 }
 
 void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult& r) {
-  std::fprintf(out, "xquant %s quantize: %s -> %s\n", xquant::kVersion, o.input.c_str(), o.output.c_str());
+  std::fprintf(out, "xquant %s quantize: %s -> %s\n", xquant::kVersion, utf8_safe(o.input).c_str(),
+               utf8_safe(o.output).c_str());
   std::fprintf(out, "scheme: %s\n", scheme_str(o.scheme).c_str());
   std::size_t w = 6;
   for (const auto& t : r.tensors)
@@ -440,7 +503,7 @@ void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult
                Progress::bytes_str(static_cast<double>(r.file_bytes_out)).c_str(), ratio >= 1.0 || ratio == 0.0 ? ratio : 1.0 / ratio,
                ratio >= 1.0 || ratio == 0.0 ? "smaller" : "larger");
   std::fprintf(out, "time:  %.3f s, %s GB/s\n", r.seconds, gb_per_s(r.file_bytes_in, r.seconds).c_str());
-  if (!o.report_path.empty()) std::fprintf(out, "report: %s\n", o.report_path.c_str());
+  if (!o.report_path.empty()) std::fprintf(out, "report: %s\n", utf8_safe(o.report_path).c_str());
 }
 
 }  // namespace xqcli

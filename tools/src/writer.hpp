@@ -1,5 +1,6 @@
 // Writes into an AtomicOutput on a background thread, so that computing the next chunk overlaps
-// writing the previous one. At most two writes are pending (bounded memory); a write error is rethrown
+// writing the previous one. At most two writes are pending, or up to 16 MiB of small ones (bounded
+// memory); a write error is rethrown
 // by the next submit() or by finish().
 #pragma once
 #include <condition_variable>
@@ -50,6 +51,10 @@ class AsyncWriter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
+  std::size_t pending_bytes_ = 0;  // of the queued and in-flight jobs
+  std::size_t in_flight_ = 0;      // jobs the writer thread took and is writing
+  int waiters_ = 0;                // threads in push() or finish() waiting on cv_
+  bool writer_idle_ = false;       // the writer thread waits on cv_ for a job
   std::vector<std::vector<std::byte>> spare_;
   std::exception_ptr error_;
   bool busy_ = false;

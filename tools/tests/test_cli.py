@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from safetensors import safe_open
 
 from xquant_cli_support import (ROOT, SAMPLE, XQ, dequantized, expected_q, np, raw_file, read_official,
                                 save_official, stored_ints, xquant)
@@ -238,8 +239,26 @@ BAD_FILES = {
     "malformed_json": ('{"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}', b"\0" * 16, None,
                        "malformed JSON header"),
     "not_an_object": ("[1, 2, 3]", b"", None, "must be an object"),
-    "unknown_dtype": ('{"w": {"dtype": "F4", "shape": [2, 2], "data_offsets": [0, 16]}}', b"\0" * 16, None,
-                      "unknown dtype 'F4'"),
+    "unknown_dtype": ('{"w": {"dtype": "F5", "shape": [2, 2], "data_offsets": [0, 16]}}', b"\0" * 16, None,
+                      "unknown dtype 'F5'"),
+    # Issue 11: the official reader's rules, and hostile nesting / sizes.
+    "bom": (b'\xef\xbb\xbf' + json.dumps(GOOD).encode(), b"\0" * 16, None, "byte-order mark"),
+    "nul_then_tensor": (json.dumps(GOOD).encode() + b'\0,"x": {"dtype": "I8", "shape": [1], "data_offsets": [16, 17]}}',
+                        b"\0" * 17, None, "NUL byte at offset"),
+    "duplicate_key_in_entry": ('{"w": {"dtype": "F32", "dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}', b"\0" * 16,
+                               None, "has key 'dtype' twice in the entry of 'w'"),
+    "hole": ('{"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [4, 20]}}', b"\0" * 20, None,
+             "a hole in the data section"),
+    "trailing_bytes": (json.dumps(GOOD), b"\0" * 20, None, "the tensors cover 16 bytes of the data section but it has 20"),
+    "deep_shape": ('{"w": {"dtype": "F32", "shape": ' + "[" * 100_000 + "]" * 100_000 + ', "data_offsets": [0, 16]}}',
+                   b"\0" * 16, None, "the JSON header nesting deeper than 16 levels"),
+    "deep_offsets": ('{"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": ' + "[" * 100_000 + "]" * 100_000 + '}}',
+                     b"\0" * 16, None, "the JSON header nesting deeper than 16 levels"),
+    "deep_quant_metadata": (json.dumps({"__metadata__": {"xquant.format_version": "1", "xquant.bits": "8",
+                                                         "xquant.scheme": "per-tensor", "xquant.axis": "none",
+                                                         "xquant.mode": "symmetric",
+                                                         "xquant.tensors": "[" * 100_000 + "]" * 100_000}, **GOOD}),
+                            b"\0" * 16, None, "xquant.tensors nesting deeper than 16 levels"),
     "offsets_out_of_range": ('{"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}', b"\0" * 12, None,
                              "out of range: the data section has 12 bytes"),
     "overlapping": ('{"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}, '
@@ -267,7 +286,8 @@ def test_bad_input_files(tmp_path, case, command):
         raw_file(path, header, data, length)
     args = [command, path] + ([] if command == "inspect" else ["-o", tmp_path / "out.safetensors"])
     r = xquant(*args)
-    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert r.returncode == 1, (r.returncode, r.stderr[:1000])
+    assert len(r.stderr) < 1000, r.stderr[:1000]  # quoted values are cut
     assert r.stderr.startswith("xquant: error: ") and needle in r.stderr, r.stderr
     assert str(path) in r.stderr
     assert r.stdout == ""
@@ -301,6 +321,7 @@ def test_missing_and_unreadable_inputs(tmp_path):
 def test_usage_errors_exit_1():
     for args in [[], ["frobnicate"], ["quantize"], ["quantize", SAMPLE], ["quantize", SAMPLE, "-o", "x", "--bits", "3"],
                  ["quantize", SAMPLE, "-o", "x", "--scheme", "per-row"], ["quantize", SAMPLE, "-o", "x", "--threads", "-1"],
+                 ["quantize", SAMPLE, "-o", "x", "--threads", "1025"], ["dequantize", SAMPLE, "-o", "x", "--threads", "1025"],
                  ["quantize", SAMPLE, "-o", "x", "--symmetric", "--asymmetric"], ["inspect", SAMPLE, "--bogus"],
                  ["quantize", SAMPLE, "-o", "/nonexistent/x", "--include", "(unclosed"]]:
         r = xquant(*args)
@@ -419,3 +440,225 @@ def test_progress_bar_only_on_a_terminal(tmp_path):
     assert rc == 0 and "dequantize [" in tty
     r = xquant("quantize", SAMPLE, "-o", tmp_path / "d.safetensors")  # stderr a pipe: no bar
     assert r.returncode == 0 and r.stderr == ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Issue 11: hostile files and arguments.
+
+# Headers on which xquant and the official reader must agree (accept or refuse), each with its data size.
+_T = '"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
+STRICTNESS = {
+    "valid": ("{" + _T + "}", 4),
+    "trailing_spaces": ("{" + _T + "}   ", 4),
+    "trailing_json_whitespace": ("{" + _T + "}\n\t\r ", 4),
+    "leading_whitespace": (" \n{" + _T + "}", 4),
+    "bom": (b"\xef\xbb\xbf{" + _T.encode() + b"}", 4),
+    "nul_padding": (b"{" + _T.encode() + b"}\0\0\0", 4),
+    "nul_then_tensor": (b"{" + _T.encode() + b'}\0,"b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}', 8),
+    "duplicate_dtype": ('{"a": {"dtype": "F32", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', 4),
+    "duplicate_metadata_key": ('{"__metadata__": {}, "__metadata__": {}, ' + _T + "}", 4),
+    "metadata_null": ('{"__metadata__": null, ' + _T + "}", 4),
+    "metadata_not_string": ('{"__metadata__": {"k": 1}, ' + _T + "}", 4),
+    "unknown_entry_key": ('{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": [1]}}', 4),
+    "hole_at_start": ('{"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}', 8),
+    "hole_between": ('{"a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}, '
+                     '"b": {"dtype": "I8", "shape": [2], "data_offsets": [3, 5]}}', 5),
+    "not_covered": ("{" + _T + "}", 6),
+    "empty_with_data": ("{}", 1),
+    "empty": ("{}", 0),
+    "empty_tensor_inside_another": ('{"a": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]}, '
+                                    '"e": {"dtype": "I8", "shape": [0], "data_offsets": [2, 2]}}', 4),
+    "empty_tensor_at_end": ('{"a": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]}, '
+                            '"e": {"dtype": "I8", "shape": [0], "data_offsets": [4, 4]}}', 4),
+    "overlap": ('{"a": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]}, '
+                '"b": {"dtype": "I8", "shape": [2], "data_offsets": [2, 4]}}', 4),
+    "shape_float": ('{"a": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}}', 4),
+    "shape_negative": ('{"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', 4),
+    "three_offsets": ('{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 4]}}', 4),
+    "size_mismatch": ('{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}', 4),
+    "dtype_lower_case": ('{"a": {"dtype": "f32", "shape": [1], "data_offsets": [0, 4]}}', 4),
+    "F4_whole_bytes": ('{"a": {"dtype": "F4", "shape": [2, 3], "data_offsets": [0, 3]}}', 3),
+    "F4_half_byte": ('{"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}', 2),
+    "F6_E2M3": ('{"a": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}}', 3),
+    "F6_E3M2_partial": ('{"a": {"dtype": "F6_E3M2", "shape": [1], "data_offsets": [0, 1]}}', 1),
+    "F8_E4M3FNUZ": ('{"a": {"dtype": "F8_E4M3FNUZ", "shape": [2], "data_offsets": [0, 2]}}', 2),
+    "C64": ('{"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}', 8),
+    "not_an_object": ("[]", 0),
+    "invalid_utf8": (b'{"\xff": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', 4),
+    "lone_surrogate": ('{"a\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', 4),
+    "control_char_in_name": ('{"a\tb": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', 4),
+    "escaped_nul_in_name": ('{"a\\u0000b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', 4),
+    "deep": ('{"a": {"dtype": "F32", "shape": ' + "[" * 200 + "]" * 200 + ', "data_offsets": [0, 4]}}', 4),
+}
+
+
+def _official_accepts(path):
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            list(f.keys())
+        return True
+    except Exception:  # the official reader's errors are SafetensorError, also for its own limits
+        return False
+
+
+@pytest.mark.parametrize("case", sorted(STRICTNESS))
+def test_as_strict_as_the_official_reader(tmp_path, case):
+    header, nbytes = STRICTNESS[case]
+    path = raw_file(tmp_path / "f.safetensors", header, b"\0" * nbytes)
+    official = _official_accepts(path)
+    r = xquant("inspect", path)
+    assert (r.returncode == 0) == official, (case, official, r.returncode, r.stderr)
+    if not official:
+        assert r.returncode == 1 and r.stderr.startswith("xquant: error: "), r.stderr
+
+
+def test_deliberately_stricter_than_the_official_reader(tmp_path):
+    """Duplicate tensor names and duplicate keys in __metadata__: the official reader keeps the last one
+    silently; xquant refuses the ambiguous file (docs/cli.md)."""
+    for header, needle in [("{" + _T + ", " + _T + "}", "names tensor 'a' twice"),
+                           ('{"__metadata__": {"k": "1", "k": "2"}, ' + _T + "}", "has key 'k' twice")]:
+        path = raw_file(tmp_path / "f.safetensors", header, b"\0" * 4)
+        assert _official_accepts(path)
+        r = xquant("inspect", path)
+        assert r.returncode == 1 and needle in r.stderr, r.stderr
+
+
+def test_huge_rank_is_kept_not_planned(tmp_path):
+    """Issue 11: a rank-30,000 tensor (a 1.1 MB file) made the planner recurse once per dimension (3.5 GB,
+    then a stack overflow). Tensors above rank 64 are kept, with a warning; inspect lists them."""
+    shape = [1] * 29_998 + [2, 262_152]
+    n = 2 * 262_152
+    src = raw_file(tmp_path / "rank.safetensors",
+                   {"w": {"dtype": "F16", "shape": shape, "data_offsets": [0, 2 * n]},
+                    "v": {"dtype": "F16", "shape": [1] * 62 + [2, 8], "data_offsets": [2 * n, 2 * n + 32]}},
+                   np.arange(n + 16, dtype=np.float16).tobytes())
+    out = tmp_path / "o.safetensors"
+    r = xquant("quantize", src, "-o", out, "--report", tmp_path / "r.json", timeout=120)
+    assert r.returncode == 0, r.stderr[:2000]
+    assert "warning: keeping 'w' as F16: rank 30000 is above 64" in r.stderr
+    report = json.load(open(tmp_path / "r.json"))
+    actions = {t["name"]: t["action"] for t in report["tensors"]}
+    assert actions == {"w": "kept", "v": "quantized"}  # v has rank 64
+    import safetensors  # NumPy cannot hold rank 30,000: compare the bytes
+    got = {name: v for name, v in safetensors.deserialize(open(out, "rb").read())}
+    assert got["w"]["shape"] == shape and got["w"]["dtype"] == "F16"
+    assert bytes(got["w"]["data"]) == np.arange(n, dtype=np.float16).tobytes()
+    assert got["v"]["dtype"] == "I8"
+    r = xquant("quantize", src, "-o", tmp_path / "s.safetensors", "--strict", timeout=120)
+    assert r.returncode == 1 and "rank 30000 is above 64" in r.stderr
+    assert xquant("inspect", src, "--json", timeout=120).returncode == 0
+
+
+def test_threads_are_capped(tmp_path):
+    """Issue 11: --threads 2147483647 passed validation and libgomp then killed the process."""
+    src = raw_file(tmp_path / "s.safetensors", {"w": {"dtype": "F32", "shape": [2, 8], "data_offsets": [0, 64]}},
+                   np.linspace(-1, 1, 16, dtype=np.float32).tobytes())
+    for command in ["quantize", "dequantize"]:
+        for bad in ["2147483647", "1025", "-1"]:
+            r = xquant(command, src, "-o", tmp_path / "o.safetensors", "--threads", bad)
+            assert r.returncode == 1, (command, bad, r.returncode, r.stderr)
+            assert "--threads" in r.stderr and "1024" in r.stderr, r.stderr
+    assert entries(tmp_path) == ["s.safetensors"]
+    r = xquant("quantize", src, "-o", tmp_path / "o.safetensors", "--threads", "1024", "-q")
+    assert r.returncode == 0, r.stderr
+    # OpenMP's own default is capped too.
+    r = xquant("quantize", src, "-o", tmp_path / "o2.safetensors", "-q", env={**os.environ, "OMP_NUM_THREADS": "2147483647"})
+    assert r.returncode == 0, r.stderr
+
+
+def test_report_failure_leaves_no_output(tmp_path):
+    """Issue 11: the report was written after the output was renamed into place, so a report that could
+    not be written left the output behind."""
+    out = tmp_path / "o.safetensors"
+    r = xquant("quantize", SAMPLE, "-o", out, "--report", tmp_path / "missing" / "r.json")
+    assert r.returncode == 2 and "cannot create a temporary file in" in r.stderr, r.stderr
+    assert entries(tmp_path) == []
+    # With --force an existing output stays as it was.
+    out.write_text("old")
+    r = xquant("quantize", SAMPLE, "-o", out, "--force", "--report", tmp_path / "missing" / "r.json")
+    assert r.returncode == 2 and out.read_text() == "old" and entries(tmp_path) == ["o.safetensors"]
+
+
+def test_non_utf8_paths(tmp_path):
+    """Issue 11: a path that is not UTF-8 broke --report and inspect --json with a raw JSON-library
+    message. Invalid bytes are written as \\xNN in messages and JSON."""
+    name = os.fsdecode(b"w\xff\xc3.safetensors")
+    src = tmp_path / name
+    save_official(src, {"w": ("F32", np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8))})
+    rep = tmp_path / os.fsdecode(b"r\xfe.json")
+    out = tmp_path / os.fsdecode(b"o\x80.safetensors")
+    r = subprocess.run([XQ, "quantize", str(src), "-o", str(out), "--report", str(rep)], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r.stdout.decode("utf-8")  # strict: the printed report is UTF-8
+    report = json.loads(open(rep, "rb").read().decode("utf-8"))
+    assert report["input"].endswith("w\\xFF\\xC3.safetensors"), report["input"]
+    assert report["output"].endswith("o\\x80.safetensors")
+    r = subprocess.run([XQ, "inspect", str(out), "--json"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.decode("utf-8"))["file"].endswith("o\\x80.safetensors")
+    r = subprocess.run([XQ, "inspect", str(tmp_path / os.fsdecode(b"missing\xff"))], capture_output=True, timeout=120)
+    assert r.returncode == 2
+    assert "missing\\xFF" in r.stderr.decode("utf-8")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGHUP, 129), (signal.SIGQUIT, 131), (signal.SIGTERM, 143)])
+def test_terminating_signals_remove_the_temporary_file(tmp_path, sig, code):
+    """Issue 11: SIGHUP mid-write left a multi-GB temporary file (only INT / TERM / BUS were handled)."""
+    src = tmp_path / "big.safetensors"
+    _big_sparse_f16(src, 32768, 32768)
+    work = tmp_path / "out"
+    work.mkdir()
+    out = work / "o.safetensors"
+    p = subprocess.Popen([XQ, "quantize", str(src), "-o", str(out), "--threads", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not os.listdir(work) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.001)
+    assert p.poll() is None, "finished before it could be signalled"
+    time.sleep(0.05)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert "terminated; no output written" in err
+    assert entries(work) == []
+
+
+def _tiny_checkpoint(path, n):
+    hdr = {f"layers.{i}.w": {"dtype": "F32", "shape": [2, 8], "data_offsets": [64 * i, 64 * i + 64]} for i in range(n)}
+    x = np.random.RandomState(7).standard_normal(16 * n).astype(np.float32)
+    raw_file(path, hdr, x.tobytes())
+    return x.reshape(n, 2, 8)
+
+
+def test_hundred_thousand_tiny_tensors(tmp_path):
+    """Issue 11: header parsing was quadratic in the number of tensors and each tiny tensor paid for an
+    OpenMP parallel region: 100k tiny tensors took minutes. The time is printed, not asserted; the
+    subprocess timeout is generous."""
+    n = 100_000
+    src = tmp_path / "tiny.safetensors"
+    x = _tiny_checkpoint(src, n)
+    out = tmp_path / "q.safetensors"
+    t0 = time.monotonic()
+    r = xquant("quantize", src, "-o", out, "-q", timeout=120)
+    t1 = time.monotonic()
+    assert r.returncode == 0, r.stderr
+    back = tmp_path / "d.safetensors"
+    r = xquant("dequantize", out, "-o", back, "-q", timeout=120)
+    t2 = time.monotonic()
+    assert r.returncode == 0, r.stderr
+    r = xquant("inspect", out, timeout=120)
+    t3 = time.monotonic()
+    assert r.returncode == 0
+    print(f"\n[ timing ] {n} tiny tensors: quantize {t1 - t0:.2f} s, dequantize {t2 - t1:.2f} s, inspect {t3 - t2:.2f} s")
+    meta, tensors = read_official(out)
+    assert len(tensors) == 2 * n
+    for i in [0, 1, 4242, n - 1]:
+        name = f"layers.{i}.w"
+        scale = tensors[name + ".scale"][1]
+        amax = np.abs(x[i]).max(axis=1, keepdims=True)
+        assert np.array_equal(scale, (amax / np.float32(127)).astype(np.float32))
+        assert np.array_equal(stored_ints(meta, tensors, name), expected_q(x[i], scale, 0, 8))
+    _, d = read_official(back)
+    assert len(d) == n
+    assert np.array_equal(d["layers.99999.w"][1],
+                          dequantized(stored_ints(meta, tensors, "layers.99999.w"), tensors["layers.99999.w.scale"][1], 0))

@@ -558,4 +558,32 @@ TEST(Inspect, TableAndJson) {
   expect_cli_error([&] { capture({dir / "missing", false}); }, 2, "cannot open");
 }
 
+// --threads is capped at kMaxThreads; a huge OMP_NUM_THREADS is lowered before OpenMP starts (LLVM's
+// libomp failed an assertion on 2147483647, issue 11).
+TEST(Threads, LimitsAndOpenMpEnvironment) {
+  EXPECT_NO_THROW(check_threads(0));
+  EXPECT_NO_THROW(check_threads(kMaxThreads));
+  for (int bad : {-1, kMaxThreads + 1, 2147483647}) {
+    try {
+      check_threads(bad);
+      ADD_FAILURE() << bad;
+    } catch (const CliError& e) {
+      EXPECT_EQ(e.exit_code(), 1);
+      EXPECT_NE(std::string(e.what()).find("--threads is " + std::to_string(bad) + " but expected a value in [0, 1024]"),
+                std::string::npos) << e.what();
+    }
+  }
+  const char* old = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = old ? old : "";
+  for (const auto& [in, want] : std::vector<std::pair<std::string, std::string>>{
+           {"2147483647", "1024"}, {"4", "4"}, {"1025", "1024"}, {"1024", "1024"}, {" 99999999999999999999 , 3", "1024, 3"},
+           {"8,2048", "8,1024"}, {"abc", "abc"}}) {
+    ::setenv("OMP_NUM_THREADS", in.c_str(), 1);
+    cap_openmp_environment();
+    EXPECT_EQ(std::string(std::getenv("OMP_NUM_THREADS")), want) << in;
+  }
+  if (old) ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else ::unsetenv("OMP_NUM_THREADS");
+}
+
 }  // namespace

@@ -3,7 +3,9 @@
 // round trips.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -40,18 +42,18 @@ void expect_bad(const std::vector<std::byte>& f, const std::string& needle) {
   }
 }
 
-TEST(Parser, ValidFileWithMetadataEmptyTensorAndHole) {
+TEST(Parser, ValidFileWithMetadataAndEmptyTensor) {
   const std::string j =
       R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F16","shape":[2,2],"data_offsets":[24,32]},)"
-      R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"e":{"dtype":"I8","shape":[0,4],"data_offsets":[8,8]},)"
-      R"("s":{"dtype":"BF16","shape":[],"data_offsets":[36,38]}})";
-  const Header h = parse(image(j, 40));
+      R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"e":{"dtype":"I8","shape":[0,4],"data_offsets":[24,24]},)"
+      R"("s":{"dtype":"BF16","shape":[],"data_offsets":[32,34]}})";
+  const Header h = parse(image(j, 34));
   ASSERT_EQ(h.tensors.size(), 4u);
   EXPECT_EQ(h.metadata.at("format"), "pt");
   EXPECT_EQ(h.header_len, j.size());
   EXPECT_EQ(h.data_start, 8 + j.size());
-  EXPECT_EQ(h.data_size, 40u);
-  // Data order: a [0,24), e [8,8) (empty, anywhere), b [24,32), s [36,38) after a 4-byte hole.
+  EXPECT_EQ(h.data_size, 34u);
+  // Data order (by data_offsets): a [0,24), e [24,24) (empty), b [24,32), s [32,34).
   EXPECT_EQ(h.tensors[0].name, "a");
   EXPECT_EQ(h.tensors[1].name, "e");
   EXPECT_EQ(h.tensors[2].name, "b");
@@ -106,7 +108,7 @@ TEST(Parser, MalformedJson) {
   expect_bad(image(R"({"a": {"dtype": "F32",})", 0), "malformed JSON header");
   expect_bad(image("{} trailing", 0), "malformed JSON header");
   expect_bad(image(std::string("{\"\xff\":1}"), 0), "malformed JSON header");  // invalid UTF-8
-  expect_bad(image(std::string("{\"a\0\":{}}", 9), 0), "malformed JSON header");  // a NUL byte
+  expect_bad(image(std::string("{\"a\0\":{}}", 9), 0), "NUL byte");
   expect_bad(image("[1, 2]", 0), "must be an object");
   expect_bad(image("17", 0), "must be an object");
 }
@@ -132,7 +134,7 @@ TEST(Parser, BadEntries) {
 }
 
 TEST(Parser, UnknownDtype) {
-  for (const char* dt : {"F4", "f32", "Q4_0", "", "FLOAT32"})
+  for (const char* dt : {"F8_E4M3FN", "f32", "Q4_0", "", "FLOAT32"})
     expect_bad(image(std::string(R"({"a":{"dtype":")") + dt + R"(","shape":[1],"data_offsets":[0,1]}})", 1),
                std::string("unknown dtype '") + dt + "'");
 }
@@ -159,7 +161,7 @@ TEST(Parser, BadDataOffsets) {
 
 TEST(Parser, ShapeSizeMismatch) {
   expect_bad(image(R"({"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 24),
-             "shape/size mismatch: dtype F32 and shape [2, 3] need 24 bytes but data_offsets [0,20] span 20");
+             "shape/size mismatch: dtype F32 and shape [2, 3] need 24 bytes but data_offsets [0, 20] span 20");
   expect_bad(image(R"({"a":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}})", 8), "shape/size mismatch");
 }
 
@@ -179,7 +181,8 @@ TEST(Parser, OverlappingData) {
 TEST(Parser, EveryDtypeNameAndSize) {
   const std::vector<std::pair<std::string, std::size_t>> all = {
       {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2},
-      {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8}};
+      {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8},
+      {"F8_E4M3FNUZ", 1}, {"F8_E5M2FNUZ", 1}, {"C64", 8}};
   for (const auto& [name, size] : all) {
     const auto dt = xqcli::parse_st_dtype(name);
     ASSERT_TRUE(dt.has_value()) << name;
@@ -193,6 +196,148 @@ TEST(Parser, EveryDtypeNameAndSize) {
   EXPECT_TRUE(xqcli::st_is_quantizable(StDType::BF16));
   EXPECT_FALSE(xqcli::st_is_quantizable(StDType::F64));
   EXPECT_FALSE(xqcli::st_is_quantizable(StDType::I8));
+}
+
+// ---- the official reader's rules (issue 11: the parser was more lenient than the Rust crate) ----
+
+const std::string kT = R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+
+TEST(Strict, ByteOrderMarkNulAndTrailingBytesAfterNulAreRefused) {
+  expect_bad(image("\xEF\xBB\xBF{" + kT + "}", 4), "byte-order mark");
+  // nlohmann's lexer stops at a NUL: the tensor after it used to be dropped silently.
+  expect_bad(image(std::string("{") + kT + "}" + std::string(1, '\0') + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+             "NUL byte at offset");
+  expect_bad(image(std::string("{") + kT + "}" + std::string(3, '\0'), 4), "NUL byte");
+}
+
+TEST(Strict, JsonWhitespaceMayPadBothEnds) {
+  for (const std::string& pad : {std::string("   "), std::string("\n"), std::string("\t\r\n ")}) {
+    EXPECT_EQ(parse(image("{" + kT + "}" + pad, 4)).tensors.size(), 1u);
+    EXPECT_EQ(parse(image(pad + "{" + kT + "}", 4)).tensors.size(), 1u);
+  }
+}
+
+TEST(Strict, DuplicateKeysAnywhereAreRefused) {
+  expect_bad(image(R"({"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4),
+             "has key 'dtype' twice in the entry of 'a'");
+  expect_bad(image(R"({"a":{"dtype":"F32","shape":[1],"shape":[1],"data_offsets":[0,4]}})", 4), "'shape' twice");
+  expect_bad(image(R"({"__metadata__":{"k":"1"},"__metadata__":{"k":"2"},)" + kT + "}", 4), "\"__metadata__\" twice");
+  expect_bad(image(R"({"__metadata__":{"k":"1","k":"2"},)" + kT + "}", 4), "'k' twice");
+}
+
+TEST(Strict, MetadataNullAndUnknownEntryKeysAreAccepted) {
+  EXPECT_TRUE(parse(image(R"({"__metadata__":null,)" + kT + "}", 4)).metadata.empty());
+  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":[1,{"x":2}]}})", 4)).tensors.size(), 1u);
+}
+
+TEST(Strict, DataMustBeContiguousAndFullyCovered) {
+  expect_bad(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+             "tensor 'a' begins at data offset 4 but the data section begins at 0");
+  expect_bad(image(R"({"a":{"dtype":"I8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"I8","shape":[2],"data_offsets":[3,5]}})", 5),
+             "tensor 'b' begins at data offset 3 but the previous tensor 'a' ends at 2");
+  expect_bad(image("{" + kT + "}", 5), "the tensors cover 4 bytes of the data section but it has 5");
+  expect_bad(image("{}", 1), "cover 0 bytes");
+  // An empty tensor must sit where the previous one ends, like any other.
+  expect_bad(image(R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"I8","shape":[0],"data_offsets":[2,2]},)"
+                   R"("b":{"dtype":"I8","shape":[4],"data_offsets":[4,8]}})", 8),
+             "overlap");
+  const Header h = parse(image(R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"I8","shape":[0],"data_offsets":[4,4]},)"
+                               R"("f":{"dtype":"I8","shape":[0],"data_offsets":[8,8]},"b":{"dtype":"I8","shape":[4],"data_offsets":[4,8]}})", 8));
+  ASSERT_EQ(h.tensors.size(), 4u);
+  EXPECT_EQ(h.tensors[1].name, "e");
+  EXPECT_EQ(h.tensors[3].name, "f");
+}
+
+TEST(Strict, SubByteDtypesMustFillWholeBytes) {
+  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}})", 3)).tensors[0].dtype, StDType::F4);
+  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}})", 3)).tensors[0].dtype, StDType::F6_E2M3);
+  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F6_E3M2","shape":[0],"data_offsets":[0,0]}})", 0)).tensors[0].numel, 0);
+  expect_bad(image(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2), "4-bit elements and shape [3] does not fill whole bytes");
+  expect_bad(image(R"({"a":{"dtype":"F6_E2M3","shape":[1],"data_offsets":[0,1]}})", 1), "does not fill whole bytes");
+  expect_bad(image(R"({"a":{"dtype":"F4","shape":[4],"data_offsets":[0,4]}})", 4), "need 2 bytes");
+  EXPECT_EQ(xqcli::st_dtype_bits(StDType::F4), 4u);
+  EXPECT_EQ(xqcli::st_dtype_size(StDType::F4), 1u);
+  EXPECT_EQ(xqcli::st_dtype_bits(StDType::F6_E3M2), 6u);
+}
+
+// ---- hostile headers: deep nesting, huge values in messages, many tensors (issue 11) ----
+
+std::string nested(std::size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+std::string deep_object(std::size_t depth) {
+  std::string s;
+  for (std::size_t i = 0; i < depth; ++i) s += "{\"k\":";
+  return s + "1" + std::string(depth, '}');
+}
+
+TEST(Hostile, DeepNestingIsRefusedWithoutRecursion) {
+  const std::size_t deep = 100'000;
+  for (const std::string& j :
+       {R"({"a":{"dtype":"F32","shape":)" + nested(deep) + R"(,"data_offsets":[0,4]}})",
+        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":)" + nested(deep) + "}}", "{\"__metadata__\":" + nested(deep) + "}",
+        nested(deep), deep_object(deep)}) {
+    try {
+      parse(image(j, 4));
+      ADD_FAILURE() << "accepted";
+    } catch (const CliError& e) {
+      EXPECT_NE(std::string(e.what()).find("the JSON header nesting deeper than 16 levels"), std::string::npos) << xqcli::clip(e.what(), 300);
+      EXPECT_LT(std::string(e.what()).size(), 200u);
+    }
+  }
+  // 16 levels parse (and then fail validation as a shape).
+  expect_bad(image(R"({"a":{"dtype":"F32","shape":)" + nested(14) + R"(,"data_offsets":[0,4]}})", 4), "non-negative integers, got [[[[");
+}
+
+TEST(Hostile, QuotedValuesAreCut) {
+  const std::string big(100'000, 'x');
+  for (const std::string& j : {R"({"a":{"dtype":"F32","shape":[")" + big + R"("],"data_offsets":[0,4]}})",
+                               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[")" + big + R"(",4]}})",
+                               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4,)" + std::string(50'000, '1') + "]}}",
+                               R"({"a":{"dtype":")" + big + R"(","shape":[1],"data_offsets":[0,4]}})",
+                               R"({")" + big + R"(":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
+                               R"({")" + big + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},")" + big + R"(":1})",
+                               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"s":")" + big}) {
+    try {
+      parse(image(j, 4));
+      ADD_FAILURE() << "accepted";
+    } catch (const CliError& e) {
+      const std::string m = e.what();
+      EXPECT_LT(m.size(), 600u) << m.substr(0, 600);
+      EXPECT_NE(m.find("..."), std::string::npos) << m.substr(0, 600) << " for " << j.substr(0, 100);
+    }
+  }
+}
+
+TEST(Hostile, ClipAndUtf8Safe) {
+  EXPECT_EQ(xqcli::clip("abc", 3), "abc");
+  EXPECT_EQ(xqcli::clip("abcd", 3), "abc...");
+  EXPECT_EQ(xqcli::clip("ab\xc3\xa9", 3), "ab...");  // never inside a character
+  EXPECT_EQ(xqcli::utf8_safe("caf\xc3\xa9"), "caf\xc3\xa9");
+  EXPECT_EQ(xqcli::utf8_safe("a\xff" "b"), "a\\xFFb");
+  EXPECT_EQ(xqcli::utf8_safe("\xc3"), "\\xC3");               // truncated sequence
+  EXPECT_EQ(xqcli::utf8_safe("\xed\xa0\x80"), "\\xED\\xA0\\x80");  // a UTF-16 surrogate
+  EXPECT_EQ(xqcli::utf8_safe("\xc0\xaf"), "\\xC0\\xAF");         // overlong
+  EXPECT_EQ(xqcli::utf8_safe("\xf0\x9f\x98\x80"), "\xf0\x9f\x98\x80");
+}
+
+// 100k tensors used to take minutes (nlohmann's callback parser rescans the object after each member).
+TEST(Hostile, HundredThousandTensorsParseInLinearTime) {
+  constexpr int kTensors = 100'000;
+  std::string j = R"({"__metadata__":{"format":"pt"})";
+  j.reserve(8'000'000);
+  for (int i = 0; i < kTensors; ++i)
+    j += ",\"model.layers." + std::to_string(i) + ".w\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[" +
+         std::to_string(4 * i) + "," + std::to_string(4 * i + 4) + "]}";
+  j += "}";
+  const auto f = image(j, 4 * kTensors);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Header h = parse(f);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[ timing ] %d tensors, %zu-byte header parsed in %.3f s\n", kTensors, j.size(), s);
+  ASSERT_EQ(h.tensors.size(), static_cast<std::size_t>(kTensors));
+  EXPECT_EQ(h.tensors[77].name, "model.layers.77.w");
+  ASSERT_NE(h.find("model.layers.99999.w"), nullptr);
+  EXPECT_EQ(h.find("model.layers.99999.w")->begin, 4u * 99'999);
+  EXPECT_EQ(h.find("model.layers.100000.w"), nullptr);
 }
 
 TEST(Writer, LayoutAlignsAndOrdersLikeTheOfficialWriter) {

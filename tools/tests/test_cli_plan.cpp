@@ -3,6 +3,7 @@
 // metadata of a quantized file. Expected values are computed here by hand or by an independent formula.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -242,6 +243,116 @@ TEST(Pieces, LargeTensorsSplitIntoBoundedPieces) {
   const auto r = plan_pieces({2, 1 << 20}, 0, 1 << 18, 8);
   EXPECT_EQ(r[5].ch_begin, 1);  // the second row's channel, per-tensor within the row
   EXPECT_EQ(r[5].ch_dim, -1);
+}
+
+// A long rank used to make the planner recurse once per dimension, copying the remaining shape each
+// time (a rank-30,000 tensor: 3.5 GB and a stack overflow). The shape of issue 11's 1.1 MB file.
+TEST(Pieces, HugeRankIsPlannedInLinearTime) {
+  Dims shape(29'998, 1);
+  shape.push_back(2);
+  shape.push_back(262'152);
+  for (std::int64_t ch : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{29'998}, std::int64_t{29'999}}) {
+    const auto p = plan_pieces(shape, ch, 1 << 18, 8);
+    ASSERT_EQ(p.size(), 4u) << ch;  // two rows of 262152, each cut into 262144 + 8
+    EXPECT_EQ(p[0].count, 262'144);
+    EXPECT_EQ(p[1].count, 8);
+    EXPECT_EQ(p[2].begin, 262'152);
+    EXPECT_EQ(p[3].begin + p[3].count, 2 * 262'152);
+    EXPECT_EQ(p[3].shape, (Dims{8}));
+    if (ch == 29'998) {
+      EXPECT_EQ(p[2].ch_begin, 1);  // the second row's channel, per-tensor within the row
+      EXPECT_EQ(p[2].ch_dim, -1);
+    }
+    if (ch == 29'999) {
+      EXPECT_EQ(p[1].ch_begin, 262'144);
+      EXPECT_EQ(p[1].ch_dim, 0);
+    }
+  }
+  // Leading dimensions of 1 before a small tensor: one piece, the whole shape.
+  Dims small(20'000, 1);
+  small.push_back(3);
+  const auto q = plan_pieces(small, 20'000, 1 << 18, 1);
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0].shape, small);
+  EXPECT_EQ(q[0].ch_dim, 20'000);
+  EXPECT_EQ(q[0].ch_count, 3);
+}
+
+// The recursive planner that plan_pieces() replaced, kept as the reference for its output.
+void plan_reference(const Dims& shape, std::int64_t begin, std::int64_t ch_dim, std::int64_t ch_begin, std::int64_t ch_count,
+                    std::int64_t target, std::int64_t align, std::vector<Piece>& out) {
+  const std::int64_t n = checked_numel(shape).value_or(0);
+  if (n == 0) return;
+  if (n <= target) {
+    out.push_back({begin, n, shape, ch_begin, ch_count, ch_dim});
+    return;
+  }
+  if (shape.size() == 1) {
+    const std::int64_t step = std::max(align, target / align * align);
+    for (std::int64_t s = 0; s < n; s += step) {
+      const std::int64_t len = std::min(step, n - s);
+      if (ch_dim == 0) out.push_back({begin + s, len, {len}, ch_begin + s, len, 0});
+      else out.push_back({begin + s, len, {len}, ch_begin, ch_count, ch_dim});
+    }
+    return;
+  }
+  const Dims rest(shape.begin() + 1, shape.end());
+  const std::int64_t slice = n / shape[0];
+  if (slice <= target) {
+    const std::int64_t k = std::max<std::int64_t>(1, target / slice);
+    for (std::int64_t i = 0; i < shape[0]; i += k) {
+      const std::int64_t kk = std::min(k, shape[0] - i);
+      Dims s = shape;
+      s[0] = kk;
+      if (ch_dim == 0) out.push_back({begin + i * slice, kk * slice, s, ch_begin + i, kk, 0});
+      else out.push_back({begin + i * slice, kk * slice, s, ch_begin, ch_count, ch_dim});
+    }
+    return;
+  }
+  for (std::int64_t i = 0; i < shape[0]; ++i) {
+    if (ch_dim == 0) plan_reference(rest, begin + i * slice, -1, ch_begin + i, 1, target, align, out);
+    else plan_reference(rest, begin + i * slice, ch_dim < 0 ? -1 : ch_dim - 1, ch_begin, ch_count, target, align, out);
+  }
+}
+
+TEST(Pieces, SameAsTheRecursivePlanner) {
+  const std::vector<Dims> shapes = {{7, 5},    {3, 4, 8},  {2, 3, 4, 5}, {1, 64},    {64, 1},         {5, 16},
+                                    {2, 2, 2, 2, 8}, {0, 8}, {}, {1, 1, 1, 40}, {3, 1, 5, 1, 7}, {6, 2, 1, 16}};
+  for (const Dims& s : shapes)
+    for (std::int64_t ch = -1; ch < static_cast<std::int64_t>(s.size()); ++ch)
+      for (std::int64_t target : {1, 2, 3, 7, 8, 16, 40, 1000})
+        for (std::int64_t align : {1, 8}) {
+          std::vector<Piece> want;
+          const std::int64_t channels = ch < 0 ? 1 : s[static_cast<std::size_t>(ch)];
+          plan_reference(s, 0, ch, 0, channels, target, align, want);
+          const auto got = plan_pieces(s, ch, target, align);
+          ASSERT_EQ(got.size(), want.size()) << dims_str(s) << " ch " << ch << " target " << target;
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            SCOPED_TRACE(dims_str(s) + " ch " + std::to_string(ch) + " target " + std::to_string(target) + " piece " +
+                         std::to_string(i));
+            EXPECT_EQ(got[i].begin, want[i].begin);
+            EXPECT_EQ(got[i].count, want[i].count);
+            EXPECT_EQ(got[i].shape, want[i].shape);
+            EXPECT_EQ(got[i].ch_begin, want[i].ch_begin);
+            EXPECT_EQ(got[i].ch_count, want[i].ch_count);
+            EXPECT_EQ(got[i].ch_dim, want[i].ch_dim);
+          }
+        }
+}
+
+TEST(Decide, RanksAboveTheLimitAreKeptWithAWarning) {
+  const QuantScheme s;
+  const Filters f;
+  Dims at(kMaxQuantizeRank, 1);
+  at[0] = 4;
+  at.back() = 8;
+  EXPECT_TRUE(decide(entry("w", StDType::F32, at), s, f).quantize);
+  Dims above = at;
+  above.push_back(1);
+  const Decision d = decide(entry("w", StDType::F32, above), s, f);
+  EXPECT_FALSE(d.quantize);
+  EXPECT_TRUE(d.warn);
+  EXPECT_NE(d.reason.find("rank 65 is above 64"), std::string::npos) << d.reason;
 }
 
 // ---- element passes ----
