@@ -70,9 +70,11 @@ void* device_alloc(Device d, std::size_t bytes, void* stream, std::string_view w
 }
 void device_free(Device d, void* p, void* stream) noexcept { cuda::free(d.index, p, stream); }
 void device_to_host(Device d, void* dst, const void* src, std::size_t bytes, void* stream) {
+  require_cuda("copy", "src", d);
   cuda::to_host(d.index, dst, src, bytes, stream);
 }
 void host_to_device(Device d, void* dst, const void* src, std::size_t bytes, void* stream) {
+  require_cuda("copy", "dst", d);
   cuda::to_device(d.index, dst, src, bytes, stream);
 }
 const KernelTable& kernels_for(std::string_view op, std::string_view arg, Device d) {

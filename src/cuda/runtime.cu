@@ -30,7 +30,7 @@ void check(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();
   const ErrorCode code = e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::device_error;
-  throw Error(code, "cuda", "xquant: CUDA error in " + what + ": " + cudaGetErrorName(e) + " (" +
+  throw Error(code, "cuda", "xquant::cuda: CUDA error in " + what + ": " + cudaGetErrorName(e) + " (" +
                                 cudaGetErrorString(e) + ")");
 }
 
@@ -43,7 +43,7 @@ void* alloc(int index, std::size_t bytes, void* stream, const std::string& what)
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     throw Error(e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::device_error, "cuda",
-                "xquant: cannot allocate " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(index) +
+                "xquant::cuda: cannot allocate " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(index) +
                     " for " + what + ": " + cudaGetErrorString(e));
   }
   return p;

@@ -69,10 +69,18 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
   return pb;
 }
 
+// Allocating forms: inputs and amax on one device, which can run the forward kernel.
+void check_devices(const char* op, const ConstTensorView& inputs, const ConstTensorView& amax) {
+  const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}});
+  detail::require_kernel(op, "inputs", dev, detail::kernels_for(op, "inputs", dev), &detail::KernelTable::fake_quant);
+}
+
 // out_name: "out", or "inputs" for the in-place form (whose output is its input).
 void run_forward(const char* op, const char* out_name, TensorView out, const ConstTensorView& inputs,
                  const ConstTensorView& amax, std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
   const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}, {out_name, out.device}});
+  const auto kernel = detail::require_kernel(op, "inputs", dev, detail::kernels_for(op, "inputs", dev),
+                                             &detail::KernelTable::fake_quant);
   FakeQuantProblem pb = plan(op, inputs, amax, axis, o);
   detail::check_output(op, out_name, out, inputs.dtype, inputs.shape, "the shape of inputs");
   detail::check_same_or_disjoint(op, out_name, out.data, out.nbytes(), "inputs", inputs.data, inputs.nbytes());
@@ -84,7 +92,7 @@ void run_forward(const char* op, const char* out_name, TensorView out, const Con
   args.y = out.data;
   args.layout = pb.split;
   args.params = pb.params.data();
-  detail::require_kernel(op, "inputs", dev, detail::kernels_for(op, "inputs", dev), &detail::KernelTable::fake_quant)(args);
+  kernel(args);
 }
 
 }  // namespace
@@ -95,6 +103,7 @@ void fake_tensor_quant_out(TensorView out, ConstTensorView inputs, ConstTensorVi
 }
 
 Tensor fake_tensor_quant(ConstTensorView inputs, ConstTensorView amax, const FakeQuantOptions& options) {
+  check_devices("fake_tensor_quant", inputs, amax);
   plan("fake_tensor_quant", inputs, amax, std::nullopt, options);  // validate before allocating
   Tensor out(inputs.dtype, inputs.shape, inputs.device);
   fake_tensor_quant_out(out, inputs, amax, options);
@@ -112,6 +121,7 @@ void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, Con
 
 Tensor fake_tensor_quant_with_axis(ConstTensorView inputs, ConstTensorView amax, std::int64_t axis,
                                    const FakeQuantOptions& options) {
+  check_devices("fake_tensor_quant_with_axis", inputs, amax);
   plan("fake_tensor_quant_with_axis", inputs, amax, axis, options);
   Tensor out(inputs.dtype, inputs.shape, inputs.device);
   fake_tensor_quant_with_axis_out(out, inputs, amax, axis, options);
@@ -169,6 +179,11 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
 FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
                                           std::optional<std::int64_t> axis, const FakeQuantOptions& options,
                                           bool want_grad_amax) {
+  const Device dev = detail::common_device("fake_tensor_quant_backward",
+                                          {{"inputs", inputs.device}, {"amax", amax.device}, {"grad_out", grad_out.device}});
+  detail::require_kernel("fake_tensor_quant_backward", "inputs", dev,
+                         detail::kernels_for("fake_tensor_quant_backward", "inputs", dev),
+                         &detail::KernelTable::fake_quant_backward);
   plan("fake_tensor_quant_backward", inputs, amax, axis, options);
   FakeQuantGrads g;
   g.grad_inputs = Tensor(inputs.dtype, inputs.shape, inputs.device);
