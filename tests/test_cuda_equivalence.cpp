@@ -93,6 +93,12 @@ std::vector<float> edge_values(std::int64_t n, std::uint32_t seed, float spread 
   return v;
 }
 
+std::int64_t shape_numel_or(const Shape& s) {
+  std::int64_t n = 1;
+  for (std::int64_t d : s) n *= d;
+  return n;
+}
+
 const std::int64_t kLengths[] = {0, 1, 7, 8, 255, 256, 257, 1023, 1024, 1025, 4099};
 
 class CudaEquivalence : public ::testing::Test {
@@ -141,6 +147,46 @@ TEST_F(CudaEquivalence, FakeQuantWithAxis) {
       DevTensor dx = to_device(x, 1), damax = to_device(amax);
       const Tensor got = xquant::fake_tensor_quant_with_axis(dx.view(), damax.view(), axis);
       expect_same_bytes(want, to_host(got), "fake_tensor_quant_with_axis axis=" + std::to_string(axis));
+    }
+}
+
+// ---- fake tensor quant backward: grad_inputs and grad_amax (the canonical blocked sum) ----
+TEST_F(CudaEquivalence, FakeQuantBackward) {
+  REQUIRE_CUDA();
+  struct Case {
+    Shape shape;
+    std::optional<std::int64_t> axis;
+  };
+  const Case cases[] = {{{0}, std::nullopt},        {{1}, std::nullopt},          {{1023}, std::nullopt},
+                        {{1024}, std::nullopt},     {{1025}, std::nullopt},       {{16 * 1024 + 7}, std::nullopt},
+                        {{3, 1100}, 0},             {{5, 3, 700}, 1},             {{4100, 3}, 1},
+                        {{2, 2049, 2}, -2}};
+  for (DType dt : kFloatTypes)
+    for (const Case& cs : cases) {
+      const std::int64_t n = shape_numel_or(cs.shape);
+      const Tensor x = make_float(dt, cs.shape, edge_values(n, static_cast<std::uint32_t>(n) + 1u, 4.0f));
+      const Tensor g = make_float(dt, cs.shape, edge_values(n, static_cast<std::uint32_t>(n) + 2u, 3.0f));
+      const std::int64_t c = cs.axis ? cs.shape[static_cast<std::size_t>(*cs.axis < 0 ? *cs.axis + static_cast<std::int64_t>(cs.shape.size()) : *cs.axis)] : 1;
+      std::vector<float> a(static_cast<std::size_t>(c));
+      for (std::int64_t i = 0; i < c; ++i) a[static_cast<std::size_t>(i)] = 1.0f + 0.5f * static_cast<float>(i % 4);
+      const Tensor amax = make_float(dt, cs.axis ? Shape{c} : Shape{1}, a);
+      for (int bits : {8, 4})
+        for (bool uns : {false, true}) {
+          const xquant::FakeQuantOptions o{bits, uns, !uns};
+          const xquant::FakeQuantGrads want = xquant::fake_tensor_quant_backward(g, x, amax, cs.axis, o);
+          DevTensor dx = to_device(x, 1), dg = to_device(g), da = to_device(amax);
+          const xquant::FakeQuantGrads got =
+              xquant::fake_tensor_quant_backward(dg.view(), dx.view(), da.view(), cs.axis, o);
+          const std::string what = "fake_tensor_quant_backward " + std::string(xquant::dtype_name(dt)) + " " +
+                                   xquant::shape_str(cs.shape) + " bits=" + std::to_string(bits);
+          expect_same_bytes(want.grad_inputs, to_host(got.grad_inputs), what + " grad_inputs");
+          expect_same_bytes(want.grad_amax, to_host(got.grad_amax), what + " grad_amax");
+          // grad_inputs written over grad_out (allowed aliasing), grad_amax requested.
+          Tensor ga(dt, amax.shape(), Device::cuda());
+          xquant::fake_tensor_quant_backward_out(dg.view(), ga.view(), dg.view(), dx.view(), da.view(), cs.axis, o);
+          expect_same_bytes(want.grad_inputs, to_host(dg.view()), what + " grad_inputs in place");
+          expect_same_bytes(want.grad_amax, to_host(ga), what + " grad_amax (in place call)");
+        }
     }
 }
 
@@ -353,8 +399,8 @@ TEST(CudaErrors, FamilyWithoutKernel) {
   REQUIRE_CUDA();
   DevTensor x = to_device(make_float(DType::float32, {8}, std::vector<float>(8, 1.0f)));
   DevTensor a = to_device(make_float(DType::float32, {1}, {1.0f}));
-  expect_error([&] { (void)xquant::fake_tensor_quant_backward(x.view(), x.view(), a.view(), std::nullopt); },
-               xquant::ErrorCode::device_error, "inputs", {"no kernel"});
+  expect_error([&] { (void)xquant::acts_ulq(x.view(), a.view(), a.view()); }, xquant::ErrorCode::device_error, "x",
+               {"no kernel"});
 }
 
 // Out of device memory: a clear out_of_memory error.

@@ -160,6 +160,10 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
     detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "amax", amax.data, amax.nbytes());
   }
   std::vector<float> gsum(grad_amax ? static_cast<std::size_t>(pb.split.channels) : 0);
+  // On a CUDA device the kernel sums into device memory; the sums come back to the host to be narrowed to
+  // grad_amax's dtype (channels values) and go out again.
+  Tensor dev_gsum;
+  if (grad_amax && dev.is_cuda()) dev_gsum = Tensor(DType::float32, Shape{pb.split.channels}, dev);
   if (inputs.numel() > 0) {
     detail::FakeQuantBackwardArgs args{};
     args.dt = inputs.dtype;
@@ -168,12 +172,21 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
     args.grad_in = grad_inputs.data;
     args.layout = pb.split;
     args.params = pb.params.data();
-    args.grad_amax = grad_amax ? gsum.data() : nullptr;
+    args.grad_amax = grad_amax ? (dev.is_cuda() ? dev_gsum.data<float>() : gsum.data()) : nullptr;
     backward(args);
+    if (grad_amax && dev.is_cuda() && !gsum.empty())
+      detail::device_to_host(dev, gsum.data(), dev_gsum.data(), gsum.size() * sizeof(float), current_cuda_stream());
   }
-  if (grad_amax)
+  if (grad_amax && dev.is_cuda()) {
+    std::vector<unsigned char> narrowed(grad_amax->nbytes());
+    for (std::size_t c = 0; c < gsum.size(); ++c)
+      detail::store_float(grad_amax->dtype, narrowed.data(), static_cast<std::int64_t>(c), gsum[c]);
+    if (!narrowed.empty())
+      detail::host_to_device(dev, grad_amax->data, narrowed.data(), narrowed.size(), current_cuda_stream());
+  } else if (grad_amax) {
     for (std::size_t c = 0; c < gsum.size(); ++c)
       detail::store_float(grad_amax->dtype, grad_amax->data, static_cast<std::int64_t>(c), gsum[c]);
+  }
 }
 
 FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
