@@ -152,6 +152,45 @@ int main(int argc, char** argv) {
     const bool ok = same(fake_tensor_quant_with_axis(x, amax, 1), dy);
     add("fake_tensor_quant_with_axis f16 axis=1", n * 4, ok, [&] { fake_tensor_quant_with_axis_out(dy, dx, da, 1); });
   }
+  {  // fake_tensor_quant_backward, float32, per tensor, with grad_amax (the canonical blocked sum)
+    const Tensor x = host_random(DType::float32, shape, 11, 300.0f);
+    const Tensor g = host_random(DType::float32, shape, 12, 1.0f);
+    Tensor amax(DType::float32, {1});
+    amax.data<float>()[0] = 200.0f;
+    const Tensor dx = to_dev(x), dg = to_dev(g), da = to_dev(amax);
+    Tensor dgi(DType::float32, shape, Device::cuda()), dga(DType::float32, {1}, Device::cuda());
+    auto run = [&] { fake_tensor_quant_backward_out(dgi, dga.view(), dg, dx, da, std::nullopt); };
+    run();
+    const FakeQuantGrads want = fake_tensor_quant_backward(g, x, amax, std::nullopt);
+    add("fake_tensor_quant_backward f32 per-tensor + grad_amax", n * 12,
+        same(want.grad_inputs, dgi) && same(want.grad_amax, dga), run);
+  }
+  {  // ActsULQ forward and backward, float16, per-tensor clamps
+    const Tensor x = host_random(DType::float16, shape, 13, 4.0f);
+    Tensor cmin(DType::float16, {1}), cmax(DType::float16, {1});
+    cmin.data<std::uint16_t>()[0] = float_to_half(-2.0f);
+    cmax.data<std::uint16_t>()[0] = float_to_half(3.0f);
+    const Tensor dx = to_dev(x), dmin = to_dev(cmin), dmax = to_dev(cmax);
+    Tensor y(DType::float16, shape, Device::cuda()), m1(DType::float16, shape, Device::cuda()),
+        m2(DType::float16, shape, Device::cuda()), l(DType::float16, shape, Device::cuda());
+    auto fwd = [&] { acts_ulq_out(y, m1, m2, l, dx, dmin, dmax); };
+    fwd();
+    const ActsUlqResult want = acts_ulq(x, cmin, cmax);
+    add("acts_ulq f16 per-tensor clamps", n * 10,
+        same(want.y, y) && same(want.clamp_min_mask, m1) && same(want.clamp_max_mask, m2) &&
+            same(want.x_clamped_loss, l),
+        fwd);
+    const Tensor dy = host_random(DType::float16, shape, 14, 1.0f);
+    const Tensor ddy = to_dev(dy);
+    Tensor xg(DType::float16, shape, Device::cuda()), gmin(DType::float16, {1}, Device::cuda()),
+        gmax(DType::float16, {1}, Device::cuda());
+    auto bwd = [&] { acts_ulq_backward_out(xg, gmin, gmax, ddy, dmin, dmax, m1, m2, l); };
+    bwd();
+    const ActsUlqGrads gw = acts_ulq_backward(dy, shape, cmin, cmax, want.clamp_min_mask, want.clamp_max_mask,
+                                              want.x_clamped_loss);
+    add("acts_ulq_backward f16 per-tensor clamps (2 full sums)", n * 10,
+        same(gw.x_grad, xg) && same(gw.clamp_min_grad, gmin) && same(gw.clamp_max_grad, gmax), bwd);
+  }
   {  // npu_quantize div_mode qint8, float16, per channel
     const Tensor x = host_random(DType::float16, shape, 4, 300.0f);
     Tensor s(DType::float32, {C});
