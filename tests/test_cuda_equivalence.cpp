@@ -401,6 +401,43 @@ TEST_F(CudaEquivalence, ActsUlq) {
         }
 }
 
+// ---- 64-bit indexing: more than 2^31 elements (4 GiB of bfloat16 in, 2 GiB of int8 out) ----
+// The elementwise per-tensor operators are position-independent, so the reference runs on the pattern
+// written at the head and at the tail of the big tensor only.
+TEST(CudaLarge, MoreThan2To31Elements) {
+  REQUIRE_CUDA();
+  std::size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  const std::int64_t n = (std::int64_t{1} << 31) + 4096 + 8;
+  if (free_bytes < static_cast<std::size_t>(n) * 6 + (std::size_t{1} << 30))
+    GTEST_SKIP() << "not enough GPU memory for the > 2^31-element case: " << free_bytes << " bytes free";
+  const std::int64_t m = 1 << 20;
+  const Tensor pat = make_float(DType::bfloat16, {m}, edge_values(m, 77u, 300.0f));
+  Tensor x(DType::bfloat16, {n}, Device::cuda());
+  ASSERT_EQ(cudaMemset(x.data(), 0, x.nbytes()), cudaSuccess);
+  auto* base = static_cast<std::uint16_t*>(x.data());
+  ASSERT_EQ(cudaMemcpy(base, pat.data(), pat.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(base + (n - m), pat.data(), pat.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  const Tensor amax = make_float(DType::float32, {1}, {100.0f});
+  DevTensor damax = to_device(amax);
+  xquant::set_backend(xquant::Backend::reference);
+  const Tensor want_fq = xquant::fake_tensor_quant(pat, amax);
+  const Tensor scales = make_float(DType::float32, {1}, {0.7f});
+  DevTensor dscales = to_device(scales);
+  const Tensor want_q = xquant::quantize(pat, scales, std::nullopt, QuantDType::qint8, 0, true);
+  xquant::set_backend(xquant::Backend::cpu);
+  {
+    const Tensor q = xquant::quantize(x, dscales.view(), std::nullopt, QuantDType::qint8, 0, true);
+    const auto* qb = static_cast<const std::int8_t*>(q.data());
+    expect_same_bytes(want_q, to_host(ConstTensorView(qb, DType::int8, {m}, Device::cuda())), "quantize head");
+    expect_same_bytes(want_q, to_host(ConstTensorView(qb + (n - m), DType::int8, {m}, Device::cuda())), "quantize tail");
+  }
+  xquant::fake_tensor_quant_inplace(x, damax.view());
+  expect_same_bytes(want_fq, to_host(ConstTensorView(base, DType::bfloat16, {m}, Device::cuda())), "fake quant head");
+  expect_same_bytes(want_fq, to_host(ConstTensorView(base + (n - m), DType::bfloat16, {m}, Device::cuda())),
+                    "fake quant tail");
+}
+
 // ---- streams: a call under CudaStreamGuard runs on that stream ----
 TEST_F(CudaEquivalence, StreamGuard) {
   REQUIRE_CUDA();
