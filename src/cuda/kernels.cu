@@ -317,10 +317,37 @@ __global__ void ulq_grad_total_kernel(const double* chunk_values, std::int64_t t
   }
 }
 
+// One term per gradient element (nothing broadcast onto it): the canonical sum of one term is that term
+// (NaN: the canonical quiet NaN), so the chunk machinery reduces to an elementwise pass.
+template <UlqGrad G>
+__global__ void ulq_grad_single_kernel(UlqGradArgs a, Reduction r, void* grad, bool fixed_min, const void* clamp,
+                                       float floor_max) {
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < r.targets;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    bool zero = false;
+    if (G == UlqGrad::clamp_min) zero = fixed_min || d_load(a.dt, clamp, t) > 0.0f;
+    if (G == UlqGrad::clamp_max) zero = d_load(a.dt, clamp, t) < floor_max;
+    float v = 0.0f;
+    if (!zero) {
+      v = ulq_term<G>(a, unravel(t, r.kept_rank, r.kept_extent, r.kept_stride) +
+                             unravel(0, r.free_rank, r.free_extent, r.free_stride));
+      if (hd_isnan(v)) v = hd_qnan();
+    }
+    d_store(a.dt, grad, t, v);
+  }
+}
+
 template <UlqGrad G>
 void ulq_grad(const ActsUlqBackwardArgs& a, const std::int64_t* stride, void* grad, const void* clamp) {
   const Reduction r = reduction_of(a.plan, stride);
   if (r.targets == 0) return;
+  if (r.terms == 1) {
+    const UlqGradArgs ga{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss};
+    ulq_grad_single_kernel<G><<<grid_for(r.targets, kBlock), kBlock, 0, stream()>>>(
+        ga, r, grad, a.fixed_min, clamp, acts_ulq_floor_max(acts_ulq_levels(a.num_bits)));
+    check_launch("ulq_grad_single_kernel");
+    return;
+  }
   const std::int64_t cpt = (r.terms + kChunk - 1) / kChunk;
   const UlqGradArgs ga{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss};
   double* chunk_values = nullptr;
