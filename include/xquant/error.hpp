@@ -12,6 +12,8 @@ enum class ErrorCode {
   not_contiguous,    // a view that must be dense is not (tile views with a bad pitch)
   aliasing,          // outputs overlap inputs where the operator forbids it
   out_of_memory,     // an owning tensor could not be allocated
+  device_mismatch,   // an operator's tensors are not all on one device
+  device_error,      // the device cannot run the call: backend not built / no device / a CUDA runtime error
 };
 
 const char* error_code_name(ErrorCode code) noexcept;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "xquant/device.hpp"
 #include "xquant/dtype.hpp"
 
 namespace xquant {
@@ -22,9 +23,10 @@ struct TensorView {
   void* data = nullptr;
   DType dtype = DType::float32;
   Shape shape;
+  Device device{};  // where data lives (xquant/device.hpp)
 
   TensorView() = default;
-  TensorView(void* d, DType dt, Shape s) : data(d), dtype(dt), shape(std::move(s)) {}
+  TensorView(void* d, DType dt, Shape s, Device dev = {}) : data(d), dtype(dt), shape(std::move(s)), device(dev) {}
   template <typename T>
   T* ptr() const noexcept { return static_cast<T*>(data); }
   std::int64_t numel() const { return shape_numel(shape); }
@@ -37,10 +39,12 @@ struct ConstTensorView {
   const void* data = nullptr;
   DType dtype = DType::float32;
   Shape shape;
+  Device device{};
 
   ConstTensorView() = default;
-  ConstTensorView(const void* d, DType dt, Shape s) : data(d), dtype(dt), shape(std::move(s)) {}
-  ConstTensorView(const TensorView& v) : data(v.data), dtype(v.dtype), shape(v.shape) {}  // NOLINT
+  ConstTensorView(const void* d, DType dt, Shape s, Device dev = {})
+      : data(d), dtype(dt), shape(std::move(s)), device(dev) {}
+  ConstTensorView(const TensorView& v) : data(v.data), dtype(v.dtype), shape(v.shape), device(v.device) {}  // NOLINT
   template <typename T>
   const T* ptr() const noexcept { return static_cast<const T*>(data); }
   std::int64_t numel() const { return shape_numel(shape); }
@@ -48,13 +52,15 @@ struct ConstTensorView {
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
 };
 
-// An owning, dense tensor. Allocations of 2 MiB or more are aligned to 2 MiB and advised as transparent
+// An owning, dense tensor, on the CPU or (Tensor(dtype, shape, Device::cuda(i))) in CUDA device memory,
+// allocated and freed stream-ordered on the current CUDA stream (CudaStreamGuard). Host allocations of 2 MiB or more are aligned to 2 MiB and advised as transparent
 // huge pages (madvise(MADV_HUGEPAGE)): fresh 4 KiB page faults cost ~100 ms per 400 MB. Smaller ones are
 // 64-byte aligned. Contents are uninitialized unless created by zeros(). Move-only.
 class Tensor {
  public:
   Tensor() = default;                // empty: shape [0]
   Tensor(DType dtype, Shape shape);  // uninitialized contents
+  Tensor(DType dtype, Shape shape, Device device);
   static Tensor zeros(DType dtype, Shape shape);
   // A copy of a view's data.
   static Tensor copy_of(const ConstTensorView& v);
@@ -76,8 +82,9 @@ class Tensor {
   template <typename T>
   const T* data() const noexcept { return static_cast<const T*>(data_); }
 
-  TensorView view() noexcept { return {data_, dtype_, shape_}; }
-  ConstTensorView view() const noexcept { return {data_, dtype_, shape_}; }
+  Device device() const noexcept { return device_; }
+  TensorView view() noexcept { return {data_, dtype_, shape_, device_}; }
+  ConstTensorView view() const noexcept { return {data_, dtype_, shape_, device_}; }
   operator TensorView() noexcept { return view(); }             // NOLINT
   operator ConstTensorView() const noexcept { return view(); }  // NOLINT
 
@@ -89,6 +96,8 @@ class Tensor {
   std::int64_t numel_ = 0;
   std::size_t nbytes_ = 0;
   std::size_t mapped_bytes_ = 0;  // > 0 when data_ comes from mmap
+  Device device_{};
+  void* stream_ = nullptr;  // CUDA: the stream the memory was allocated on (and is freed on)
 };
 
 // A 2-D row-major tile with a row pitch (the physical row length in elements, >= cols), as the pypto
@@ -99,6 +108,7 @@ struct TileView {
   std::int64_t rows = 0;
   std::int64_t cols = 0;
   std::int64_t row_pitch = 0;
+  Device device{};
 };
 
 struct ConstTileView {
@@ -107,12 +117,13 @@ struct ConstTileView {
   std::int64_t rows = 0;
   std::int64_t cols = 0;
   std::int64_t row_pitch = 0;
+  Device device{};
 
   ConstTileView() = default;
-  ConstTileView(const void* d, DType dt, std::int64_t r, std::int64_t c, std::int64_t pitch)
-      : data(d), dtype(dt), rows(r), cols(c), row_pitch(pitch) {}
+  ConstTileView(const void* d, DType dt, std::int64_t r, std::int64_t c, std::int64_t pitch, Device dev = {})
+      : data(d), dtype(dt), rows(r), cols(c), row_pitch(pitch), device(dev) {}
   ConstTileView(const TileView& t)  // NOLINT
-      : data(t.data), dtype(t.dtype), rows(t.rows), cols(t.cols), row_pitch(t.row_pitch) {}
+      : data(t.data), dtype(t.dtype), rows(t.rows), cols(t.cols), row_pitch(t.row_pitch), device(t.device) {}
 };
 
 }  // namespace xquant

@@ -2,6 +2,7 @@
 #pragma once
 #include "xquant/acts_ulq.hpp"
 #include "xquant/anti_quant.hpp"
+#include "xquant/device.hpp"
 #include "xquant/dtype.hpp"
 #include "xquant/dynamic_quant.hpp"
 #include "xquant/error.hpp"

@@ -2,7 +2,9 @@
 // backend (e.g. CUDA) is one line in kBackends, under that backend's build option.
 #include "backends/registry.hpp"
 
+#if defined(XQUANT_HAVE_CPU_SIMD)
 #include "cpu/cpu.hpp"
+#endif
 #include "ref/ref.hpp"
 
 namespace xquant::detail {
@@ -15,7 +17,9 @@ struct BackendEntry {
 };
 
 constexpr BackendEntry kBackends[] = {
+#if defined(XQUANT_HAVE_CPU_SIMD)
     {Backend::cpu, cpu_kernels},
+#endif
     {Backend::reference, ref::kernels},
 };
 
@@ -30,7 +34,8 @@ const KernelTable* find_kernels(Backend b) noexcept {
 const KernelTable& reference_kernels() { return ref::kernels(); }
 
 const KernelTable& active_kernels() {
-  // Every Backend value is registered today; a backend left out of a build would run the reference.
+  // A backend left out of the build (cpu with XQUANT_CPU_SIMD=OFF) runs the reference kernels. CUDA
+  // tensors do not come here: operators pick the CUDA table by device (core/device_ops.hpp).
   const KernelTable* t = find_kernels(get_backend());
   return t != nullptr ? *t : ref::kernels();
 }

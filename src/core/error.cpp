@@ -12,6 +12,8 @@ const char* error_code_name(ErrorCode code) noexcept {
     case ErrorCode::not_contiguous: return "not_contiguous";
     case ErrorCode::aliasing: return "aliasing";
     case ErrorCode::out_of_memory: return "out_of_memory";
+    case ErrorCode::device_mismatch: return "device_mismatch";
+    case ErrorCode::device_error: return "device_error";
   }
   return "unknown";
 }

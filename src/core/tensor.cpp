@@ -9,6 +9,7 @@
 #include <new>
 #include <utility>
 
+#include "core/device_ops.hpp"
 #include "xquant/error.hpp"
 
 namespace xquant {
@@ -152,6 +153,20 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
   }
 }
 
+Tensor::Tensor(DType dtype, Shape shape, Device device) : dtype_(dtype), shape_(std::move(shape)), device_(device) {
+  if (!device.is_cuda()) {
+    *this = Tensor(dtype, std::move(shape_));
+    return;
+  }
+  numel_ = shape_numel(shape_);
+  const std::size_t esize = dtype_size(dtype_);
+  if (static_cast<std::uint64_t>(numel_) > SIZE_MAX / esize) throw_oom(SIZE_MAX, shape_);
+  nbytes_ = static_cast<std::size_t>(numel_) * esize;
+  if (nbytes_ == 0) return;
+  stream_ = current_cuda_stream();
+  data_ = detail::device_alloc(device_, nbytes_, stream_, "xquant::Tensor of shape " + shape_str(shape_));
+}
+
 Tensor Tensor::zeros(DType dtype, Shape shape) {
   Tensor t(dtype, std::move(shape));
   if (t.nbytes_ > 0) std::memset(t.data_, 0, t.nbytes_);  // (a reused mapping is not zero)
@@ -166,7 +181,9 @@ Tensor Tensor::copy_of(const ConstTensorView& v) {
 
 void Tensor::release() noexcept {
   if (data_ != nullptr) {
-    if (mapped_bytes_ > 0)
+    if (device_.is_cuda())
+      detail::device_free(device_, data_, stream_);
+    else if (mapped_bytes_ > 0)
       mapping_cache().give(data_, mapped_bytes_);
     else
       ::operator delete(data_, std::align_val_t{kSmallAlign});
@@ -183,7 +200,9 @@ Tensor::Tensor(Tensor&& o) noexcept
       shape_(std::move(o.shape_)),
       numel_(std::exchange(o.numel_, 0)),
       nbytes_(std::exchange(o.nbytes_, 0)),
-      mapped_bytes_(std::exchange(o.mapped_bytes_, 0)) {
+      mapped_bytes_(std::exchange(o.mapped_bytes_, 0)),
+      device_(std::exchange(o.device_, Device{})),
+      stream_(std::exchange(o.stream_, nullptr)) {
   o.shape_ = Shape{0};
 }
 
@@ -197,6 +216,8 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
     numel_ = std::exchange(o.numel_, 0);
     nbytes_ = std::exchange(o.nbytes_, 0);
     mapped_bytes_ = std::exchange(o.mapped_bytes_, 0);
+    device_ = std::exchange(o.device_, Device{});
+    stream_ = std::exchange(o.stream_, nullptr);
   }
   return *this;
 }

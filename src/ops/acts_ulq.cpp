@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 
 namespace xquant {
@@ -212,6 +213,12 @@ Shape acts_ulq_output_shape(const Shape& x, const Shape& clamp_min, const Shape&
 void acts_ulq_out(TensorView y, TensorView clamp_min_mask, TensorView clamp_max_mask, TensorView x_clamped_loss,
                   ConstTensorView x, ConstTensorView clamp_min, ConstTensorView clamp_max, bool fixed_min,
                   int num_bits) {
+  const Device dev = detail::common_device(
+      kOp, {{"x", x.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device}, {"y", y.device},
+            {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
+            {"x_clamped_loss", x_clamped_loss.device}});
+  const auto kernel = detail::require_kernel(kOp, "x", dev, detail::kernels_for(kOp, "x", dev),
+                                             &detail::KernelTable::acts_ulq);
   const Shape out = validate_forward_inputs(x, clamp_min, clamp_max, num_bits);
   check_output(kOp, "y", y, x.dtype, out, kBroadcastWhat);
   check_output(kOp, "clamp_min_mask", clamp_min_mask, x.dtype, out, kBroadcastWhat);
@@ -235,13 +242,17 @@ void acts_ulq_out(TensorView y, TensorView clamp_min_mask, TensorView clamp_max_
   args.clamp_min_mask = clamp_min_mask.data;
   args.clamp_max_mask = clamp_max_mask.data;
   args.x_clamped_loss = x_clamped_loss.data;
-  detail::active_kernels().acts_ulq(args);
+  kernel(args);
 }
 
 ActsUlqResult acts_ulq(ConstTensorView x, ConstTensorView clamp_min, ConstTensorView clamp_max, bool fixed_min,
                        int num_bits) {
   const Shape out = validate_forward_inputs(x, clamp_min, clamp_max, num_bits);
-  ActsUlqResult r{Tensor(x.dtype, out), Tensor(x.dtype, out), Tensor(x.dtype, out), Tensor(x.dtype, out)};
+  const Device dev = detail::common_device(
+      kOp, {{"x", x.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device}});
+  detail::require_kernel(kOp, "x", dev, detail::kernels_for(kOp, "x", dev), &detail::KernelTable::acts_ulq);
+  ActsUlqResult r{Tensor(x.dtype, out, dev), Tensor(x.dtype, out, dev), Tensor(x.dtype, out, dev),
+                  Tensor(x.dtype, out, dev)};
   acts_ulq_out(r.y, r.clamp_min_mask, r.clamp_max_mask, r.x_clamped_loss, x, clamp_min, clamp_max, fixed_min,
                num_bits);
   return r;
@@ -251,6 +262,13 @@ void acts_ulq_backward_out(TensorView x_grad, TensorView clamp_min_grad, TensorV
                            ConstTensorView y_grad, ConstTensorView clamp_min, ConstTensorView clamp_max,
                            ConstTensorView clamp_min_mask, ConstTensorView clamp_max_mask,
                            ConstTensorView x_clamped_loss, bool fixed_min, int num_bits) {
+  const Device dev = detail::common_device(
+      kOpBackward, {{"y_grad", y_grad.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device},
+                    {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
+                    {"x_clamped_loss", x_clamped_loss.device}, {"x_grad", x_grad.device},
+                    {"clamp_min_grad", clamp_min_grad.device}, {"clamp_max_grad", clamp_max_grad.device}});
+  const auto kernel = detail::require_kernel(kOpBackward, "y_grad", dev, detail::kernels_for(kOpBackward, "y_grad", dev),
+                                             &detail::KernelTable::acts_ulq_backward);
   // x_grad's view carries x's shape, so it is checked as a view before the shapes are broadcast.
   check_view(kOpBackward, "x_grad", x_grad);
   const Shape out = validate_backward_inputs("x_grad", x_grad.shape, y_grad, clamp_min, clamp_max, clamp_min_mask,
@@ -285,7 +303,7 @@ void acts_ulq_backward_out(TensorView x_grad, TensorView clamp_min_grad, TensorV
   args.x_grad = x_grad.data;
   args.clamp_min_grad = clamp_min_grad.data;
   args.clamp_max_grad = clamp_max_grad.data;
-  detail::active_kernels().acts_ulq_backward(args);
+  kernel(args);
 }
 
 ActsUlqGrads acts_ulq_backward(ConstTensorView y_grad, const Shape& x_shape, ConstTensorView clamp_min,
@@ -296,7 +314,13 @@ ActsUlqGrads acts_ulq_backward(ConstTensorView y_grad, const Shape& x_shape, Con
   validate_backward_inputs("x_shape", x_shape, y_grad, clamp_min, clamp_max, clamp_min_mask, clamp_max_mask,
                            x_clamped_loss, num_bits);
   const DType dt = clamp_min.dtype;
-  ActsUlqGrads g{Tensor(dt, x_shape), Tensor(dt, clamp_min.shape), Tensor(dt, clamp_max.shape)};
+  const Device dev = detail::common_device(
+      kOpBackward, {{"y_grad", y_grad.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device},
+                    {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
+                    {"x_clamped_loss", x_clamped_loss.device}});
+  detail::require_kernel(kOpBackward, "y_grad", dev, detail::kernels_for(kOpBackward, "y_grad", dev),
+                         &detail::KernelTable::acts_ulq_backward);
+  ActsUlqGrads g{Tensor(dt, x_shape, dev), Tensor(dt, clamp_min.shape, dev), Tensor(dt, clamp_max.shape, dev)};
   acts_ulq_backward_out(g.x_grad, g.clamp_min_grad, g.clamp_max_grad, y_grad, clamp_min, clamp_max, clamp_min_mask,
                         clamp_max_mask, x_clamped_loss, fixed_min, num_bits);
   return g;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
 
@@ -90,6 +91,10 @@ void check_dst(std::string_view arg, DType dt, bool is_out) {
 
 void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, std::optional<ConstTensorView> offset,
                     QuantDType src_dtype) {
+  const Device dev = detail::common_device(kOp, {{"x", x.device}, {"scale", scale.device},
+                                                 {"offset", offset ? offset->device : x.device}, {"out", out.device}});
+  const auto kernel = detail::require_kernel(kOp, "x", dev, detail::kernels_for(kOp, "x", dev),
+                                             &detail::KernelTable::anti_quant);
   const Plan p = validate_inputs(x, scale, offset, src_dtype);
   detail::check_view(kOp, "out", out);
   check_dst("out", out.dtype, true);
@@ -101,11 +106,16 @@ void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, st
   if (offset) detail::check_no_overlap(kOp, "out", out.data, out.nbytes(), "offset", offset->data, offset->nbytes());
   if (p.layout.numel() == 0) return;
 
+  // Parameters are read on the host (a CUDA scale / offset is copied).
+  const detail::HostCopy scale_host(scale);
+  std::optional<detail::HostCopy> offset_host;
+  if (offset) offset_host.emplace(*offset);
+  const ConstTensorView& sh = scale_host.view();
   std::vector<detail::AntiQuantParams> params(static_cast<std::size_t>(p.layout.channels));
   for (std::int64_t c = 0; c < p.layout.channels; ++c)
     params[static_cast<std::size_t>(c)] = detail::init_anti_quant_params(
-        detail::load_float(scale.dtype, scale.data, c),
-        offset ? detail::load_float(offset->dtype, offset->data, c) : 0.0f);
+        detail::load_float(sh.dtype, sh.data, c),
+        offset_host ? detail::load_float(offset_host->view().dtype, offset_host->view().data, c) : 0.0f);
   detail::AntiQuantArgs args{};
   args.src = src_dtype;
   args.x = x.data;
@@ -113,14 +123,15 @@ void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, st
   args.out = out.data;
   args.layout = p.layout;
   args.params = params.data();
-  detail::active_kernels().anti_quant(args);
+  kernel(args);
 }
 
 Tensor anti_quant(ConstTensorView x, ConstTensorView scale, std::optional<ConstTensorView> offset, DType dst_dtype,
                   QuantDType src_dtype) {
   const Plan p = validate_inputs(x, scale, offset, src_dtype);  // validate before allocating
   check_dst("dst_dtype", dst_dtype, false);
-  Tensor out(dst_dtype, p.out_shape);
+  detail::common_device(kOp, {{"x", x.device}, {"scale", scale.device}, {"offset", offset ? offset->device : x.device}});
+  Tensor out(dst_dtype, p.out_shape, x.device);
   anti_quant_out(out, x, scale, offset, src_dtype);
   return out;
 }

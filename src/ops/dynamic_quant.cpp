@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "xquant/dynamic_quant.hpp"
 
@@ -38,7 +39,9 @@ struct Plan {
 std::string str(std::int64_t v) { return std::to_string(v); }
 
 // group_index values widened to int64 (dtype already checked).
-std::vector<std::int64_t> read_group_index(const ConstTensorView& g) {
+std::vector<std::int64_t> read_group_index(const ConstTensorView& g_view) {
+  const detail::HostCopy host(g_view);  // read on the host (a CUDA group_index is copied)
+  const ConstTensorView& g = host.view();
   std::vector<std::int64_t> ends(static_cast<std::size_t>(g.numel()));
   for (std::size_t i = 0; i < ends.size(); ++i)
     ends[i] = g.dtype == DType::int32 ? static_cast<std::int64_t>(g.ptr<std::int32_t>()[i]) : g.ptr<std::int64_t>()[i];
@@ -184,7 +187,23 @@ void validate_outputs(std::string_view op, const Plan& p, const TensorView& y, c
 }
 
 // Validated: runs the kernel (offset == nullptr: the symmetric operator).
-void run(const Plan& p, const TensorView& y, const TensorView& scale, const TensorView* offset, const ConstTensorView& x,
+// The device of every argument (outputs: nullptr for the allocating forms).
+Device call_device(std::string_view op, const ConstTensorView& x, const std::optional<ConstTensorView>& smooth_scales,
+                   const std::optional<ConstTensorView>& group_index, const TensorView* y, const TensorView* scale,
+                   const TensorView* offset) {
+  return detail::common_device(op, {{"x", x.device},
+                                    {"smooth_scales", smooth_scales ? smooth_scales->device : x.device},
+                                    {"group_index", group_index ? group_index->device : x.device},
+                                    {"y", y ? y->device : x.device},
+                                    {"scale", scale ? scale->device : x.device},
+                                    {"offset", offset ? offset->device : x.device}});
+}
+
+detail::DynamicQuantFn kernel_of(std::string_view op, Device dev) {
+  return detail::require_kernel(op, "x", dev, detail::kernels_for(op, "x", dev), &detail::KernelTable::dynamic_quant);
+}
+
+void run(detail::DynamicQuantFn kernel, const Plan& p, const TensorView& y, const TensorView& scale, const TensorView* offset, const ConstTensorView& x,
          const std::optional<ConstTensorView>& smooth_scales, QuantDType dst_type) {
   // Nothing to write: pertoken over zero rows. (H == 0 with S > 0, and pertensor over zero elements,
   // still produce parameters: rowMax = rowMin = 0.)
@@ -204,7 +223,7 @@ void run(const Plan& p, const TensorView& y, const TensorView& scale, const Tens
   args.y = y.data;
   args.scale = static_cast<float*>(scale.data);
   args.offset = offset != nullptr ? static_cast<float*>(offset->data) : nullptr;
-  detail::active_kernels().dynamic_quant(args);
+  kernel(args);
 }
 
 }  // namespace
@@ -213,32 +232,40 @@ void dynamic_quant_asymmetric_out(TensorView y, TensorView scale, TensorView off
                                   std::optional<ConstTensorView> smooth_scales,
                                   std::optional<ConstTensorView> group_index, QuantDType dst_type,
                                   DynamicQuantMode quant_mode) {
+  const Device dev = call_device(kAsymmetricOp, x, smooth_scales, group_index, &y, &scale, &offset);
+  const detail::DynamicQuantFn kernel = kernel_of(kAsymmetricOp, dev);
   const Plan p = validate_inputs(kAsymmetricOp, x, smooth_scales, group_index, dst_type, quant_mode);
   validate_outputs(kAsymmetricOp, p, y, scale, &offset, x, smooth_scales, group_index);
-  run(p, y, scale, &offset, x, smooth_scales, dst_type);
+  run(kernel, p, y, scale, &offset, x, smooth_scales, dst_type);
 }
 
 DynamicQuantResult dynamic_quant_asymmetric(ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
                                             std::optional<ConstTensorView> group_index, QuantDType dst_type,
                                             DynamicQuantMode quant_mode) {
+  const Device dev = call_device(kAsymmetricOp, x, smooth_scales, group_index, nullptr, nullptr, nullptr);
+  kernel_of(kAsymmetricOp, dev);
   const Plan p = validate_inputs(kAsymmetricOp, x, smooth_scales, group_index, dst_type, quant_mode);
-  DynamicQuantResult r{Tensor(p.y_dtype, p.y_shape), Tensor(DType::float32, p.param_shape),
-                       Tensor(DType::float32, p.param_shape)};
+  DynamicQuantResult r{Tensor(p.y_dtype, p.y_shape, dev), Tensor(DType::float32, p.param_shape, dev),
+                       Tensor(DType::float32, p.param_shape, dev)};
   dynamic_quant_asymmetric_out(r.y, r.scale, r.offset, x, smooth_scales, group_index, dst_type, quant_mode);
   return r;
 }
 
 void dynamic_quant_out(TensorView y, TensorView scale, ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
                        std::optional<ConstTensorView> group_index, QuantDType dst_type) {
+  const Device dev = call_device(kSymmetricOp, x, smooth_scales, group_index, &y, &scale, nullptr);
+  const detail::DynamicQuantFn kernel = kernel_of(kSymmetricOp, dev);
   const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, DynamicQuantMode::pertoken);
   validate_outputs(kSymmetricOp, p, y, scale, nullptr, x, smooth_scales, group_index);
-  run(p, y, scale, nullptr, x, smooth_scales, dst_type);
+  run(kernel, p, y, scale, nullptr, x, smooth_scales, dst_type);
 }
 
 DynamicQuantSymmetricResult dynamic_quant(ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
                                           std::optional<ConstTensorView> group_index, QuantDType dst_type) {
+  const Device dev = call_device(kSymmetricOp, x, smooth_scales, group_index, nullptr, nullptr, nullptr);
+  kernel_of(kSymmetricOp, dev);
   const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, DynamicQuantMode::pertoken);
-  DynamicQuantSymmetricResult r{Tensor(p.y_dtype, p.y_shape), Tensor(DType::float32, p.param_shape)};
+  DynamicQuantSymmetricResult r{Tensor(p.y_dtype, p.y_shape, dev), Tensor(DType::float32, p.param_shape, dev)};
   dynamic_quant_out(r.y, r.scale, x, smooth_scales, group_index, dst_type);
   return r;
 }

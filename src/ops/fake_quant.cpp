@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
 
@@ -53,11 +54,13 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
                std::to_string(ax) + " (expected a 1-D amax of that length)");
     pb.split = detail::split_at_axis(inputs.shape, ax);
   }
-  // amax must be finite and >= 0; name the first bad channel.
+  // amax must be finite and >= 0; name the first bad channel. (Read on the host: a CUDA amax is copied.)
+  const detail::HostCopy amax_host(amax);
+  const ConstTensorView& amax_h = amax_host.view();
   const std::int64_t channels = amax.numel();
   pb.params.resize(static_cast<std::size_t>(channels));
   for (std::int64_t c = 0; c < channels; ++c) {
-    const float a = detail::load_float(amax.dtype, amax.data, c);
+    const float a = detail::load_float(amax_h.dtype, amax_h.data, c);
     if (!std::isfinite(a) || a < 0.0f)
       fail(ErrorCode::invalid_argument, op, "amax",
            "amax[" + std::to_string(c) + "] is " + float_str(a) + " but expected a finite value >= 0");
@@ -66,9 +69,18 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
   return pb;
 }
 
+// Allocating forms: inputs and amax on one device, which can run the forward kernel.
+void check_devices(const char* op, const ConstTensorView& inputs, const ConstTensorView& amax) {
+  const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}});
+  detail::require_kernel(op, "inputs", dev, detail::kernels_for(op, "inputs", dev), &detail::KernelTable::fake_quant);
+}
+
 // out_name: "out", or "inputs" for the in-place form (whose output is its input).
 void run_forward(const char* op, const char* out_name, TensorView out, const ConstTensorView& inputs,
                  const ConstTensorView& amax, std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
+  const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}, {out_name, out.device}});
+  const auto kernel = detail::require_kernel(op, "inputs", dev, detail::kernels_for(op, "inputs", dev),
+                                             &detail::KernelTable::fake_quant);
   FakeQuantProblem pb = plan(op, inputs, amax, axis, o);
   detail::check_output(op, out_name, out, inputs.dtype, inputs.shape, "the shape of inputs");
   detail::check_same_or_disjoint(op, out_name, out.data, out.nbytes(), "inputs", inputs.data, inputs.nbytes());
@@ -80,7 +92,7 @@ void run_forward(const char* op, const char* out_name, TensorView out, const Con
   args.y = out.data;
   args.layout = pb.split;
   args.params = pb.params.data();
-  detail::active_kernels().fake_quant(args);
+  kernel(args);
 }
 
 }  // namespace
@@ -91,8 +103,9 @@ void fake_tensor_quant_out(TensorView out, ConstTensorView inputs, ConstTensorVi
 }
 
 Tensor fake_tensor_quant(ConstTensorView inputs, ConstTensorView amax, const FakeQuantOptions& options) {
+  check_devices("fake_tensor_quant", inputs, amax);
   plan("fake_tensor_quant", inputs, amax, std::nullopt, options);  // validate before allocating
-  Tensor out(inputs.dtype, inputs.shape);
+  Tensor out(inputs.dtype, inputs.shape, inputs.device);
   fake_tensor_quant_out(out, inputs, amax, options);
   return out;
 }
@@ -108,8 +121,9 @@ void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, Con
 
 Tensor fake_tensor_quant_with_axis(ConstTensorView inputs, ConstTensorView amax, std::int64_t axis,
                                    const FakeQuantOptions& options) {
+  check_devices("fake_tensor_quant_with_axis", inputs, amax);
   plan("fake_tensor_quant_with_axis", inputs, amax, axis, options);
-  Tensor out(inputs.dtype, inputs.shape);
+  Tensor out(inputs.dtype, inputs.shape, inputs.device);
   fake_tensor_quant_with_axis_out(out, inputs, amax, axis, options);
   return out;
 }
@@ -118,6 +132,12 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
                                     ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
                                     std::optional<std::int64_t> axis, const FakeQuantOptions& options) {
   const char* op = "fake_tensor_quant_backward";
+  const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device},
+                                                {"grad_out", grad_out.device}, {"grad_inputs", grad_inputs.device},
+                                                {"grad_amax", grad_amax ? grad_amax->device : inputs.device}});
+  // Before anything else: the CUDA backend has no backward kernel yet (nothing is read or written).
+  const detail::KernelTable& kt = detail::kernels_for(op, "inputs", dev);
+  const auto backward = detail::require_kernel(op, "inputs", dev, kt, &detail::KernelTable::fake_quant_backward);
   FakeQuantProblem pb = plan(op, inputs, amax, axis, options);
   detail::check_view(op, "grad_out", grad_out);
   detail::check_dtype(op, "grad_out", grad_out.dtype, inputs.dtype);
@@ -140,6 +160,10 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
     detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "amax", amax.data, amax.nbytes());
   }
   std::vector<float> gsum(grad_amax ? static_cast<std::size_t>(pb.split.channels) : 0);
+  // On a CUDA device the kernel sums into device memory; the sums come back to the host to be narrowed to
+  // grad_amax's dtype (channels values) and go out again.
+  Tensor dev_gsum;
+  if (grad_amax && dev.is_cuda()) dev_gsum = Tensor(DType::float32, Shape{pb.split.channels}, dev);
   if (inputs.numel() > 0) {
     detail::FakeQuantBackwardArgs args{};
     args.dt = inputs.dtype;
@@ -148,21 +172,35 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
     args.grad_in = grad_inputs.data;
     args.layout = pb.split;
     args.params = pb.params.data();
-    args.grad_amax = grad_amax ? gsum.data() : nullptr;
-    detail::active_kernels().fake_quant_backward(args);
+    args.grad_amax = grad_amax ? (dev.is_cuda() ? dev_gsum.data<float>() : gsum.data()) : nullptr;
+    backward(args);
+    if (grad_amax && dev.is_cuda() && !gsum.empty())
+      detail::device_to_host(dev, gsum.data(), dev_gsum.data(), gsum.size() * sizeof(float), current_cuda_stream());
   }
-  if (grad_amax)
+  if (grad_amax && dev.is_cuda()) {
+    std::vector<unsigned char> narrowed(grad_amax->nbytes());
+    for (std::size_t c = 0; c < gsum.size(); ++c)
+      detail::store_float(grad_amax->dtype, narrowed.data(), static_cast<std::int64_t>(c), gsum[c]);
+    if (!narrowed.empty())
+      detail::host_to_device(dev, grad_amax->data, narrowed.data(), narrowed.size(), current_cuda_stream());
+  } else if (grad_amax) {
     for (std::size_t c = 0; c < gsum.size(); ++c)
       detail::store_float(grad_amax->dtype, grad_amax->data, static_cast<std::int64_t>(c), gsum[c]);
+  }
 }
 
 FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
                                           std::optional<std::int64_t> axis, const FakeQuantOptions& options,
                                           bool want_grad_amax) {
+  const Device dev = detail::common_device("fake_tensor_quant_backward",
+                                          {{"inputs", inputs.device}, {"amax", amax.device}, {"grad_out", grad_out.device}});
+  detail::require_kernel("fake_tensor_quant_backward", "inputs", dev,
+                         detail::kernels_for("fake_tensor_quant_backward", "inputs", dev),
+                         &detail::KernelTable::fake_quant_backward);
   plan("fake_tensor_quant_backward", inputs, amax, axis, options);
   FakeQuantGrads g;
-  g.grad_inputs = Tensor(inputs.dtype, inputs.shape);
-  if (want_grad_amax) g.grad_amax = Tensor(amax.dtype, amax.shape);
+  g.grad_inputs = Tensor(inputs.dtype, inputs.shape, inputs.device);
+  if (want_grad_amax) g.grad_amax = Tensor(amax.dtype, amax.shape, amax.device);
   fake_tensor_quant_backward_out(g.grad_inputs, want_grad_amax ? std::optional<TensorView>(g.grad_amax.view())
                                                                : std::nullopt,
                                  grad_out, inputs, amax, axis, options);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
 
@@ -139,9 +140,25 @@ Plan make_plan(const ConstTensorView& input, const ConstTensorView& scales,
   return plan;
 }
 
-void run(const Plan& plan, void* out, const ConstTensorView& input, const ConstTensorView& scales,
-         const std::optional<ConstTensorView>& zero_points, QuantDType dtype, bool div_mode) {
+// The device of every argument (out: the output's device, or input's for the allocating form).
+Device call_device(Device out, const ConstTensorView& input, const ConstTensorView& scales,
+                   const std::optional<ConstTensorView>& zero_points) {
+  return detail::common_device(kOp, {{"input", input.device}, {"scales", scales.device},
+                                     {"zero_points", zero_points ? zero_points->device : input.device},
+                                     {"out", out}});
+}
+
+void run(Device dev, const Plan& plan, void* out, const ConstTensorView& input, const ConstTensorView& scales_v,
+         const std::optional<ConstTensorView>& zero_points_v, QuantDType dtype, bool div_mode) {
+  const auto kernel = detail::require_kernel(kOp, "input", dev, detail::kernels_for(kOp, "input", dev),
+                                             &detail::KernelTable::quantize);
   if (input.numel() == 0) return;
+  // Parameters are read on the host (CUDA scales / zero points are copied).
+  const detail::HostCopy scales_host(scales_v);
+  const ConstTensorView& scales = scales_host.view();
+  std::optional<detail::HostCopy> zp_host;
+  std::optional<ConstTensorView> zero_points;
+  if (zero_points_v) zero_points = zp_host.emplace(*zero_points_v).view();
   // Per-channel parameters widened to float32 (an absent zero point is 0). Channel c is element c of
   // scales in every accepted shape (only the axis dimension may exceed 1); per-tensor uses element 0.
   std::vector<detail::QuantizeParams> params(static_cast<std::size_t>(plan.split.channels));
@@ -158,7 +175,7 @@ void run(const Plan& plan, void* out, const ConstTensorView& input, const ConstT
   args.layout = plan.split;
   args.params = params.data();
   args.div_mode = div_mode;
-  detail::active_kernels().quantize(args);
+  kernel(args);
 }
 
 }  // namespace
@@ -183,6 +200,7 @@ Shape quantize_output_shape(const Shape& input_shape, QuantDType dtype) {
 
 void quantize_out(TensorView out, ConstTensorView input, ConstTensorView scales,
                   std::optional<ConstTensorView> zero_points, QuantDType dtype, std::int64_t axis, bool div_mode) {
+  const Device dev = call_device(out.device, input, scales, zero_points);
   const Plan plan = make_plan(input, scales, zero_points, dtype, axis, div_mode);
   detail::check_output(kOp, "out", out, storage_dtype(dtype), plan.out_shape,
                        dtype == QuantDType::quint4x2 ? "input's shape with the last dimension divided by 8"
@@ -192,14 +210,16 @@ void quantize_out(TensorView out, ConstTensorView input, ConstTensorView scales,
   if (zero_points)
     detail::check_no_overlap(kOp, "out", out.data, out.nbytes(), "zero_points", zero_points->data,
                              zero_points->nbytes());
-  run(plan, out.data, input, scales, zero_points, dtype, div_mode);
+  run(dev, plan, out.data, input, scales, zero_points, dtype, div_mode);
 }
 
 Tensor quantize(ConstTensorView input, ConstTensorView scales, std::optional<ConstTensorView> zero_points,
                 QuantDType dtype, std::int64_t axis, bool div_mode) {
+  const Device dev = call_device(input.device, input, scales, zero_points);
   const Plan plan = make_plan(input, scales, zero_points, dtype, axis, div_mode);
-  Tensor out(storage_dtype(dtype), plan.out_shape);
-  run(plan, out.data(), input, scales, zero_points, dtype, div_mode);
+  detail::require_kernel(kOp, "input", dev, detail::kernels_for(kOp, "input", dev), &detail::KernelTable::quantize);
+  Tensor out(storage_dtype(dtype), plan.out_shape, dev);
+  run(dev, plan, out.data(), input, scales, zero_points, dtype, div_mode);
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/check.hpp"
+#include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 
 namespace xquant {
@@ -96,6 +97,10 @@ void check_inputs(const ConstTileView& src, const ConstTileView& scale, QuantMod
 
 void tile_quant(TileView out, ConstTileView src, ConstTileView scale, QuantMode mode,
                 std::optional<ConstTileView> offset) {
+  const Device dev = detail::common_device(kOp, {{"src", src.device}, {"scale", scale.device},
+                                                 {"offset", offset ? offset->device : src.device}, {"out", out.device}});
+  const auto kernel = detail::require_kernel(kOp, "src", dev, detail::kernels_for(kOp, "src", dev),
+                                             &detail::KernelTable::tile_quant);
   check_inputs(src, scale, mode, offset);
   const ConstTileView cout = out;
   check_tile("out", cout, mode == QuantMode::SYM ? DType::int8 : DType::uint8,
@@ -119,13 +124,14 @@ void tile_quant(TileView out, ConstTileView src, ConstTileView scale, QuantMode 
   args.offset_pitch = offset ? offset->row_pitch : 0;
   args.out = out.data;
   args.out_pitch = out.row_pitch;
-  detail::active_kernels().tile_quant(args);
+  kernel(args);
 }
 
 Tensor tile_quant(ConstTileView src, ConstTileView scale, QuantMode mode, std::optional<ConstTileView> offset) {
   check_inputs(src, scale, mode, offset);
-  Tensor out(mode == QuantMode::SYM ? DType::int8 : DType::uint8, Shape{src.rows, src.cols});
-  tile_quant(TileView{out.data(), out.dtype(), src.rows, src.cols, src.cols}, src, scale, mode, offset);
+  detail::common_device(kOp, {{"src", src.device}, {"scale", scale.device}, {"offset", offset ? offset->device : src.device}});
+  Tensor out(mode == QuantMode::SYM ? DType::int8 : DType::uint8, Shape{src.rows, src.cols}, src.device);
+  tile_quant(TileView{out.data(), out.dtype(), src.rows, src.cols, src.cols, src.device}, src, scale, mode, offset);
   return out;
 }
 
