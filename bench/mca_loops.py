@@ -46,6 +46,8 @@ def functions(obj, name, objdump):
 def walk(insns, start, taken, not_taken, limit=4000):
     """Path from `start` until an address repeats; returns the cycle (list of (addr, text))."""
     index = {a: i for i, (a, _) in enumerate(insns)}
+    if start not in index:
+        return None
     i, seen, path = index[start], {}, []
     for _ in range(limit):
         a, t = insns[i]
@@ -77,19 +79,31 @@ def walk(insns, start, taken, not_taken, limit=4000):
     return None
 
 
-def find_loop(insns, marker, start, taken, not_taken):
-    if start is not None:
-        return walk(insns, start, taken, not_taken)
-    best = None
+def all_loops(insns, marker, taken, not_taken):
+    """Distinct loops (by their set of addresses) containing the marker, smallest first."""
+    loops, seen = [], set()
     for a, t in insns:
         m = BRANCH.match(t)
         if not m or int(m.group(2), 16) > a:
             continue
         loop = walk(insns, int(m.group(2), 16), taken, not_taken)
-        if loop and any(x.split()[0].startswith(marker) for _, x in loop):
-            if best is None or len(loop) < len(best):
-                best = loop
-    return best
+        ops = [x.split()[0] for _, x in loop] if loop else []
+        want = [mk for mk in marker.split(",") if not mk.startswith("!")]
+        avoid = [mk[1:] for mk in marker.split(",") if mk.startswith("!")]
+        if (loop and all(any(o.startswith(mk) for o in ops) for mk in want)
+                and not any(o.startswith(mk) for o in ops for mk in avoid)):
+            key = frozenset(x for x, _ in loop)
+            if key not in seen:
+                seen.add(key)
+                loops.append(loop)
+    return sorted(loops, key=len)
+
+
+def find_loop(insns, marker, start, taken, not_taken, pick=0):
+    if start is not None:
+        return walk(insns, start, taken, not_taken)
+    loops = all_loops(insns, marker, taken, not_taken)
+    return loops[pick] if pick < len(loops) else None
 
 
 def mca(path, cpu, tool):
@@ -107,7 +121,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("obj")
     ap.add_argument("function", help="substring of the demangled function name")
-    ap.add_argument("--marker", default="v", help="mnemonic prefix the loop must contain (default: any vector op)")
+    ap.add_argument("--marker", default="v", help="comma-separated mnemonic prefixes the loop must all contain; !prefix: must not contain")
     ap.add_argument("--start", help="hex offset where the loop path starts (default: found from --marker)")
     ap.add_argument("--taken", default="", help="comma-separated hex offsets of branches to take")
     ap.add_argument("--not-taken", default="", help="comma-separated hex offsets of branches not to take")
@@ -115,14 +129,25 @@ def main():
     ap.add_argument("--mca", default="llvm-mca-19")
     ap.add_argument("--objdump", default="objdump")
     ap.add_argument("--quiet", action="store_true", help="print only the figures")
+    ap.add_argument("--list", action="store_true", help="list every loop containing the marker (start, size)")
+    ap.add_argument("--pick", type=int, default=0, help="the n-th smallest such loop (default 0)")
     ap.add_argument("--full", action="store_true", help="print llvm-mca's whole report")
     a = ap.parse_args()
     hexes = lambda s: {int(x, 16) for x in s.split(",") if x}
     loop = None
     for insns in functions(a.obj, a.function, a.objdump):
-        loop = find_loop(insns, a.marker, int(a.start, 16) if a.start else None, hexes(a.taken), hexes(a.not_taken))
+        if a.list:
+            for lp in all_loops(insns, a.marker, hexes(a.taken), hexes(a.not_taken)):
+                r, _ = mca(lp, a.mcpu.split(",")[0], a.mca)
+                print(f"start {lp[0][0]:x}: {len(lp)} instructions, {a.mcpu.split(',')[0]} {r[0] if r else '?'}: "
+                      + " ".join(t.split()[0] for _, t in lp))
+            continue
+        loop = find_loop(insns, a.marker, int(a.start, 16) if a.start else None, hexes(a.taken), hexes(a.not_taken),
+                         a.pick)
         if loop:
             break
+    if a.list:
+        return
     if not loop:
         sys.exit("no loop found")
     if not a.quiet:
