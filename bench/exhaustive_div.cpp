@@ -1,6 +1,6 @@
 // Exhaustive check of the fast exact division (src/cpu/fastdiv-inl.h) against the divider.
 //
-//   build/release/bench/exhaustive_div [--target avx2|avx3] [--random N] [--every-scale K] [--quick]
+//   build/release/bench/exhaustive_div [--target avx2|avx3] [--random N] [--every-scale K] [--integers B] [--quick]
 //
 // 1. Every float32 bit pattern x (2^32, NaN, Inf, zeros, subnormals included) for a set of scales:
 //    powers of two, the four largest significands (the ones the proof leaves to this check), the
@@ -11,6 +11,8 @@
 // 2. --random N: N random scales (random significand and exponent), every x significand of one binade
 //    (both signs): by exact scaling this covers every x in the domain for those scales.
 // 3. --every-scale K: every one of the 2^23 scale significands against K random x significands.
+// 4. --integers B (default xquant::detail::kOneStepIntegerBits): every integer 1 .. 2^B against every scale
+//    significand: the one-step sequence must be exact there (fake quantization's q / scale uses it).
 // Exit status 1 if any fast-path result differs from the divider. Runs on the OpenMP threads.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "exhaustive_div.cpp"
@@ -204,6 +206,7 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 int main(int argc, char** argv) {
   int random_scales = 256;
   int every_scale_x = 256;
+  int integer_bits = xquant::detail::kOneStepIntegerBits;
   bool quick = false;
   std::string target;
   for (int i = 1; i < argc; ++i) {
@@ -211,9 +214,10 @@ int main(int argc, char** argv) {
     if (a == "--random" && i + 1 < argc) random_scales = std::atoi(argv[++i]);
     else if (a == "--every-scale" && i + 1 < argc) every_scale_x = std::atoi(argv[++i]);
     else if (a == "--target" && i + 1 < argc) target = argv[++i];
+    else if (a == "--integers" && i + 1 < argc) integer_bits = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
     else {
-      std::fprintf(stderr, "usage: %s [--target avx2|avx3] [--random N] [--every-scale K] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--target avx2|avx3] [--random N] [--every-scale K] [--integers B] [--quick]\n", argv[0]);
       return 2;
     }
   }
@@ -308,6 +312,28 @@ int main(int argc, char** argv) {
     char what[96];
     std::snprintf(what, sizeof what, "every scale in [1,2) x %zu x", xs.size());
     ok = report(what, all, now() - t0, false) && ok;
+  }
+  // 4. every integer 1 .. 2^B against every scale significand: the one-step sequence must be exact
+  if (integer_bits > 0) {
+    std::vector<float> qs;
+    for (std::uint32_t q = 1; q <= (1u << integer_bits); ++q) qs.push_back(static_cast<float>(q));
+    while (qs.size() % 64) qs.push_back(1.0f);
+    const std::uint32_t first = 0x3F800000u, count = 1u << 23, piece = 1u << 10;
+    std::vector<DivStats> part(count / piece);
+    const double t0 = now();
+#pragma omp parallel for schedule(dynamic, 8)
+    for (std::int64_t p = 0; p < static_cast<std::int64_t>(part.size()); ++p)
+      part[static_cast<std::size_t>(p)] = HWY_DYNAMIC_DISPATCH(xquant::detail::CheckScales)(
+          first + static_cast<std::uint32_t>(p) * piece, piece, qs.data(), static_cast<std::uint32_t>(qs.size()));
+    DivStats all;
+    for (const auto& s : part) all.add(s);
+    char what[96];
+    std::snprintf(what, sizeof what, "integers 1..2^%d x every scale", integer_bits);
+    ok = report(what, all, now() - t0, false) && ok;
+    if (all.bad_one != 0) {
+      std::printf("    the one-step sequence is NOT exact for integers up to 2^%d\n", integer_bits);
+      ok = false;
+    }
   }
   std::printf("%s\n", ok ? "PASS: the fast path equals the divider on every lane checked"
                          : "FAIL: the fast path differs from the divider");

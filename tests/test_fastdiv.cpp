@@ -51,6 +51,39 @@ void CoreArrays(const float* x, const float* s, std::size_t n, float* out) {
   }
 }
 
+// out[i] = DivIntegral<steps>(q[i], s) (q integral or NaN), per fast_div_integral_steps.
+void IntegralArrays(const float* q, float s, int steps, std::size_t n, float* out) {
+  using DF = hn::ScalableTag<float>;
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  const auto sv = hn::Set(df, s), rv = hn::Set(df, 1.0f / s);
+  for (std::size_t i = 0; i < n; i += N) {
+    const auto qv = hn::LoadU(df, q + i);
+    hn::StoreU(steps == 1 ? DivIntegral<1>(qv, sv, rv) : DivIntegral<2>(qv, sv, rv), df, out + i);
+  }
+}
+
+// out[i] = rint(DivForInteger(x[i], s) + z) clamped to [-2^31, 2^31] (the integer the kernels derive);
+// NaN -> 0. Only where the target has the FMA sequence.
+void IntegerArrays(const float* x, float s, float z, float x_max, std::size_t n, double* out) {
+#if XQUANT_HAVE_FAST_DIV
+  using DF = hn::ScalableTag<float>;
+  const DF df;
+  const std::size_t N = hn::Lanes(df);
+  const auto sv = hn::Set(df, s), rv = hn::Set(df, 1.0f / s), xm = hn::Set(df, x_max), zv = hn::Set(df, z);
+  HWY_ALIGN float v[64];
+  for (std::size_t i = 0; i < n; i += N) {
+    hn::Store(hn::Add(DivForInteger<true>(hn::LoadU(df, x + i), sv, rv, xm), zv), df, v);
+    for (std::size_t k = 0; k < N; ++k) {
+      const double r = std::isnan(v[k]) ? 0.0 : std::nearbyint(static_cast<double>(v[k]));
+      out[i + k] = std::max(-0x1p31, std::min(0x1p31, r));
+    }
+  }
+#else
+  (void)x; (void)s; (void)z; (void)x_max; (void)n; (void)out;
+#endif
+}
+
 std::size_t LaneCount() { return hn::Lanes(hn::ScalableTag<float>()); }
 bool FastDivOn() { return kHaveFastDiv; }
 
@@ -65,6 +98,8 @@ HWY_AFTER_NAMESPACE();
 namespace xquant::detail {
 HWY_EXPORT(DivArrays);
 HWY_EXPORT(CoreArrays);
+HWY_EXPORT(IntegralArrays);
+HWY_EXPORT(IntegerArrays);
 HWY_EXPORT(LaneCount);
 HWY_EXPORT(FastDivOn);
 }  // namespace xquant::detail
@@ -222,6 +257,63 @@ TEST(FastDiv, PerLaneDivisorsShareOneDomain) {
     for (std::size_t i = 0; i < xs.size(); ++i)
       EXPECT_EQ(bits(out[i]), bits(xs[i] / ss[i])) << target << ": " << xs[i] << " / " << ss[i];
   });
+}
+
+TEST(FastDiv, IntegralDividendsOneAndTwoSteps) {
+  // fake quantization's q / scale: every integer of a 13-bit range and NaN, for divisors that allow it
+  std::vector<float> q;
+  for (int k = -4096; k <= 4096; ++k) q.push_back(static_cast<float>(k));
+  q.push_back(-0.0f);
+  q.push_back(std::numeric_limits<float>::quiet_NaN());
+  q.push_back(-std::numeric_limits<float>::quiet_NaN());
+  q.push_back(from_bits(0x7FC12345u));
+  while (q.size() % 64) q.push_back(1.0f);
+  for_each_target([&](const char* target) {
+    if (!HWY_DYNAMIC_DISPATCH(xquant::detail::FastDivOn)()) return;
+    for (float s : {127.0f / 3.0f, 0.1f, 1e-20f, 1e20f, from_bits(0x3FFFFFFFu), 7.0f / 2.75f, 0x1p-93f}) {
+      const int steps = xquant::detail::fast_div_integral_steps(s, s, 4096.0f);
+      ASSERT_EQ(steps, 1) << s;
+      for (int st : {1, 2}) {
+        std::vector<float> out(q.size());
+        HWY_DYNAMIC_DISPATCH(xquant::detail::IntegralArrays)(q.data(), s, st, q.size(), out.data());
+        for (std::size_t i = 0; i < q.size(); ++i)
+          ASSERT_EQ(bits(out[i]), bits(q[i] / s)) << target << " steps " << st << ": " << q[i] << " / " << s;
+      }
+    }
+  });
+  EXPECT_EQ(xquant::detail::fast_div_integral_steps(1.0f, 1.0f, 0x1p20f), 2);
+  EXPECT_EQ(xquant::detail::fast_div_integral_steps(0x1p-120f, 0x1p-120f, 4096.0f), 0);  // 4096 / s beyond the domain
+  EXPECT_EQ(xquant::detail::fast_div_integral_steps(0x1p125f, 0x1p125f, 127.0f), 0);     // 1 / s below the domain
+}
+
+TEST(FastDiv, IntegerResultsThroughTheClamp) {
+  // sat(rint(x / s + z)) from the clamped FMA quotient equals the one from the division, for dividends
+  // below the domain, beyond x_max, infinite and NaN.
+  const float inf = std::numeric_limits<float>::infinity();
+  for_each_target([&](const char* target) {
+    if (!HWY_DYNAMIC_DISPATCH(xquant::detail::FastDivOn)()) return;
+    for (float s : {1e-12f, 0x1p-60f, 0.03f, 1.0f, 3e6f, 0x1p60f}) {
+      for (float z : {0.0f, 0.5f, -0.5f, 1e-30f, 3.0f, -128.0f, 0x1p33f, -0x1p33f}) {
+        const auto f = xquant::detail::fast_div_int(s, s, std::abs(z));
+        ASSERT_TRUE(f.ok) << s << " " << z;
+        std::vector<float> xs = {0.0f, -0.0f, 1e-45f, -1e-40f, 1e-38f, 0x1p-100f, down(0x1p-100f), 0.5f * s, 1.5f * s,
+                                 -2.5f * s, 127.5f * s, f.x_max, up(f.x_max), -up(f.x_max), 3.4e38f, -3.4e38f, inf, -inf,
+                                 std::numeric_limits<float>::quiet_NaN(), s * 1e-30f, -s * 1e-30f};
+        while (xs.size() % 64) xs.push_back(1.0f);
+        std::vector<double> out(xs.size());
+        HWY_DYNAMIC_DISPATCH(xquant::detail::IntegerArrays)(xs.data(), s, z, f.x_max, xs.size(), out.data());
+        for (std::size_t i = 0; i < xs.size(); ++i) {
+          const float v = xs[i] / s + z;
+          const double ref = std::isnan(v) ? 0.0 : std::max(-0x1p31, std::min(0x1p31, std::nearbyint(static_cast<double>(v))));
+          ASSERT_EQ(out[i], ref) << target << ": " << xs[i] << " / " << s << " + " << z;
+        }
+      }
+    }
+  });
+  EXPECT_FALSE(xquant::detail::fast_div_int(0x1p-61f, 0x1p-61f, 0.0f).ok);   // tiny dividends no longer vanish
+  EXPECT_FALSE(xquant::detail::fast_div_int(1.0f, 0x1p61f, 0.0f).ok);        // scales too far apart
+  EXPECT_FALSE(xquant::detail::fast_div_int(1.0f, 1.0f, 0x1p34f).ok);        // zero point beyond 2^33
+  EXPECT_FALSE(xquant::detail::fast_div_int(1e30f, 1e30f, 0.0f).ok);         // x_max / s below 2^34
 }
 
 }  // namespace

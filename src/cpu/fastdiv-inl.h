@@ -33,12 +33,17 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include "hwy/highway.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #ifndef XQUANT_CPU_FASTDIV_ONCE
 #define XQUANT_CPU_FASTDIV_ONCE
@@ -55,11 +60,14 @@ struct FastDivDomain {
 
 inline bool fast_div_scale_ok(float s) { return s >= 0x1p-126f && s < 0x1p126f; }
 
-inline FastDivDomain fast_div_domain(float s_min, float s_max) {
+// min_quotient_exp: also keep |x / s| >= 2^min_quotient_exp for every nonzero x in the domain (ActsULQ
+// divides the quotient's rounding error again).
+inline FastDivDomain fast_div_domain(float s_min, float s_max, int min_quotient_exp = -1000) {
   FastDivDomain d;
   if (!(fast_div_scale_ok(s_min) && fast_div_scale_ok(s_max) && s_min <= s_max)) return d;
   // Both bounds are exact: powers of two times normal floats, capped by normal floats.
-  const float lo = std::max(0x1p-100f, std::ldexp(s_max, -124));
+  float lo = std::max(0x1p-100f, std::ldexp(s_max, -124));
+  if (min_quotient_exp > -1000) lo = std::max(lo, std::ldexp(s_max, min_quotient_exp + 1));
   const double hi_d = std::ldexp(static_cast<double>(s_min), 125);
   const float hi = hi_d >= static_cast<double>(std::numeric_limits<float>::max()) ? std::numeric_limits<float>::max()
                                                                                    : static_cast<float>(hi_d);
@@ -67,6 +75,71 @@ inline FastDivDomain fast_div_domain(float s_min, float s_max) {
   std::memcpy(&d.hi, &hi, 4);
   d.ok = d.lo <= d.hi;
   return d;
+}
+
+inline float fast_div_bits_to_float(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Quotients q / s of integers |q| <= q_max (or NaN), s in [s_min, s_max] (fake quantization's
+// dequantization step): 0 = not covered (divide), 1 = one correction suffices (every integer up to
+// 2^kOneStepIntegerBits against every divisor significand: bench/exhaustive_div --integers),
+// 2 = the two-step sequence. Every integer is then in the domain, so no per-vector check is needed.
+inline constexpr int kOneStepIntegerBits = 12;
+inline int fast_div_integral_steps(float s_min, float s_max, float q_max) {
+  const FastDivDomain d = fast_div_domain(s_min, s_max);
+  if (!d.ok || fast_div_bits_to_float(d.lo) > 1.0f || !(fast_div_bits_to_float(d.hi) >= q_max)) return 0;
+  return q_max <= std::ldexp(1.0f, kOneStepIntegerBits) ? 1 : 2;
+}
+
+// Integer results sat(rint(x / s + z)) with s in [s_min, s_max], |z| <= z_max (npu_quantize div_mode,
+// dynamic quantization): no per-vector check either. x is first clamped to [-x_max, x_max] (NaN kept):
+// beyond x_max both quotients saturate alike, as x_max / s_max >= 2^34 > 2^33 >= |z|. Dividends below
+// the domain (|x| < lo, zero excepted) give |x / s| < 2^-36 both ways (s_min >= 2^-60, s_max / s_min <=
+// 2^60; the FMA steps at most multiply |x r| by 7) and rint(q + z) is the same integer for any two such q: if |z| >= 2^-5, q is below half an ulp of
+// z and q + z rounds to z; otherwise |q + z| < 1/2 and rounds to 0.
+struct FastDivInt {
+  bool ok = false;
+  float x_max = 0.0f;
+};
+inline FastDivInt fast_div_int(float s_min, float s_max, float z_max) {
+  FastDivInt f;
+  const FastDivDomain d = fast_div_domain(s_min, s_max);
+  if (!d.ok || !(s_min >= 0x1p-60f) || !(s_max <= std::ldexp(s_min, 60)) || !(z_max <= 0x1p33f)) return f;
+  f.x_max = fast_div_bits_to_float(d.hi);
+  f.ok = static_cast<double>(f.x_max) / static_cast<double>(s_max) >= 0x1p34;
+  return f;
+}
+
+// Whether kernels use the fast path (where the target has a real FMA). Default: on Intel CPUs, whose
+// 512-bit divider retires one quotient vector per 5-10 cycles, while AMD Zen 4 divides a 512-bit vector
+// in about the time of 4 of its double-pumped 512-bit FMAs (docs/performance.md). XQUANT_FAST_DIV=0 / 1
+// overrides; tests force both with set_fast_div_mode. Results are the same bits either way.
+inline std::atomic<int>& fast_div_mode_override() {
+  static std::atomic<int> mode{-1};
+  return mode;
+}
+inline void set_fast_div_mode(int mode) { fast_div_mode_override().store(mode, std::memory_order_relaxed); }
+inline bool cpu_vendor_is_intel() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "GenuineIntel"
+#else
+  return false;
+#endif
+}
+inline bool fast_div_wanted() {
+  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
+  if (m >= 0) return m == 1;
+  static const bool by_default = [] {
+    const char* e = std::getenv("XQUANT_FAST_DIV");
+    if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';
+    return cpu_vendor_is_intel();
+  }();
+  return by_default;
 }
 
 }  // namespace xquant::detail
@@ -94,12 +167,32 @@ HWY_INLINE V DivCore(V x, V s, V r) {
   return hn::NegMulAdd(hn::MulSub(q1, s, x), r, q1);
 }
 
-// Only one correction (kept for bench/exhaustive_div.cpp, which shows why the second one is needed).
+// One correction: correct for the integer dividends fast_div_integral_steps allows (checked exhaustively);
+// for other dividends only the second step is proven (bench/exhaustive_div counts both).
 template <class V>
 HWY_INLINE V DivCoreOneStep(V x, V s, V r) {
   const V q0 = hn::Mul(x, r);
   return hn::NegMulAdd(hn::MulSub(q0, s, x), r, q0);
 }
+
+// q / s for q integral or NaN under fast_div_integral_steps(...) == kSteps; NaN passes unchanged (as
+// the division returns a quiet NaN operand).
+template <int kSteps, class V>
+HWY_INLINE V DivIntegral(V q, V s, V r) {
+  const V d = kSteps == 1 ? DivCoreOneStep(q, s, r) : DivCore(q, s, r);
+  return hn::IfThenElse(hn::IsNaN(q), q, d);
+}
+
+#if XQUANT_HAVE_FAST_DIV
+// x / s where only sat(rint(x / s + z)) is needed, under fast_div_int: x clamped to [-x_max, x_max]
+// first (x86 min / max return their second operand for NaN: NaN stays NaN, and becomes 0 later). kClamp
+// false: the caller knows |x| <= x_max (a dynamic quantization row's min / max).
+template <bool kClamp, class V>
+HWY_INLINE V DivForInteger(V x, V s, V r, V x_max) {
+  if constexpr (kClamp) x = hn::Max(hn::Neg(x_max), hn::Min(x_max, x));
+  return DivCore(x, s, r);
+}
+#endif
 
 // A domain in vector form: |x| bits in [lo, hi] <=> (int32)(|x| bits + (2^31 - lo)) <= INT32_MIN + (hi - lo).
 template <class DF>
