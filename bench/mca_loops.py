@@ -88,9 +88,9 @@ def all_loops(insns, marker, taken, not_taken):
             continue
         loop = walk(insns, int(m.group(2), 16), taken, not_taken)
         ops = [x.split()[0] for _, x in loop] if loop else []
-        want = [mk for mk in marker.split(",") if not mk.startswith("!")]
+        want = [mk.split("*") for mk in marker.split(",") if not mk.startswith("!")]
         avoid = [mk[1:] for mk in marker.split(",") if mk.startswith("!")]
-        if (loop and all(any(o.startswith(mk) for o in ops) for mk in want)
+        if (loop and all(sum(o.startswith(w[0]) for o in ops) >= (int(w[1]) if len(w) > 1 else 1) for w in want)
                 and not any(o.startswith(mk) for o in ops for mk in avoid)):
             key = frozenset(x for x, _ in loop)
             if key not in seen:
@@ -121,7 +121,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("obj")
     ap.add_argument("function", help="substring of the demangled function name")
-    ap.add_argument("--marker", default="v", help="comma-separated mnemonic prefixes the loop must all contain; !prefix: must not contain")
+    ap.add_argument("--marker", default="v", help="comma-separated mnemonic prefixes the loop must all contain (prefix*N: at least N times); "
+                    "!prefix: must not contain")
     ap.add_argument("--start", help="hex offset where the loop path starts (default: found from --marker)")
     ap.add_argument("--taken", default="", help="comma-separated hex offsets of branches to take")
     ap.add_argument("--not-taken", default="", help="comma-separated hex offsets of branches not to take")
@@ -132,6 +133,7 @@ def main():
     ap.add_argument("--list", action="store_true", help="list every loop containing the marker (start, size)")
     ap.add_argument("--pick", type=int, default=0, help="the n-th smallest such loop (default 0)")
     ap.add_argument("--full", action="store_true", help="print llvm-mca's whole report")
+    ap.add_argument("--vectors", type=int, default=1, help="vectors per loop iteration (figures are divided by it)")
     a = ap.parse_args()
     hexes = lambda s: {int(x, 16) for x in s.split(",") if x}
     loop = None
@@ -159,7 +161,9 @@ def main():
         if r is None:
             figures.append(f"{cpu}: {report}")
             continue
-        figures.append(f"{cpu}: {r[0]:.2f} cycles/iteration (block reciprocal throughput; simulated {r[1]:.2f})")
+        v = a.vectors
+        unit = "iteration" if v == 1 else "vector"
+        figures.append(f"{cpu}: {r[0] / v:.2f} cycles/{unit} (block reciprocal throughput; simulated {r[1] / v:.2f})")
         if a.full:
             print(report)
     print(f"{len(loop)} instructions; " + "; ".join(figures))
