@@ -183,16 +183,21 @@ HWY_INLINE V DivIntegral(V q, V s, V r) {
   return hn::IfThenElse(hn::IsNaN(q), q, d);
 }
 
-#if XQUANT_HAVE_FAST_DIV
 // x / s where only sat(rint(x / s + z)) is needed, under fast_div_int: x clamped to [-x_max, x_max]
 // first (x86 min / max return their second operand for NaN: NaN stays NaN, and becomes 0 later). kClamp
-// false: the caller knows |x| <= x_max (a dynamic quantization row's min / max).
+// false: the caller knows |x| <= x_max (a dynamic quantization row's min / max). Targets without FMA
+// divide.
 template <bool kClamp, class V>
 HWY_INLINE V DivForInteger(V x, V s, V r, V x_max) {
+#if XQUANT_HAVE_FAST_DIV
   if constexpr (kClamp) x = hn::Max(hn::Neg(x_max), hn::Min(x_max, x));
   return DivCore(x, s, r);
-}
+#else
+  (void)r;
+  (void)x_max;
+  return hn::Div(x, s);
 #endif
+}
 
 // A domain in vector form: |x| bits in [lo, hi] <=> (int32)(|x| bits + (2^31 - lo)) <= INT32_MIN + (hi - lo).
 template <class DF>
