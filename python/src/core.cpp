@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xquant/runtime.hpp"
@@ -302,6 +303,639 @@ void set_backend(const std::string& name) {
 
 std::string get_backend() { return xquant::get_backend() == xquant::Backend::cpu ? "cpu" : "reference"; }
 
+
+// ---- torch tensors without DLPack ---------------------------------------------------------------------------
+//
+// The functions t_* below take torch tensors as plain Python objects and read what xquant needs (data
+// pointer, dtype, shape, layout, device, contiguity, neg bit, requires_grad) through the CPython API from the
+// torch objects that xquant._torch_ops hands over once (init_torch): no torch headers, no DLPack capsule per
+// argument (torch's Tensor.__dlpack__ costs several microseconds per tensor). They allocate their outputs
+// with torch.empty / torch.empty_like (xquant's own huge-page allocation from 2 MiB on) and return them.
+//
+// Two modes:
+//  - lenient (the eager fast path of xquant.npu): anything unusual (a tensor subclass, a non-contiguous,
+//    sparse, meta or neg-bit tensor, an unsupported dtype, a Python value of an unexpected type, an
+//    argument that requires grad while grad mode is on, an active torch dispatch / function mode, functorch
+//    transform, JIT trace or profiler) returns None without raising, and the caller takes the full path
+//    (torch.library custom operators), which validates and reports. Errors of the C++ library itself are
+//    raised as usual: they are the same on both paths. The operators with autograd return NotImplemented
+//    when the only obstacle is autograd recording (see autograd_verdict).
+//  - strict (inside the custom operators, whose Python layer has already checked and densified the
+//    arguments): an unsupported dtype raises TypeError, anything else unexpected ValueError.
+//
+// Adding an operator: write t_<op>(..., bool strict) after the pattern of t_quantize (targ() per tensor,
+// opt_targ() for optional ones, alloc() for outputs, call the C++ out-variant under run_maybe_nogil()),
+// register it in NB_MODULE, and call it from the Python fast path (xquant/npu.py) and the custom operator's
+// implementation (xquant/_torch_ops.py).
+
+struct TorchApi {
+  bool ready = false;    // init_torch ran: strict calls work
+  bool lenient = false;  // and every mode probe exists: lenient calls may compute (else they return None)
+  PyObject* tensor_type = nullptr;     // torch.Tensor
+  PyObject* parameter_type = nullptr;  // torch.nn.Parameter
+  PyObject* strided = nullptr;         // torch.strided
+  PyObject* empty = nullptr;           // torch.empty
+  PyObject* empty_like = nullptr;      // torch.empty_like
+  PyObject* is_grad_enabled = nullptr;
+  PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
+  std::vector<PyObject*> mode_probes;  // each returns something falsy when no mode / transform / trace is active
+  std::vector<std::pair<PyObject*, DType>> dtypes;  // torch dtype -> xquant dtype
+  PyObject* dtype_of[7] = {};                       // xquant dtype -> torch dtype
+  std::vector<std::pair<PyObject*, int>> qdtypes;   // torch dtype -> QuantDType code (npu_quantize's dtype)
+  PyObject* kw_dtype = nullptr;                     // ("dtype",)
+  PyObject *s_data_ptr, *s_dtype, *s_shape, *s_layout, *s_is_cpu, *s_is_contiguous, *s_is_neg, *s_requires_grad,
+      *s_is_inference, *s_is_view;
+};
+TorchApi g_torch;  // references held for the life of the process (never released: no teardown ordering issues)
+
+PyObject* keep(nb::handle h) {
+  PyObject* p = h.ptr();
+  Py_INCREF(p);
+  return p;
+}
+
+void init_torch(const nb::dict& d) {
+  TorchApi& t = g_torch;
+  if (t.ready) return;  // once per process (xquant._torch_ops is imported once)
+  t.tensor_type = keep(d["Tensor"]);
+  t.parameter_type = keep(d["Parameter"]);
+  t.strided = keep(d["strided"]);
+  t.empty = keep(d["empty"]);
+  t.empty_like = keep(d["empty_like"]);
+  t.is_grad_enabled = keep(d["is_grad_enabled"]);
+  t.increment_version = keep(d["increment_version"]);
+  if (!d["mode_probes"].is_none()) {
+    for (nb::handle f : nb::list(d["mode_probes"])) t.mode_probes.push_back(keep(f));
+    t.lenient = true;
+  }
+  const std::pair<const char*, DType> names[] = {{"float32", DType::float32}, {"float16", DType::float16},
+                                                 {"bfloat16", DType::bfloat16}, {"int8", DType::int8},
+                                                 {"uint8", DType::uint8},     {"int32", DType::int32},
+                                                 {"int64", DType::int64}};
+  nb::dict dts = nb::borrow<nb::dict>(d["dtypes"]);
+  for (const auto& [name, dt] : names) {
+    PyObject* o = keep(dts[name]);
+    t.dtypes.emplace_back(o, dt);
+    t.dtype_of[static_cast<int>(dt)] = o;
+  }
+  for (auto [k, v] : nb::borrow<nb::dict>(d["qdtypes"])) t.qdtypes.emplace_back(keep(k), nb::cast<int>(v));
+  t.kw_dtype = keep(nb::make_tuple("dtype"));
+  t.s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  t.s_dtype = PyUnicode_InternFromString("dtype");
+  t.s_shape = PyUnicode_InternFromString("shape");
+  t.s_layout = PyUnicode_InternFromString("layout");
+  t.s_is_cpu = PyUnicode_InternFromString("is_cpu");
+  t.s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+  t.s_is_neg = PyUnicode_InternFromString("is_neg");
+  t.s_requires_grad = PyUnicode_InternFromString("requires_grad");
+  t.s_is_inference = PyUnicode_InternFromString("is_inference");
+  t.s_is_view = PyUnicode_InternFromString("_is_view");
+  t.ready = true;
+}
+
+// New reference or a raised Python error.
+nb::object attr(PyObject* o, PyObject* name) {
+  PyObject* r = PyObject_GetAttr(o, name);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+
+nb::object call_method0(PyObject* o, PyObject* name) {
+  PyObject* args[1] = {o};
+  PyObject* r = PyObject_VectorcallMethod(name, args, 1, nullptr);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+
+nb::object call0(PyObject* f) {
+  PyObject* r = PyObject_CallNoArgs(f);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+
+bool truthy(const nb::object& o) {
+  const int r = PyObject_IsTrue(o.ptr());
+  if (r < 0) throw nb::python_error();
+  return r == 1;
+}
+
+// No torch dispatch / function mode, functorch transform, JIT trace or profiler is active, and no argument
+// needs autograd: the custom operators would add nothing but their dispatch cost.
+bool modes_plain() {
+  for (PyObject* probe : g_torch.mode_probes)
+    if (truthy(call0(probe))) return false;
+  return true;
+}
+
+bool plain_eager(bool any_requires_grad) {
+  if (any_requires_grad && truthy(call0(g_torch.is_grad_enabled))) return false;
+  return modes_plain();
+}
+
+// For the operators with autograd: None (take the full path), NotImplemented (everything is plain but an
+// argument requires grad and grad mode is on: the caller records autograd itself, see
+// xquant._torch_ops._FakeQuantFn), or true (compute here).
+nb::object autograd_verdict(bool any_requires_grad) {
+  if (!modes_plain()) return nb::none();
+  if (any_requires_grad && truthy(call0(g_torch.is_grad_enabled))) return nb::borrow(Py_NotImplemented);
+  return nb::borrow(Py_True);
+}
+
+// A dense CPU torch tensor as xquant sees it.
+struct TArg {
+  PyObject* obj = nullptr;  // borrowed
+  void* data = nullptr;
+  DType dtype = DType::float32;
+  Shape shape;
+  bool requires_grad = false;
+  std::int64_t numel() const { return xquant::shape_numel(shape); }
+  ConstTensorView cview() const { return {data, dtype, shape}; }
+  TensorView wview() const { return {data, dtype, shape}; }
+};
+
+std::string torch_dtype_name(PyObject* dt) {
+  nb::str s = nb::str(nb::handle(dt));
+  std::string r = s.c_str();
+  return r.rfind("torch.", 0) == 0 ? r.substr(6) : r;
+}
+
+Shape read_shape(PyObject* size) {
+  const Py_ssize_t n = PyTuple_Size(size);  // torch.Size is a tuple
+  if (n < 0) throw nb::python_error();
+  Shape s(static_cast<std::size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(size, i));
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    s[static_cast<std::size_t>(i)] = v;
+  }
+  return s;
+}
+
+// Reads t into a. Lenient: false when t is not a plain dense CPU tensor of a supported dtype (the caller
+// falls back). Strict: raises instead (TypeError for the dtype, ValueError otherwise); t has been checked
+// and made dense by the Python layer, so only the dtype can normally fail.
+bool targ_impl(PyObject* t, TArg& a, bool strict, const char* op, const char* arg) {
+  const TorchApi& T = g_torch;
+  a.obj = t;
+  if (!T.ready) throw nb::type_error("xquant._core: init_torch() has not run");
+  if (!strict && !T.lenient) return false;
+  if (!strict) {
+    PyObject* tp = reinterpret_cast<PyObject*>(Py_TYPE(t));
+    if (tp != T.tensor_type && tp != T.parameter_type) return false;
+  }
+  auto bad = [&](const char* what) -> bool {
+    if (!strict) return false;
+    throw nb::value_error((prefix(op) + arg + " " + what).c_str());
+  };
+  if (attr(t, T.s_layout).ptr() != T.strided) return bad("is not a dense strided tensor");
+  if (attr(t, T.s_is_cpu).ptr() != Py_True) return bad("is not on the CPU");
+  nb::object dt = attr(t, T.s_dtype);
+  bool found = false;
+  for (const auto& [o, d] : T.dtypes)
+    if (o == dt.ptr()) {
+      a.dtype = d;
+      found = true;
+      break;
+    }
+  if (!found) {
+    if (!strict) return false;
+    throw nb::type_error((prefix(op) + arg + " has dtype " + torch_dtype_name(dt.ptr()) +
+                          " which xquant does not support (float32, float16, bfloat16, int8, uint8, int32, int64)")
+                             .c_str());
+  }
+  if (call_method0(t, T.s_is_contiguous).ptr() != Py_True)
+    return bad("is not contiguous but expected a dense row-major tensor");
+  if (call_method0(t, T.s_is_neg).ptr() != Py_False) return bad("is a negative view (call .resolve_neg())");
+  a.requires_grad = attr(t, T.s_requires_grad).ptr() == Py_True;
+  a.shape = read_shape(attr(t, T.s_shape).ptr());
+  nb::object p = call_method0(t, T.s_data_ptr);
+  a.data = PyLong_AsVoidPtr(p.ptr());
+  if (!a.data && PyErr_Occurred()) throw nb::python_error();
+  return true;
+}
+
+bool targ(PyObject* t, TArg& a, bool strict, const char* op, const char* arg) {
+  if (strict) return targ_impl(t, a, strict, op, arg);
+  try {
+    return targ_impl(t, a, strict, op, arg);
+  } catch (const nb::python_error&) {
+    return false;  // a tensor that cannot answer (a nested tensor's sizes, ...): the full path reports
+  }
+}
+
+// None / a tensor; false (lenient) as targ.
+bool opt_targ(PyObject* t, std::optional<TArg>& a, bool strict, const char* op, const char* arg) {
+  if (t == Py_None) {
+    a.reset();
+    return true;
+  }
+  a.emplace();
+  return targ(t, *a, strict, op, arg);
+}
+
+// A Python int (not bool) that fits 32 bits; false (lenient) otherwise. In strict mode the schema has made
+// it an int: out-of-range values raise the binding's usual message.
+bool py_int(PyObject* o, int& v, bool strict, const char* op, const char* arg) {
+  if (!PyLong_CheckExact(o)) {
+    if (!strict) return false;
+    throw nb::type_error((prefix(op) + arg + " is not an int").c_str());
+  }
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow || x < INT_MIN || x > INT_MAX) {
+    if (!strict) return false;
+    throw nb::value_error((prefix(op) + arg + " is " + nb::str(nb::handle(o)).c_str() +
+                           " which does not fit in 32 bits").c_str());
+  }
+  v = static_cast<int>(x);
+  return true;
+}
+
+bool py_int64(PyObject* o, std::int64_t& v, bool strict, const char* op, const char* arg) {
+  if (!PyLong_CheckExact(o)) {
+    if (!strict) return false;
+    throw nb::type_error((prefix(op) + arg + " is not an int").c_str());
+  }
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow) {
+    if (!strict) return false;
+    throw nb::value_error((prefix(op) + arg + " does not fit in 64 bits").c_str());
+  }
+  v = x;
+  return true;
+}
+
+bool py_bool(PyObject* o, bool& v, bool strict, const char* op, const char* arg) {
+  if (o == Py_True || o == Py_False) {
+    v = o == Py_True;
+    return true;
+  }
+  if (!strict) return false;
+  throw nb::type_error((prefix(op) + arg + " is not a bool").c_str());
+}
+
+// Outputs of at least this many bytes come from xquant's allocator (2 MiB-aligned, huge pages, reused
+// through its cache) rather than torch's: fresh 4 KiB pages cost a fault and a zero-fill each.
+constexpr std::size_t kXqAllocMinBytes = std::size_t{2} << 20;
+// Calls on fewer elements keep the GIL: releasing and re-acquiring it costs more than such a kernel.
+constexpr std::int64_t kReleaseGilMinElements = std::int64_t{1} << 15;
+
+nb::ndarray<nb::pytorch, nb::device::cpu> xq_torch_tensor(const Shape& shape, DType dt, void** data);
+
+struct Out {
+  nb::object tensor;
+  TensorView view;
+};
+
+Out alloc(const Shape& shape, DType dt) {
+  Out o;
+  const std::int64_t n = xquant::shape_numel(shape);
+  if (static_cast<std::size_t>(n) * xquant::dtype_size(dt) >= kXqAllocMinBytes) {
+    void* data = nullptr;
+    o.tensor = nb::cast(xq_torch_tensor(shape, dt, &data));
+    o.view = {data, dt, shape};
+    return o;
+  }
+  // torch.empty(d0, d1, ..., dtype=dt): the dimensions as separate arguments parse faster than a tuple.
+  if (shape.size() > 16) throw nb::value_error("xquant: more than 16 dimensions");
+  nb::object dims[16];
+  PyObject* args[17];
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    dims[i] = nb::steal(PyLong_FromLongLong(shape[i]));
+    if (!dims[i].is_valid()) throw nb::python_error();
+    args[i] = dims[i].ptr();
+  }
+  PyObject* r;
+  if (shape.empty()) {  // a 0-d tensor: torch.empty((), dtype=dt)
+    nb::object empty_tuple = nb::steal(PyTuple_New(0));
+    args[0] = empty_tuple.ptr();
+    args[1] = g_torch.dtype_of[static_cast<int>(dt)];
+    r = PyObject_Vectorcall(g_torch.empty, args, 1, g_torch.kw_dtype);
+  } else {
+    args[shape.size()] = g_torch.dtype_of[static_cast<int>(dt)];
+    r = PyObject_Vectorcall(g_torch.empty, args, shape.size(), g_torch.kw_dtype);
+  }
+  if (!r) throw nb::python_error();
+  o.tensor = nb::steal(r);
+  nb::object p = call_method0(r, g_torch.s_data_ptr);
+  o.view = {PyLong_AsVoidPtr(p.ptr()), dt, shape};
+  return o;
+}
+
+// An output of x's dtype and shape.
+Out alloc_like(const TArg& x) {
+  if (static_cast<std::size_t>(x.numel()) * xquant::dtype_size(x.dtype) >= kXqAllocMinBytes)
+    return alloc(x.shape, x.dtype);
+  Out o;
+  PyObject* args[1] = {x.obj};
+  PyObject* r = PyObject_Vectorcall(g_torch.empty_like, args, 1, nullptr);
+  if (!r) throw nb::python_error();
+  o.tensor = nb::steal(r);
+  nb::object p = call_method0(r, g_torch.s_data_ptr);
+  o.view = {PyLong_AsVoidPtr(p.ptr()), x.dtype, x.shape};
+  return o;
+}
+
+// A tensor the lenient path may write in place: not an inference tensor (only inference mode may modify
+// those), and not a view while grad mode is on (torch refuses in-place writes to some views, e.g. one
+// created under no_grad of a base that requires grad; the full path lets torch decide).
+bool plain_inplace_target(PyObject* t) {
+  if (call_method0(t, g_torch.s_is_inference).ptr() != Py_False) return false;
+  if (call_method0(t, g_torch.s_is_view).ptr() != Py_False && truthy(call0(g_torch.is_grad_enabled))) return false;
+  return true;
+}
+
+// Marks a tensor written in place as modified for autograd's saved-tensor checks (what an in-place torch
+// operator does).
+void bump_version(PyObject* t) {
+  nb::object tup = nb::make_tuple(nb::handle(t));
+  PyObject* args[1] = {tup.ptr()};
+  PyObject* r = PyObject_Vectorcall(g_torch.increment_version, args, 1, nullptr);
+  if (!r) throw nb::python_error();
+  Py_DECREF(r);
+}
+
+template <class F>
+void run_maybe_nogil(std::int64_t elements, F&& f) {
+  if (elements >= kReleaseGilMinElements) {
+    nb::gil_scoped_release nogil;
+    f();
+  } else {
+    f();
+  }
+}
+
+// A Python real number as a 0-d float32 parameter (what the Python layer's torch.tensor(float(v)) makes).
+bool py_number(PyObject* o, float& v) {
+  if (!(PyFloat_CheckExact(o) || PyLong_CheckExact(o))) return false;
+  const double d = PyFloat_AsDouble(o);
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  v = static_cast<float>(d);
+  return true;
+}
+
+#define XQ_TRY(cond) \
+  do {               \
+    if (!(cond)) return nb::none(); \
+  } while (0)
+
+nb::object t_fake_tensor_quant(nb::handle inputs, nb::handle amax, nb::handle axis, nb::handle num_bits,
+                               nb::handle is_unsigned, nb::handle narrow_range, bool strict) {
+  const char* op = axis.is_none() ? "fake_tensor_quant" : "fake_tensor_quant_with_axis";
+  xquant::FakeQuantOptions o;
+  std::int64_t ax = 0;
+  XQ_TRY(py_int(num_bits.ptr(), o.num_bits, strict, op, "num_bits"));
+  XQ_TRY(py_bool(is_unsigned.ptr(), o.is_unsigned, strict, op, "is_unsigned"));
+  XQ_TRY(py_bool(narrow_range.ptr(), o.narrow_range, strict, op, "narrow_range"));
+  if (!axis.is_none()) XQ_TRY(py_int64(axis.ptr(), ax, strict, op, "axis"));
+  TArg x;
+  XQ_TRY(targ(inputs.ptr(), x, strict, op, "inputs"));
+  TArg a;
+  float a_value = 0.0f;
+  if (!strict && py_number(amax.ptr(), a_value)) {
+    a.data = &a_value;
+    a.dtype = DType::float32;
+  } else {
+    XQ_TRY(targ(amax.ptr(), a, strict, op, "amax"));
+  }
+  if (!strict) {
+    nb::object v = autograd_verdict(x.requires_grad || a.requires_grad);
+    if (v.ptr() != Py_True) return v;
+  }
+  Out out = alloc_like(x);
+  const ConstTensorView xv = x.cview(), av = a.cview();
+  run_maybe_nogil(x.numel(), [&] {
+    if (axis.is_none()) xquant::fake_tensor_quant_out(out.view, xv, av, o);
+    else xquant::fake_tensor_quant_with_axis_out(out.view, xv, av, ax, o);
+  });
+  return out.tensor;
+}
+
+nb::object t_fake_tensor_quant_inplace(nb::handle inputs, nb::handle amax, nb::handle num_bits,
+                                       nb::handle is_unsigned, nb::handle narrow_range, bool strict) {
+  const char* op = "fake_tensor_quant_inplace";
+  xquant::FakeQuantOptions o;
+  XQ_TRY(py_int(num_bits.ptr(), o.num_bits, strict, op, "num_bits"));
+  XQ_TRY(py_bool(is_unsigned.ptr(), o.is_unsigned, strict, op, "is_unsigned"));
+  XQ_TRY(py_bool(narrow_range.ptr(), o.narrow_range, strict, op, "narrow_range"));
+  TArg x;
+  XQ_TRY(targ(inputs.ptr(), x, strict, op, "inputs"));
+  TArg a;
+  float a_value = 0.0f;
+  if (!strict && py_number(amax.ptr(), a_value)) {
+    a.data = &a_value;
+    a.dtype = DType::float32;
+  } else {
+    XQ_TRY(targ(amax.ptr(), a, strict, op, "amax"));
+  }
+  if (!strict) {
+    // A tensor that requires grad is refused by the full path (no autograd for the in-place form), and an
+    // inference tensor may only be modified inside inference mode: both take the full path.
+    XQ_TRY(!x.requires_grad);
+    XQ_TRY(plain_inplace_target(x.obj));
+    XQ_TRY(plain_eager(a.requires_grad));
+  }
+  const TensorView xv = x.wview();
+  const ConstTensorView av = a.cview();
+  run_maybe_nogil(x.numel(), [&] { xquant::fake_tensor_quant_inplace(xv, av, o); });
+  if (!strict) bump_version(x.obj);  // (the custom operator's own dispatch bumps it on the full path)
+  return nb::borrow(inputs);
+}
+
+// npu_quantize. dtype: a torch dtype (lenient and strict: the Python layer has resolved other spellings).
+nb::object t_quantize(nb::handle input, nb::handle scales, nb::handle zero_points, nb::handle dtype,
+                      nb::handle axis, nb::handle div_mode, bool strict) {
+  const char* op = "quantize";
+  int code = -1;
+  for (const auto& [o, c] : g_torch.qdtypes)
+    if (o == dtype.ptr()) code = c;
+  if (code < 0) {
+    if (!strict) return nb::none();
+    throw nb::value_error((prefix(op) + "dtype is not a quantized output dtype").c_str());
+  }
+  std::int64_t ax = 0;
+  bool div = true;
+  XQ_TRY(py_int64(axis.ptr(), ax, strict, op, "axis"));
+  XQ_TRY(py_bool(div_mode.ptr(), div, strict, op, "div_mode"));
+  TArg x, s;
+  std::optional<TArg> zp;
+  XQ_TRY(targ(input.ptr(), x, strict, op, "input"));
+  XQ_TRY(targ(scales.ptr(), s, strict, op, "scales"));
+  XQ_TRY(opt_targ(zero_points.ptr(), zp, strict, op, "zero_points"));
+  if (!strict) XQ_TRY(plain_eager(x.requires_grad || s.requires_grad || (zp && zp->requires_grad)));
+  const auto q = static_cast<xquant::QuantDType>(code);
+  // The output shape, leniently: for invalid arguments the operator reports (in its own order) before it
+  // looks at the output.
+  Shape out_shape = x.shape;
+  if (q == xquant::QuantDType::quint4x2 && !out_shape.empty()) out_shape.back() /= 8;
+  Out out = alloc(out_shape, xquant::storage_dtype(q));
+  const ConstTensorView xv = x.cview(), sv = s.cview();
+  std::optional<ConstTensorView> zv;
+  if (zp) zv = zp->cview();
+  run_maybe_nogil(x.numel(), [&] { xquant::quantize_out(out.view, xv, sv, zv, q, ax, div); });
+  return out.tensor;
+}
+
+// pypto tile quant on dense tiles (padded rows take the full path). mode: 'SYM' / 'ASYM' (or the
+// xquant.QuantMode members, a str enum).
+nb::object t_tile_quant(nb::handle out, nb::handle src, nb::handle scale, nb::handle mode, nb::handle offset,
+                        bool strict) {
+  const char* op = "tile_quant";
+  bool asym;
+  if (PyUnicode_Check(mode.ptr()) && PyUnicode_CompareWithASCIIString(mode.ptr(), "SYM") == 0) asym = false;
+  else if (PyUnicode_Check(mode.ptr()) && PyUnicode_CompareWithASCIIString(mode.ptr(), "ASYM") == 0) asym = true;
+  else if (!strict) return nb::none();
+  else throw nb::value_error((prefix(op) + "mode is not 'SYM' or 'ASYM'").c_str());
+  TArg o, s, sc;
+  std::optional<TArg> off;
+  XQ_TRY(targ(out.ptr(), o, strict, op, "out"));
+  XQ_TRY(targ(src.ptr(), s, strict, op, "src"));
+  XQ_TRY(targ(scale.ptr(), sc, strict, op, "scale"));
+  XQ_TRY(opt_targ(offset.ptr(), off, strict, op, "offset"));
+  if (!strict) {
+    XQ_TRY(!o.requires_grad);
+    XQ_TRY(plain_inplace_target(o.obj));
+    XQ_TRY(plain_eager(s.requires_grad || sc.requires_grad || (off && off->requires_grad)));
+  }
+  auto tile = [&](const TArg& t, const char* arg) {
+    if (t.shape.size() != 2)
+      throw nb::value_error((prefix(op) + arg + " has shape " + xquant::shape_str(t.shape) +
+                             " but expected a 2-D tile")
+                                .c_str());
+    return xquant::ConstTileView{t.data, t.dtype, t.shape[0], t.shape[1], t.shape[1]};
+  };
+  const xquant::ConstTileView ov = tile(o, "out"), sv = tile(s, "src"), scv = tile(sc, "scale");
+  std::optional<xquant::ConstTileView> offv;
+  if (off) offv = tile(*off, "offset");
+  const xquant::TileView out_tile{o.data, ov.dtype, ov.rows, ov.cols, ov.row_pitch};
+  run_maybe_nogil(o.numel(), [&] {
+    xquant::tile_quant(out_tile, sv, scv, asym ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM, offv);
+  });
+  if (!strict) bump_version(o.obj);
+  return nb::borrow(out);
+}
+
+nb::object t_dynamic_quant_asymmetric(nb::handle x, nb::handle smooth_scales, nb::handle group_index,
+                                      nb::handle dst_type, nb::handle quant_mode, bool strict) {
+  const char* op = "dynamic_quant_asymmetric";
+  int code = static_cast<int>(xquant::QuantDType::qint8);
+  if (!dst_type.is_none()) {
+    code = -1;
+    for (const auto& [o, c] : g_torch.qdtypes)
+      if (o == dst_type.ptr()) code = c;
+    if (code < 0) {
+      if (!strict) return nb::none();
+      throw nb::value_error((prefix(op) + "dst_type is not a quantized output dtype").c_str());
+    }
+  }
+  bool per_tensor;
+  if (PyUnicode_Check(quant_mode.ptr()) && PyUnicode_CompareWithASCIIString(quant_mode.ptr(), "pertoken") == 0)
+    per_tensor = false;
+  else if (PyUnicode_Check(quant_mode.ptr()) &&
+           PyUnicode_CompareWithASCIIString(quant_mode.ptr(), "pertensor") == 0)
+    per_tensor = true;
+  else if (!strict) return nb::none();
+  else throw nb::value_error((prefix(op) + "quant_mode is not 'pertoken' or 'pertensor'").c_str());
+  TArg xa;
+  std::optional<TArg> sm, gi;
+  XQ_TRY(targ(x.ptr(), xa, strict, op, "x"));
+  XQ_TRY(opt_targ(smooth_scales.ptr(), sm, strict, op, "smooth_scales"));
+  XQ_TRY(opt_targ(group_index.ptr(), gi, strict, op, "group_index"));
+  if (!strict) XQ_TRY(plain_eager(xa.requires_grad || (sm && sm->requires_grad)));
+  // Output shapes, leniently: for invalid arguments the C++ operator reports before it looks at them.
+  const auto q = static_cast<xquant::QuantDType>(code);
+  Shape y_shape = xa.shape;
+  if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
+  Shape p_shape = per_tensor ? Shape{1} : Shape(xa.shape.begin(), xa.shape.end() - (xa.shape.empty() ? 0 : 1));
+  Out y = alloc(y_shape, xquant::storage_dtype(q));
+  Out sc = alloc(p_shape, DType::float32);
+  Out of = alloc(p_shape, DType::float32);
+  const ConstTensorView xv = xa.cview();
+  std::optional<ConstTensorView> smv, giv;
+  if (sm) smv = sm->cview();
+  if (gi) giv = gi->cview();
+  run_maybe_nogil(xa.numel(), [&] {
+    xquant::dynamic_quant_asymmetric_out(y.view, sc.view, of.view, xv, smv, giv, q,
+                                         per_tensor ? xquant::DynamicQuantMode::pertensor
+                                                    : xquant::DynamicQuantMode::pertoken);
+  });
+  return nb::make_tuple(y.tensor, sc.tensor, of.tensor);
+}
+
+nb::object t_acts_ulq(nb::handle x, nb::handle clamp_min, nb::handle clamp_max, nb::handle fixed_min,
+                      nb::handle num_bits, bool strict) {
+  const char* op = "acts_ulq";
+  bool fixed = false;
+  int nbits = 8;
+  XQ_TRY(py_bool(fixed_min.ptr(), fixed, strict, op, "fixed_min"));
+  XQ_TRY(py_int(num_bits.ptr(), nbits, strict, op, "num_bits"));
+  TArg xa, lo, hi;
+  XQ_TRY(targ(x.ptr(), xa, strict, op, "x"));
+  // Python numbers for the clamps: 0-d tensors of x's dtype; float32 only here (a float16 / bfloat16
+  // rounding of a double takes the full path, which rounds exactly as torch.tensor does).
+  float lo_value = 0.0f, hi_value = 0.0f;
+  if (!strict && xa.dtype == DType::float32 && py_number(clamp_min.ptr(), lo_value)) {
+    lo.data = &lo_value;
+  } else {
+    XQ_TRY(targ(clamp_min.ptr(), lo, strict, op, "clamp_min"));
+  }
+  if (!strict && xa.dtype == DType::float32 && py_number(clamp_max.ptr(), hi_value)) {
+    hi.data = &hi_value;
+  } else {
+    XQ_TRY(targ(clamp_max.ptr(), hi, strict, op, "clamp_max"));
+  }
+  if (!strict) {
+    nb::object v = autograd_verdict(xa.requires_grad || lo.requires_grad || hi.requires_grad);
+    if (v.ptr() != Py_True) return v;
+  }
+  Shape shape;
+  try {
+    shape = xquant::acts_ulq_output_shape(xa.shape, lo.shape, hi.shape);
+  } catch (const xquant::Error&) {
+    shape = xa.shape;  // the operator reports the mismatch below, naming the argument
+  }
+  Out y = alloc(shape, xa.dtype), m0 = alloc(shape, xa.dtype), m1 = alloc(shape, xa.dtype),
+      loss = alloc(shape, xa.dtype);
+  const ConstTensorView xv = xa.cview(), lov = lo.cview(), hiv = hi.cview();
+  run_maybe_nogil(xquant::shape_numel(shape), [&] {
+    xquant::acts_ulq_out(y.view, m0.view, m1.view, loss.view, xv, lov, hiv, fixed, nbits);
+  });
+  return nb::make_tuple(y.tensor, m0.tensor, m1.tensor, loss.tensor);
+}
+
+#undef XQ_TRY
+
+}  // namespace
+
+namespace {
+nb::dlpack::dtype dlpack_of(DType dt) {
+  switch (dt) {
+    case DType::float32: return nb::dtype<float>();
+    case DType::float16: return {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+    case DType::bfloat16: return {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    case DType::int8: return nb::dtype<std::int8_t>();
+    case DType::uint8: return nb::dtype<std::uint8_t>();
+    case DType::int32: return nb::dtype<std::int32_t>();
+    case DType::int64: return nb::dtype<std::int64_t>();
+  }
+  return nb::dtype<float>();
+}
+
+// A torch tensor over a new xquant::Tensor (owned through a capsule); *data receives its memory.
+nb::ndarray<nb::pytorch, nb::device::cpu> xq_torch_tensor(const Shape& shape, DType dt, void** data) {
+  auto* t = new xquant::Tensor(dt, shape);
+  nb::capsule owner(t, [](void* p) noexcept { delete static_cast<xquant::Tensor*>(p); });
+  std::vector<std::size_t> dims(shape.begin(), shape.end());
+  *data = t->data();
+  return nb::ndarray<nb::pytorch, nb::device::cpu>(t->data(), dims.size(), dims.data(), owner, nullptr,
+                                                   dlpack_of(dt));
+}
 }  // namespace
 
 // A torch tensor over an xquant::Tensor allocation (owned through a capsule): large outputs get
@@ -309,18 +943,15 @@ std::string get_backend() { return xquant::get_backend() == xquant::Backend::cpu
 // fresh 4 KiB pages that fault and are zero-filled on first touch (xquant/runtime.hpp).
 nb::ndarray<nb::pytorch, nb::device::cpu> empty_torch(const std::vector<std::int64_t>& shape, const std::string& dtype) {
   DType dt;
-  nb::dlpack::dtype code;
-  if (dtype == "float32") { dt = DType::float32; code = nb::dtype<float>(); }
-  else if (dtype == "float16") { dt = DType::float16; code = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1}; }
-  else if (dtype == "bfloat16") { dt = DType::bfloat16; code = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1}; }
-  else if (dtype == "int8") { dt = DType::int8; code = nb::dtype<std::int8_t>(); }
-  else if (dtype == "uint8") { dt = DType::uint8; code = nb::dtype<std::uint8_t>(); }
-  else if (dtype == "int32") { dt = DType::int32; code = nb::dtype<std::int32_t>(); }
+  if (dtype == "float32") dt = DType::float32;
+  else if (dtype == "float16") dt = DType::float16;
+  else if (dtype == "bfloat16") dt = DType::bfloat16;
+  else if (dtype == "int8") dt = DType::int8;
+  else if (dtype == "uint8") dt = DType::uint8;
+  else if (dtype == "int32") dt = DType::int32;
   else throw nb::type_error(("xquant::empty: dtype " + dtype + " is not supported").c_str());
-  auto* t = new xquant::Tensor(dt, Shape(shape.begin(), shape.end()));
-  nb::capsule owner(t, [](void* p) noexcept { delete static_cast<xquant::Tensor*>(p); });
-  std::vector<std::size_t> dims(shape.begin(), shape.end());
-  return nb::ndarray<nb::pytorch, nb::device::cpu>(t->data(), dims.size(), dims.data(), owner, nullptr, code);
+  void* data = nullptr;
+  return xq_torch_tensor(Shape(shape.begin(), shape.end()), dt, &data);
 }
 
 NB_MODULE(_core, m) {
@@ -362,6 +993,19 @@ NB_MODULE(_core, m) {
   m.def("set_backend", &set_backend, "backend"_a);
   m.def("get_backend", &get_backend);
   m.def("simd_target", &xquant::simd_target);
+  // torch tensors without DLPack (see t_fake_tensor_quant): None means "take the full path" (lenient).
+  m.def("init_torch", &init_torch, "api"_a);
+  m.def("plain_modes", [] { return g_torch.lenient && plain_eager(false); });
+  m.def("t_fake_tensor_quant", &t_fake_tensor_quant, "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a,
+        "is_unsigned"_a, "narrow_range"_a, "strict"_a);
+  m.def("t_fake_tensor_quant_inplace", &t_fake_tensor_quant_inplace, "inputs"_a, "amax"_a, "num_bits"_a,
+        "is_unsigned"_a, "narrow_range"_a, "strict"_a);
+  m.def("t_quantize", &t_quantize, "input"_a, "scales"_a, "zero_points"_a.none(), "dtype"_a, "axis"_a,
+        "div_mode"_a, "strict"_a);
+  m.def("t_tile_quant", &t_tile_quant, "out"_a, "src"_a, "scale"_a, "mode"_a, "offset"_a.none(), "strict"_a);
+  m.def("t_dynamic_quant_asymmetric", &t_dynamic_quant_asymmetric, "x"_a, "smooth_scales"_a.none(),
+        "group_index"_a.none(), "dst_type"_a.none(), "quant_mode"_a, "strict"_a);
+  m.def("t_acts_ulq", &t_acts_ulq, "x"_a, "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a, "strict"_a);
   m.def("acts_ulq_backward", &acts_ulq_backward, "x_grad"_a, "clamp_min_grad"_a, "clamp_max_grad"_a, "y_grad"_a,
         "clamp_min"_a, "clamp_max"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "fixed_min"_a,
         "num_bits"_a);

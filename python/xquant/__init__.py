@@ -27,10 +27,17 @@ from .npu import (
 __version__: str = _core.__version__
 
 
+_MAX_THREADS = 1024  # xquant::kMaxThreads: the C++ library's limit on set_num_threads
+
+
 def set_num_threads(n: int) -> None:
-    """Worker threads of xquant's CPU kernels (n >= 1, or 0 for OpenMP's default). Results are
+    """Worker threads of xquant's CPU kernels (1 <= n <= 1024, or 0 for OpenMP's default). Results are
     bit-identical for every thread count. (Independent of torch.set_num_threads.)"""
-    _core.set_num_threads(_args.as_int("set_num_threads", "n", n))
+    n = _args.as_int("set_num_threads", "n", n)
+    if n > _MAX_THREADS:
+        raise _args.fail_value("set_num_threads", f"n is {n} but expected a thread count of at most {_MAX_THREADS} "
+                                                  "(xquant's limit), >= 1, or 0 for the default")
+    _core.set_num_threads(n)
 
 
 def get_num_threads() -> int:

@@ -11,6 +11,10 @@ from . import _args, _core
 from ._args import NP_BFLOAT16, fail_type, fail_value
 
 _UINT16 = np.dtype(np.uint16)
+# The dtypes the C++ library reads (bfloat16 through ml_dtypes), native byte order.
+_SUPPORTED = {np.dtype(t) for t in (np.float32, np.float16, np.int8, np.uint8, np.int32, np.int64)}
+if NP_BFLOAT16 is not None:
+    _SUPPORTED.add(NP_BFLOAT16)
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
@@ -21,8 +25,14 @@ def _raw(a: np.ndarray) -> np.ndarray:
 def _check_array(op: str, name: str, a: Any) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise fail_type(op, f"{name} is {_args.describe(a)} but expected a numpy.ndarray (the kind of the main input)")
-    if a.dtype == _UINT16:
-        raise fail_type(op, f"{name} has dtype uint16 which xquant does not support "
+    if isinstance(a, np.ma.MaskedArray):
+        # Computing on the data would silently drop the mask; xquant has no masked semantics.
+        raise fail_type(op, f"{name} is a masked array (numpy.ma.MaskedArray) but expected a plain numpy.ndarray "
+                            "(xquant has no masked semantics: pass a.filled(value) or a.data explicitly)")
+    dt = a.dtype
+    if dt not in _SUPPORTED and (dt.isnative or dt.newbyteorder("=") not in _SUPPORTED):
+        shown = dt.newbyteorder("=").name if dt.fields is None and dt.kind != "O" else str(dt)
+        raise fail_type(op, f"{name} has dtype {shown} which xquant does not support "
                             "(float32, float16, bfloat16, int8, uint8, int32, int64)")
     return a
 
@@ -68,8 +78,9 @@ def output(op: str, name: str, a: Any) -> np.ndarray:
 
 
 def _empty(shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(array returned to the caller, the same memory as C++ sees it)."""
-    a = np.empty(shape, dtype=dtype)
+    """(array returned to the caller, the same memory as C++ sees it); results are native-endian."""
+    dtype = np.dtype(dtype)
+    a = np.empty(shape, dtype=dtype if dtype.isnative else dtype.newbyteorder("="))
     return a, _raw(a)
 
 

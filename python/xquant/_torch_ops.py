@@ -1,9 +1,11 @@
 """PyTorch integration: the operators as torch.library custom operators in the namespace ``xquant``.
 
 Registered on import (``import xquant`` does it when torch is already imported, otherwise the first call
-with a torch.Tensor does). Each operator has a fake (meta) implementation giving output shapes and dtypes,
-so it works under torch.compile(fullgraph=True) and torch.export; the fake-quant family and ActsULQ have
-autograd formulas computed by the C++ backward kernels.
+with a torch.Tensor does). Each operator has a fake (meta) implementation giving output shapes and dtypes
+after the same validation as the eager call (xquant._meta), so it works under
+torch.compile(fullgraph=True) and torch.export; the fake-quant family and ActsULQ have autograd formulas
+computed by the C++ backward kernels. Plain eager calls of xquant.npu skip these operators (the eager fast
+path: xquant.npu, _core.t_*), and eager autograd uses autograd.Functions over the same kernels.
 
     torch.ops.xquant.fake_tensor_quant(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True)
     torch.ops.xquant.fake_tensor_quant_with_axis(inputs, amax, axis, num_bits=8, is_unsigned=False,
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _args, _core
+from . import _args, _core, _meta
 from ._args import QINT8, QINT32, QUINT4X2, QUINT8, fail_type, fail_value
 
 # torch dtypes accepted as quantized output kinds, and the integer dtype storing each. (getattr: PyTorch has
@@ -43,17 +45,36 @@ _CODE_TO_TORCH = {code: d for code, d in ((QINT8, getattr(torch, "qint8", torch.
                                           (QINT32, getattr(torch, "qint32", torch.int32)),
                                           (QUINT4X2, getattr(torch, "quint4x2", None))) if d is not None}
 _STORAGE = {QINT8: torch.int8, QUINT8: torch.uint8, QINT32: torch.int32, QUINT4X2: torch.int32}
+# torch dtype -> xquant's dtype name (the dtypes the C++ library reads).
+_XQ_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int8: "int8",
+             torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64"}
+_SPARSE_LAYOUTS = tuple(getattr(torch, n) for n in ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
+                                                    "sparse_bsc") if hasattr(torch, n))
 
 
 # ---- argument helpers -------------------------------------------------------------------------------------
 
 def check_tensor(op: str, name: str, t: Any) -> Tensor:
+    """A tensor xquant can read: a plain (strided) CPU or meta tensor of a dtype torch can hand over.
+    Negative and conjugate views are accepted (materialized by _cpp)."""
     if not isinstance(t, Tensor):
         raise fail_type(op, f"{name} is {_args.describe(t)} but expected a torch.Tensor (the kind of the main input)")
+    if t.is_nested:
+        raise fail_type(op, f"{name} is a nested tensor but expected a dense strided tensor")
+    if t.layout != torch.strided:
+        kind = "sparse" if t.layout in _SPARSE_LAYOUTS else "non-strided"
+        raise fail_type(op, f"{name} is a {kind} tensor (layout {t.layout}) but expected a dense strided tensor "
+                            "(call .to_dense() first)")
     if t.device.type not in ("cpu", "meta"):  # meta: shape inference through the fake implementations
         raise fail_type(op, f"{name} is on device {t.device} but xquant computes on the CPU (move it with .cpu())")
+    if t.is_quantized:
+        raise fail_type(op, f"{name} is a quantized tensor (dtype {t.dtype}) but expected a float or integer tensor "
+                            "(call .dequantize() or .int_repr() first)")
     if t.dtype == torch.uint16:
         raise fail_type(op, f"{name} has dtype torch.uint16 which xquant does not support "
+                            "(float32, float16, bfloat16, int8, uint8, int32, int64)")
+    if t.dtype not in _XQ_DTYPE:
+        raise fail_type(op, f"{name} has dtype {str(t.dtype)[6:]} which xquant does not support "
                             "(float32, float16, bfloat16, int8, uint8, int32, int64)")
     return t
 
@@ -70,17 +91,18 @@ def param(op: str, name: str, v: Any, dtype: torch.dtype) -> Tensor:
 
 
 def _cpp(op: str, name: str, t: Tensor) -> Tensor:
-    """What C++ reads: detached (DLPack refuses tensors that require grad), dense (a copy only if not)."""
+    """What C++ reads: detached, dense (a copy only if not), negative / conjugate views materialized."""
     check_tensor(op, name, t)
-    return t.detach().contiguous()
+    return t.detach().contiguous().resolve_neg().resolve_conj()
 
 
 def _opt_cpp(op: str, name: str, t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else _cpp(op, name, t)
 
 
-def _dense_out(op: str, name: str, t: Tensor) -> Tensor:
-    """A tensor written in place: must already be dense (never copied)."""
+def _dense_out(op: str, name: str, t: Tensor, lazy_views: bool = True) -> Tensor:
+    """A tensor written in place: must already be dense (never copied), and hold its own values (checked
+    by the operator itself; lazy_views=False in the wrappers that torch.compile traces)."""
     check_tensor(op, name, t)
     if not t.is_contiguous():
         raise fail_value(
@@ -88,7 +110,18 @@ def _dense_out(op: str, name: str, t: Tensor) -> Tensor:
             f"{name} is not contiguous; an in-place call cannot make it contiguous for you "
             "(call .contiguous() first and use the result)",
         )
+    if lazy_views:
+        _no_lazy_view(op, name, t)
     return t.detach()
+
+
+def _no_lazy_view(op: str, name: str, t: Tensor) -> None:
+    """A tensor written in place must hold its own values: a negative (or conjugate) view's memory holds
+    the negated ones, so writing the result through it would store the wrong values."""
+    if t.is_neg() or t.is_conj():
+        raise fail_value(op, f"{name} is a {'negative' if t.is_neg() else 'conjugate'} view (its memory holds "
+                             "transformed values); an in-place call cannot write through it (call .resolve_neg() / "
+                             ".resolve_conj() first and use the result)")
 
 
 def quant_dtype(op: str, name: str, d: Any) -> torch.dtype:
@@ -134,20 +167,40 @@ def _code(op: str, name: str, d: torch.dtype) -> int:
     return code
 
 
+def _m(t: Tensor) -> tuple:
+    """What the data-free validation (xquant._meta) sees of a checked tensor: (dtype name, shape)."""
+    return _XQ_DTYPE[t.dtype], tuple(t.shape)
+
+
+def _opt_m(t: Optional[Tensor]) -> Optional[tuple]:
+    return None if t is None else _m(t)
+
+
+def _check_all(op: str, **tensors: Optional[Tensor]) -> None:
+    for name, t in tensors.items():
+        if t is not None:
+            check_tensor(op, name, t)
+
+
 # ---- fake tensor quant ------------------------------------------------------------------------------------
+#
+# Each operator: the eager implementation (checked, dense tensors handed to the compiled core without
+# DLPack: _core.t_*(..., strict=True)), and the fake implementation, which validates shapes, dtypes and
+# arguments exactly as the eager call does (xquant._meta) before it returns outputs without data.
 
 @torch.library.custom_op("xquant::fake_tensor_quant", mutates_args=())
 def _fake_tensor_quant(inputs: Tensor, amax: Tensor, num_bits: int = 8, is_unsigned: bool = False,
                        narrow_range: bool = True) -> Tensor:
     op = "fake_tensor_quant"
-    x, a = _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
-    out = _empty_like(x)
-    _core.fake_tensor_quant(out, x, a, None, num_bits, is_unsigned, narrow_range)
-    return out
+    return _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), None, num_bits, is_unsigned,
+                                     narrow_range, True)
 
 
 @_fake_tensor_quant.register_fake
 def _(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
+    op = "fake_tensor_quant"
+    _check_all(op, inputs=inputs, amax=amax)
+    _meta.fake_quant(op, _m(inputs), _m(amax), None, num_bits)
     return torch.empty_like(inputs, memory_format=torch.contiguous_format)
 
 
@@ -155,14 +208,15 @@ def _(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
 def _fake_tensor_quant_with_axis(inputs: Tensor, amax: Tensor, axis: int, num_bits: int = 8,
                                  is_unsigned: bool = False, narrow_range: bool = True) -> Tensor:
     op = "fake_tensor_quant_with_axis"
-    x, a = _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
-    out = _empty_like(x)
-    _core.fake_tensor_quant(out, x, a, axis, num_bits, is_unsigned, narrow_range)
-    return out
+    return _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), axis, num_bits, is_unsigned,
+                                     narrow_range, True)
 
 
 @_fake_tensor_quant_with_axis.register_fake
 def _(inputs, amax, axis, num_bits=8, is_unsigned=False, narrow_range=True):
+    op = "fake_tensor_quant_with_axis"
+    _check_all(op, inputs=inputs, amax=amax)
+    _meta.fake_quant(op, _m(inputs), _m(amax), axis, num_bits)
     return torch.empty_like(inputs, memory_format=torch.contiguous_format)
 
 
@@ -171,11 +225,15 @@ def _fake_tensor_quant_inplace(inputs: Tensor, amax: Tensor, num_bits: int = 8, 
                                narrow_range: bool = True) -> None:
     op = "fake_tensor_quant_inplace"
     x = _dense_out(op, "inputs", inputs)
-    _core.fake_tensor_quant_inplace(x, _cpp(op, "amax", amax), num_bits, is_unsigned, narrow_range)
+    _core.t_fake_tensor_quant_inplace(x, _cpp(op, "amax", amax), num_bits, is_unsigned, narrow_range, True)
 
 
 @_fake_tensor_quant_inplace.register_fake
 def _(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
+    op = "fake_tensor_quant_inplace"
+    _dense_out(op, "inputs", inputs)
+    check_tensor(op, "amax", amax)
+    _meta.fake_quant(op, _m(inputs), _m(amax), None, num_bits)
     return None
 
 
@@ -194,6 +252,8 @@ def _fake_tensor_quant_backward(grad_out: Tensor, inputs: Tensor, amax: Tensor, 
 
 @_fake_tensor_quant_backward.register_fake
 def _(grad_out, inputs, amax, axis, num_bits, is_unsigned, narrow_range, want_grad_amax):
+    _check_all("fake_tensor_quant_backward", grad_out=grad_out, inputs=inputs, amax=amax)
+    _meta.fake_quant_backward(_m(grad_out), _m(inputs), _m(amax), axis, num_bits)
     grad_amax = (torch.empty_like(amax, memory_format=torch.contiguous_format) if want_grad_amax
                  else amax.new_empty((0,)))
     return torch.empty_like(inputs, memory_format=torch.contiguous_format), grad_amax
@@ -221,10 +281,57 @@ torch.library.register_autograd("xquant::fake_tensor_quant", _fq_backward, setup
 torch.library.register_autograd("xquant::fake_tensor_quant_with_axis", _fq_backward, setup_context=_fq_setup)
 
 
+class _FakeQuantFn(torch.autograd.Function):
+    """Eager autograd without the custom operator's dispatch (see _eager_autograd): the same kernels and the
+    same backward operator as the registered autograd formula."""
+
+    @staticmethod
+    def forward(ctx, inputs, amax, axis, num_bits, is_unsigned, narrow_range):
+        # (grad mode is off inside forward: plain tensors take the lenient call, the others are densified)
+        out = _core.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range, False)
+        if out is None:
+            op = "fake_tensor_quant" if axis is None else "fake_tensor_quant_with_axis"
+            out = _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), axis, num_bits,
+                                            is_unsigned, narrow_range, True)
+        ctx.save_for_backward(inputs, amax)
+        ctx.axis, ctx.options = axis, (num_bits, is_unsigned, narrow_range)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, amax = ctx.saved_tensors
+        want = bool(ctx.needs_input_grad[1])
+        gi, ga = torch.ops.xquant.fake_tensor_quant_backward(grad, x, amax, ctx.axis, *ctx.options, want)
+        return gi, (ga if want else None), None, None, None, None
+
+
+def _eager_autograd(*tensors: Tensor) -> bool:
+    """Autograd recording in plain eager mode on CPU tensors: an autograd.Function calling the compiled core
+    costs a fraction of the custom operator's dispatch. Tracing (torch.compile / export), modes, functorch
+    transforms, meta and subclassed tensors keep the custom operators."""
+    if not FAST_PATH or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    if not any(t.requires_grad for t in tensors):
+        return False
+    return all((type(t) is Tensor or type(t) is torch.nn.Parameter) and t.is_cpu for t in tensors) and \
+        _core.plain_modes()
+
+
+def fake_quant_autograd(inputs: Tensor, amax: Any, axis: Optional[int], num_bits: int, is_unsigned: bool,
+                        narrow_range: bool) -> Tensor:
+    """The fast path's hand-over when autograd must record (the compiled core has checked every argument's
+    kind; amax may still be a Python number)."""
+    if not isinstance(amax, Tensor):
+        amax = torch.tensor(float(amax), dtype=torch.float32)
+    return _FakeQuantFn.apply(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
+
+
 def fake_tensor_quant(op: str, inputs: Tensor, amax: Any, axis: Optional[int], num_bits: int, is_unsigned: bool,
                       narrow_range: bool) -> Tensor:
     check_tensor(op, "inputs", inputs)
     a = param(op, "amax", amax, torch.float32)
+    if _eager_autograd(inputs, a):
+        return _FakeQuantFn.apply(inputs, a, axis, num_bits, is_unsigned, narrow_range)
     if axis is None:
         return torch.ops.xquant.fake_tensor_quant(inputs, a, num_bits, is_unsigned, narrow_range)
     return torch.ops.xquant.fake_tensor_quant_with_axis(inputs, a, axis, num_bits, is_unsigned, narrow_range)
@@ -232,7 +339,8 @@ def fake_tensor_quant(op: str, inputs: Tensor, amax: Any, axis: Optional[int], n
 
 def fake_tensor_quant_inplace(op: str, inputs: Tensor, amax: Any, num_bits: int, is_unsigned: bool,
                               narrow_range: bool) -> Tensor:
-    _dense_out(op, "inputs", inputs)
+    # (is_neg() is not traceable by torch.compile; there the operator's fake implementation checks it)
+    _dense_out(op, "inputs", inputs, lazy_views=not torch.compiler.is_compiling())
     if inputs.requires_grad and torch.is_grad_enabled():
         # An in-place quantization would silently pass gradients through unchanged: refuse.
         raise fail_value(op, "inputs requires grad but the in-place fake quantization has no autograd "
@@ -257,18 +365,18 @@ def fake_tensor_quant_backward(op: str, grad_out: Tensor, inputs: Tensor, amax: 
 def _quantize(input: Tensor, scales: Tensor, zero_points: Optional[Tensor], dtype: torch.dtype, axis: int = 1,
               div_mode: bool = True) -> Tensor:
     op = "quantize"
-    code = _code(op, "dtype", dtype)
-    x = _cpp(op, "input", input)
-    out = _empty(_args.quantized_shape(tuple(x.shape), code), _STORAGE[code])
-    _core.quantize(out, x, _cpp(op, "scales", scales), _opt_cpp(op, "zero_points", zero_points), code, axis,
-                   div_mode)
-    return out
+    _code(op, "dtype", dtype)
+    return _core.t_quantize(_cpp(op, "input", input), _cpp(op, "scales", scales),
+                            _opt_cpp(op, "zero_points", zero_points), dtype, axis, div_mode, True)
 
 
 @_quantize.register_fake
 def _(input, scales, zero_points, dtype, axis=1, div_mode=True):
-    code = _code("quantize", "dtype", dtype)
-    return input.new_empty(_args.quantized_shape(tuple(input.shape), code), dtype=_STORAGE[code])
+    op = "quantize"
+    code = _code(op, "dtype", dtype)
+    _check_all(op, input=input, scales=scales, zero_points=zero_points)
+    shape = _meta.quantize(_m(input), _m(scales), _opt_m(zero_points), code, axis, div_mode)
+    return input.new_empty(shape, dtype=_STORAGE[code])
 
 
 def quantize(op: str, input: Tensor, scales: Any, zero_points: Any, dtype: Any, axis: int,
@@ -291,7 +399,7 @@ def _tile_ok(t: Tensor) -> bool:
 
 def _tile_in(op: str, name: str, t: Tensor) -> Tensor:
     check_tensor(op, name, t)
-    t = t.detach()
+    t = t.detach().resolve_neg()
     return t if _tile_ok(t) else t.contiguous()
 
 
@@ -303,6 +411,7 @@ def _tile_quant(out: Tensor, src: Tensor, scale: Tensor, tile_mode: str = "SYM",
     op = "tile_quant"
     asym = _args.quant_mode(op, tile_mode)
     check_tensor(op, "out", out)
+    _no_lazy_view(op, "out", out)
     if not _tile_ok(out):
         raise fail_value(op, "out must be a 2-D row-major tensor with unit column stride (rows may be padded); "
                              "it is written in place")
@@ -316,12 +425,23 @@ def _tile_quant(out: Tensor, src: Tensor, scale: Tensor, tile_mode: str = "SYM",
 
 @_tile_quant.register_fake
 def _(out, src, scale, tile_mode="SYM", offset=None):
+    op = "tile_quant"
+    asym = _args.quant_mode(op, tile_mode)
+    check_tensor(op, "out", out)
+    _no_lazy_view(op, "out", out)
+    if not _tile_ok(out):
+        raise fail_value(op, "out must be a 2-D row-major tensor with unit column stride (rows may be padded); "
+                             "it is written in place")
+    _check_all(op, src=src, scale=scale, offset=offset)
+    _meta.tile_quant(_m(out), _m(src), _m(scale), asym, _opt_m(offset))
     return None
 
 
 def tile_quant(op: str, out: Tensor, src: Any, scale: Any, mode: Any, offset: Any) -> None:
     asym = _args.quant_mode(op, mode)
     check_tensor(op, "out", out)
+    if not torch.compiler.is_compiling():
+        _no_lazy_view(op, "out", out)
     torch.ops.xquant.tile_quant(out, check_tensor(op, "src", src), check_tensor(op, "scale", scale),
                                 "ASYM" if asym else "SYM", opt_tensor(op, "offset", offset))
 
@@ -333,16 +453,11 @@ def _dynamic_quant_asymmetric(x: Tensor, smooth_scales: Optional[Tensor] = None,
                               group_index: Optional[Tensor] = None, dst_type: Optional[torch.dtype] = None,
                               quant_mode: str = "pertoken") -> tuple[Tensor, Tensor, Tensor]:
     op = "dynamic_quant_asymmetric"
-    code = QINT8 if dst_type is None else _code(op, "dst_type", dst_type)
-    per_tensor = _args.dynamic_mode(op, quant_mode)
-    xv = _cpp(op, "x", x)
-    y_shape, p_shape = _args.dynamic_shapes(tuple(xv.shape), code, per_tensor)
-    y = _empty(y_shape, _STORAGE[code])
-    scale = torch.empty(p_shape, dtype=torch.float32)
-    offset = torch.empty(p_shape, dtype=torch.float32)
-    _core.dynamic_quant_asymmetric(y, scale, offset, xv, _opt_cpp(op, "smooth_scales", smooth_scales),
-                                   _opt_cpp(op, "group_index", group_index), code, per_tensor)
-    return y, scale, offset
+    if dst_type is not None:
+        _code(op, "dst_type", dst_type)
+    _args.dynamic_mode(op, quant_mode)
+    return _core.t_dynamic_quant_asymmetric(_cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales),
+                                            _opt_cpp(op, "group_index", group_index), dst_type, quant_mode, True)
 
 
 @_dynamic_quant_asymmetric.register_fake
@@ -350,7 +465,8 @@ def _(x, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertok
     op = "dynamic_quant_asymmetric"
     code = QINT8 if dst_type is None else _code(op, "dst_type", dst_type)
     per_tensor = _args.dynamic_mode(op, quant_mode)
-    y_shape, p_shape = _args.dynamic_shapes(tuple(x.shape), code, per_tensor)
+    _check_all(op, x=x, smooth_scales=smooth_scales, group_index=group_index)
+    y_shape, p_shape = _meta.dynamic_quant(_m(x), _opt_m(smooth_scales), _opt_m(group_index), code, per_tensor)
     return (x.new_empty(y_shape, dtype=_STORAGE[code]), x.new_empty(p_shape, dtype=torch.float32),
             x.new_empty(p_shape, dtype=torch.float32))
 
@@ -366,28 +482,27 @@ def dynamic_quant_asymmetric(op: str, x: Tensor, smooth_scales: Any, group_index
 
 # ---- ActsULQ ------------------------------------------------------------------------------------------------
 
-def _broadcast(*shapes) -> tuple:
-    try:
-        return tuple(torch.broadcast_shapes(*shapes))
-    except RuntimeError:
-        return tuple(shapes[0])  # the C++ library reports the mismatch, naming the argument
-
-
 @torch.library.custom_op("xquant::acts_ulq", mutates_args=())
 def _acts_ulq(x: Tensor, clamp_min: Tensor, clamp_max: Tensor, fixed_min: bool = False,
               num_bits: int = 8) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     op = "acts_ulq"
-    xv, lo, hi = _cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max)
-    shape = _broadcast(xv.shape, lo.shape, hi.shape)
-    y, m0, m1, loss = (_empty(shape, xv.dtype) for _ in range(4))
-    _core.acts_ulq(y, m0, m1, loss, xv, lo, hi, fixed_min, num_bits)
-    return y, m0, m1, loss
+    return _core.t_acts_ulq(_cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max),
+                            fixed_min, num_bits, True)
 
 
 @_acts_ulq.register_fake
 def _(x, clamp_min, clamp_max, fixed_min=False, num_bits=8):
-    shape = torch.broadcast_shapes(x.shape, clamp_min.shape, clamp_max.shape)
+    op = "acts_ulq"
+    _check_all(op, x=x, clamp_min=clamp_min, clamp_max=clamp_max)
+    shape = _meta.acts_ulq(_m(x), _m(clamp_min), _m(clamp_max), num_bits)
     return tuple(x.new_empty(shape) for _ in range(4))
+
+
+def _x_shape(op: str, x_shape) -> list:
+    shape = [int(d) for d in x_shape]
+    if any(d < 0 for d in shape):
+        raise fail_value(op, f"x_shape is {_meta.shape_str(shape)} with a negative dimension")
+    return shape
 
 
 @torch.library.custom_op("xquant::acts_ulq_backward", mutates_args=())
@@ -395,9 +510,10 @@ def _acts_ulq_backward(y_grad: Tensor, x_shape: list[int], clamp_min: Tensor, cl
                        clamp_min_mask: Tensor, clamp_max_mask: Tensor, x_clamped_loss: Tensor, fixed_min: bool,
                        num_bits: int) -> tuple[Tensor, Tensor, Tensor]:
     op = "acts_ulq_backward"
+    shape = _x_shape(op, x_shape)
     lo, hi = _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max)
     dt = lo.dtype
-    x_grad = _empty(list(x_shape), dt)
+    x_grad = _empty(shape, dt)
     g0, g1 = torch.empty_like(lo), torch.empty_like(hi)
     _core.acts_ulq_backward(x_grad, g0, g1, _cpp(op, "y_grad", y_grad), lo, hi,
                             _cpp(op, "clamp_min_mask", clamp_min_mask), _cpp(op, "clamp_max_mask", clamp_max_mask),
@@ -407,7 +523,13 @@ def _acts_ulq_backward(y_grad: Tensor, x_shape: list[int], clamp_min: Tensor, cl
 
 @_acts_ulq_backward.register_fake
 def _(y_grad, x_shape, clamp_min, clamp_max, clamp_min_mask, clamp_max_mask, x_clamped_loss, fixed_min, num_bits):
-    return (clamp_min.new_empty(list(x_shape)), torch.empty_like(clamp_min, memory_format=torch.contiguous_format),
+    op = "acts_ulq_backward"
+    shape = _x_shape(op, x_shape)
+    _check_all(op, clamp_min=clamp_min, clamp_max=clamp_max, y_grad=y_grad, clamp_min_mask=clamp_min_mask,
+               clamp_max_mask=clamp_max_mask, x_clamped_loss=x_clamped_loss)
+    _meta.acts_ulq_backward(_m(y_grad), tuple(shape), _m(clamp_min), _m(clamp_max), _m(clamp_min_mask),
+                            _m(clamp_max_mask), _m(x_clamped_loss), num_bits)
+    return (clamp_min.new_empty(shape), torch.empty_like(clamp_min, memory_format=torch.contiguous_format),
             torch.empty_like(clamp_max, memory_format=torch.contiguous_format))
 
 
@@ -431,11 +553,43 @@ def _ulq_backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad):
 torch.library.register_autograd("xquant::acts_ulq", _ulq_backward, setup_context=_ulq_setup)
 
 
+class _ActsUlqFn(torch.autograd.Function):
+    """Eager autograd of acts_ulq without the custom operator's dispatch (see _eager_autograd)."""
+
+    @staticmethod
+    def forward(ctx, x, clamp_min, clamp_max, fixed_min, num_bits):
+        outs = _core.t_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits, False)  # (as _FakeQuantFn)
+        if outs is None:
+            op = "acts_ulq"
+            outs = _core.t_acts_ulq(_cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min),
+                                    _cpp(op, "clamp_max", clamp_max), fixed_min, num_bits, True)
+        y, m0, m1, loss = outs
+        ctx.save_for_backward(clamp_min, clamp_max, m0, m1, loss)
+        ctx.x_shape = list(x.shape)
+        ctx.options = (fixed_min, num_bits)
+        ctx.mark_non_differentiable(m0, m1, loss)
+        return y, m0, m1, loss
+
+    @staticmethod
+    def backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad):
+        return _ulq_backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad)
+
+
+def acts_ulq_autograd(x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool,
+                      num_bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The fast path's hand-over when autograd must record (clamps may be Python numbers: float32 x)."""
+    lo = clamp_min if isinstance(clamp_min, Tensor) else torch.tensor(float(clamp_min), dtype=x.dtype)
+    hi = clamp_max if isinstance(clamp_max, Tensor) else torch.tensor(float(clamp_max), dtype=x.dtype)
+    return _ActsUlqFn.apply(x, lo, hi, fixed_min, num_bits)
+
+
 def acts_ulq(op: str, x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool,
              num_bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     check_tensor(op, "x", x)
     lo = param(op, "clamp_min", clamp_min, x.dtype)
     hi = param(op, "clamp_max", clamp_max, x.dtype)
+    if _eager_autograd(x, lo, hi):
+        return _ActsUlqFn.apply(x, lo, hi, fixed_min, num_bits)
     return torch.ops.xquant.acts_ulq(x, lo, hi, fixed_min, num_bits)
 
 
@@ -447,3 +601,31 @@ def acts_ulq_backward(op: str, y_grad: Tensor, x_shape: tuple, clamp_min: Tensor
         check_tensor(op, "clamp_max", clamp_max), check_tensor(op, "clamp_min_mask", clamp_min_mask),
         check_tensor(op, "clamp_max_mask", clamp_max_mask), check_tensor(op, "x_clamped_loss", x_clamped_loss),
         fixed_min, num_bits)
+
+
+# ---- the eager fast path -------------------------------------------------------------------------------------
+#
+# xquant.npu calls _core.t_* directly (lenient mode) when nothing but the computation is needed: plain CPU
+# tensors, no autograd recording, no tracing. The probes below tell the compiled core when torch would
+# need the custom operators instead; each returns something falsy in plain eager mode.
+
+def _mode_probes() -> Optional[list]:
+    """None where this PyTorch lacks one of the (private) probes: the fast path then stays off."""
+    C = torch._C
+    try:
+        return [C._are_functorch_transforms_active, C._len_torch_dispatch_stack, C._is_torch_function_mode_enabled,
+                C._get_tracing_state, C._autograd._profiler_enabled]
+    except AttributeError:  # pragma: no cover - depends on the PyTorch release
+        return None
+
+
+_PROBES = _mode_probes()
+_core.init_torch({
+    "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "strided": torch.strided, "empty": torch.empty,
+    "empty_like": torch.empty_like, "is_grad_enabled": torch.is_grad_enabled,
+    "increment_version": torch._C._increment_version, "mode_probes": _PROBES,
+    "dtypes": {name: getattr(torch, name) for name in ("float32", "float16", "bfloat16", "int8", "uint8", "int32",
+                                                        "int64")},
+    "qdtypes": dict(_QDTYPES),
+})
+FAST_PATH: bool = _PROBES is not None

@@ -11,11 +11,13 @@ Code written for Ascend runs by changing its import::
 Every function takes NumPy arrays or PyTorch CPU tensors and returns the same kind (NumPy in, NumPy out;
 torch in, torch out). Contiguous data is not copied; non-contiguous inputs are made contiguous for the
 caller (in-place calls on non-contiguous data raise instead). float32, float16 and bfloat16 (torch, or
-NumPy through ml_dtypes) are accepted everywhere. The GIL is released while the C++ kernels run.
+NumPy through ml_dtypes) are accepted everywhere. The GIL is released while the C++ kernels run (on the
+torch fast path from 32 Ki elements on).
 Arithmetic is float32 with the exact operation order and round-half-to-even of docs/semantics (SPEC.md);
 errors of the C++ library arrive as TypeError (a dtype the operator does not accept) or ValueError
 (everything else) with the library's message. For torch tensors the functions are torch.library custom
-operators (torch.ops.xquant.*) with fake implementations and autograd (see xquant._torch_ops).
+operators (torch.ops.xquant.*) with fake implementations and autograd (see xquant._torch_ops); plain eager
+calls skip their dispatch (the fast path below).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _args, _numpy
+from . import _args, _core, _numpy
 from ._args import QuantMode
 
 __all__ = [
@@ -42,13 +44,42 @@ __all__ = [
 _torch_backend = None  # xquant._torch_ops once torch is in use
 
 
+class _NoTensor:  # the fast-path types until torch is in use: nothing is of this type
+    pass
+
+
+# The eager fast path: when the main input is a plain torch.Tensor (or nn.Parameter) and torch is not
+# tracing (torch.compile / torch.export constant-fold torch.compiler.is_compiling() to True), each function
+# first calls the compiled core directly (_core.t_*, lenient): it computes when nothing else is needed
+# (no autograd recording, no dispatch / function mode, functorch transform, JIT trace or profiler, dense
+# CPU tensors of supported dtypes, Python values of the expected types) and otherwise returns None, and
+# the call takes the full path (validation, then the torch.ops.xquant custom operators). Where autograd
+# recording is the only obstacle, the operators with autograd return NotImplemented and the call records
+# through an autograd.Function over the same kernels (xquant._torch_ops). Results are identical on every
+# path; only the per-call cost differs.
+_Tensor: type = _NoTensor
+_Parameter: type = _NoTensor
+
+
+def _never() -> bool:
+    return True
+
+
+_is_compiling = _never  # -> torch.compiler.is_compiling once torch is in use
+
+
 def _load_torch_backend():
     """xquant._torch_ops (registering the custom operators) if torch has been imported, else None."""
-    global _torch_backend
+    global _torch_backend, _Tensor, _Parameter, _is_compiling
     if _torch_backend is None and "torch" in sys.modules:
         from . import _torch_ops
 
         _torch_backend = _torch_ops
+        if _torch_ops.FAST_PATH:
+            import torch
+
+            _is_compiling = torch.compiler.is_compiling
+            _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
     return _torch_backend
 
 
@@ -88,6 +119,11 @@ def npu_fake_tensor_quant(inputs, amax, num_bits: int = 8, is_unsigned: bool = F
     ``min_bound/scale <= x <= max_bound/scale`` else 0; if ``amax`` requires grad it gets
     ``sum(grad_out * (x > max_bound/scale ? 1 : x < min_bound/scale ? min_bound/max_bound : 0))``.
     """
+    if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
+        out = _core.t_fake_tensor_quant(inputs, amax, None, num_bits, is_unsigned, narrow_range, False)
+        if out is not None:
+            return out if out is not NotImplemented else \
+                _torch_backend.fake_quant_autograd(inputs, amax, None, num_bits, is_unsigned, narrow_range)
     op = "fake_tensor_quant"
     b = _backend(op, "inputs", inputs)
     return b.fake_tensor_quant(op, inputs, amax, None, *_fq_options(op, num_bits, is_unsigned, narrow_range))
@@ -101,6 +137,10 @@ def npu_fake_tensor_quant_inplace(inputs, amax, num_bits: int = 8, is_unsigned: 
     autograd: a torch tensor that requires grad (grad mode on) is refused with ValueError; train with
     npu_fake_tensor_quant.
     """
+    if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
+        out = _core.t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range, False)
+        if out is not None:
+            return out
     op = "fake_tensor_quant_inplace"
     b = _backend(op, "inputs", inputs)
     return b.fake_tensor_quant_inplace(op, inputs, amax, *_fq_options(op, num_bits, is_unsigned, narrow_range))
@@ -114,6 +154,11 @@ def npu_fake_tensor_quant_with_axis(inputs, amax, axis: int, num_bits: int = 8, 
     ``axis`` may be negative (Python style). Autograd as for the per-tensor form, ``amax``'s gradient
     reduced per channel.
     """
+    if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
+        out = _core.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range, False)
+        if out is not None:
+            return out if out is not NotImplemented else \
+                _torch_backend.fake_quant_autograd(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
     op = "fake_tensor_quant_with_axis"
     b = _backend(op, "inputs", inputs)
     ax = _args.as_int(op, "axis", axis)
@@ -139,6 +184,10 @@ def npu_quantize(input, scales, zero_points, dtype, axis: int = 1, div_mode: boo
     floating. div_mode=False: ``axis == -2`` selects the second-to-last dimension, any other axis > -2 the
     last one; ``scales`` 1-D or of input's rank with 1s except on that axis; ``zero_points`` matches scales.
     """
+    if (type(input) is _Tensor or type(input) is _Parameter) and not _is_compiling():
+        out = _core.t_quantize(input, scales, zero_points, dtype, axis, div_mode, False)
+        if out is not None:
+            return out
     op = "quantize"
     b = _backend(op, "input", input)
     return b.quantize(op, input, scales, zero_points, dtype, _args.as_int(op, "axis", axis),
@@ -158,6 +207,9 @@ def quant(out, src, scale, mode: Any = QuantMode.SYM, offset=None) -> None:
     its strides); only its [M, N] region is written. ``mode``: 'SYM' / 'ASYM' or xquant.QuantMode.
     ``offset`` is required for ASYM and rejected for SYM. Returns None, like pypto.
     """
+    if (type(out) is _Tensor or type(out) is _Parameter) and not _is_compiling():
+        if _core.t_tile_quant(out, src, scale, mode, offset, False) is not None:
+            return None
     op = "tile_quant"
     b = _backend(op, "out", out)
     _args.quant_mode(op, mode)  # checked before the arrays, for both kinds
@@ -181,6 +233,10 @@ def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst
     int32 (H % 8 == 0). ``scale`` and ``offset`` are float32 of shape x.shape[:-1] ("pertoken") or (1,)
     ("pertensor"; not with smooth_scales). A row containing NaN gets NaN scale / offset and y = 0.
     """
+    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
+        out = _core.t_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode, False)
+        if out is not None:
+            return out
     op = "dynamic_quant_asymmetric"
     b = _backend(op, "x", x)
     _args.dynamic_mode(op, quant_mode)
@@ -213,6 +269,11 @@ def acts_ulq(x, clamp_min, clamp_max, fixed_min: bool = False, num_bits: int = 8
 
     each summed down to the shape of its input.
     """
+    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
+        out = _core.t_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits, False)
+        if out is not None:
+            return out if out is not NotImplemented else \
+                _torch_backend.acts_ulq_autograd(x, clamp_min, clamp_max, fixed_min, num_bits)
     op = "acts_ulq"
     b = _backend(op, "x", x)
     return b.acts_ulq(op, x, clamp_min, clamp_max, _args.as_bool(op, "fixed_min", fixed_min),

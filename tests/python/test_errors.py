@@ -242,3 +242,156 @@ def test_torch_ops_called_directly_validate_too():
         torch.ops.xquant.quantize(torch.ones(3), torch.ones(1), None, torch.float32)
     with pytest.raises(ValueError, match="not contiguous"):
         torch.ops.xquant.fake_tensor_quant_inplace(torch.ones(4, 4).t(), torch.ones(1))
+
+
+# ---- inputs that are not plain arrays / tensors (issue #11): clean TypeError / ValueError naming the argument ----
+
+_UNSUPPORTED = "which xquant does not support (float32, float16, bfloat16, int8, uint8, int32, int64)"
+
+
+def test_object_dtype_arrays():
+    with pytest.raises(TypeError) as info:
+        xquant.npu_fake_tensor_quant(np.array([1.0, 2.0], dtype=object), 1.0)
+    assert str(info.value) == f"xquant::fake_tensor_quant: inputs has dtype object {_UNSUPPORTED}"
+    with pytest.raises(TypeError) as info:
+        xquant.npu_fake_tensor_quant(X, np.array([1.0], dtype=object))
+    assert str(info.value) == f"xquant::fake_tensor_quant: amax has dtype object {_UNSUPPORTED}"
+    with pytest.raises(TypeError, match=r"^xquant::quantize: scales has dtype object"):
+        xquant.npu_quantize(X, np.array([0.5], dtype=object), None, "qint8")
+    with pytest.raises(TypeError, match=r"^xquant::tile_quant: src has dtype object"):
+        xquant.quant(np.zeros((2, 4), np.int8), np.ones((2, 4), dtype=object), np.ones((2, 1), f32))
+
+
+def test_structured_and_big_endian_arrays():
+    rec = np.zeros(3, dtype=[("a", np.float32)])
+    with pytest.raises(TypeError, match=r"^xquant::fake_tensor_quant: inputs has dtype \[\('a', '<f4'\)\] which xquant"):
+        xquant.npu_fake_tensor_quant(rec, 1.0)
+    # big-endian float32 is supported (converted), big-endian float64 is not (named in native order)
+    assert np.array_equal(xquant.npu_fake_tensor_quant(X.astype(">f4"), 1.0), xquant.npu_fake_tensor_quant(X, 1.0))
+    with pytest.raises(TypeError, match=rf"^xquant::fake_tensor_quant: inputs has dtype float64 {re.escape(_UNSUPPORTED)}"):
+        xquant.npu_fake_tensor_quant(X.astype(">f8"), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_masked_arrays_are_refused_not_silently_unmasked(dtype):
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    m = np.ma.masked_array(np.ones(4, dt), mask=[0, 1, 0, 0])
+    msg = ("is a masked array (numpy.ma.MaskedArray) but expected a plain numpy.ndarray (xquant has no masked "
+           "semantics: pass a.filled(value) or a.data explicitly)")
+    with pytest.raises(TypeError) as info:
+        xquant.npu_fake_tensor_quant(m, 1.0)
+    assert str(info.value) == f"xquant::fake_tensor_quant: inputs {msg}"
+    with pytest.raises(TypeError) as info:
+        xquant.npu_fake_tensor_quant(np.ones(4, dt), np.ma.masked_array(np.ones(1, np.float32)))
+    assert str(info.value) == f"xquant::fake_tensor_quant: amax {msg}"
+    with pytest.raises(TypeError, match="x is a masked array"):
+        xquant.npu_dynamic_quant_asymmetric(np.ma.masked_array(np.ones((2, 8), dt)))
+
+
+def test_torch_quantized_tensors():
+    with _no_warning_check():
+        q = torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)
+    msg = ("is a quantized tensor (dtype torch.qint8) but expected a float or integer tensor (call .dequantize() or "
+           ".int_repr() first)")
+    with pytest.raises(TypeError) as info:
+        xquant.npu_fake_tensor_quant(q, 1.0)
+    assert str(info.value) == f"xquant::fake_tensor_quant: inputs {msg}"
+    with pytest.raises(TypeError) as info:
+        xquant.npu_quantize(torch.ones(4), q, None, torch.qint8)
+    assert str(info.value) == f"xquant::quantize: scales {msg}"
+
+
+class _no_warning_check:  # quantize_per_tensor warns about deprecation on recent PyTorch releases
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+def test_torch_sparse_tensors(layout):
+    dense = torch.ones(2, 4)
+    with _no_warning_check():  # CSR support is "beta"
+        sp = dense.to_sparse() if layout == "sparse_coo" else dense.to_sparse_csr()
+    tail = f"is a sparse tensor (layout torch.{layout}) but expected a dense strided tensor (call .to_dense() first)"
+    with pytest.raises(TypeError) as info:
+        xquant.npu_fake_tensor_quant(sp, 1.0)
+    assert str(info.value) == f"xquant::fake_tensor_quant: inputs {tail}"
+    with pytest.raises(TypeError) as info:
+        torch.ops.xquant.fake_tensor_quant(sp, torch.ones(1))
+    assert str(info.value) == f"xquant::fake_tensor_quant: inputs {tail}"
+    with pytest.raises(TypeError) as info:
+        xquant.acts_ulq(sp, -1.0, 1.0)
+    assert str(info.value) == f"xquant::acts_ulq: x {tail}"
+    with pytest.raises(TypeError) as info:
+        xquant.npu_quantize(dense, torch.ones(4).to_sparse(), None, torch.qint8, -1)
+    assert str(info.value) == "xquant::quantize: scales is a sparse tensor (layout torch.sparse_coo) but expected a " \
+                              "dense strided tensor (call .to_dense() first)"
+
+
+def test_torch_nested_tensors():
+    with _no_warning_check():
+        nt = torch.nested.nested_tensor([torch.ones(3), torch.ones(2)])
+    with pytest.raises(TypeError) as info:
+        xquant.npu_fake_tensor_quant(nt, 1.0)
+    assert str(info.value) == "xquant::fake_tensor_quant: inputs is a nested tensor but expected a dense strided tensor"
+
+
+def _neg_view(t: torch.Tensor) -> torch.Tensor:
+    """A real tensor whose neg bit is set (the imaginary part of a conjugate view): its memory holds -t."""
+    c = torch.complex(torch.zeros_like(t), -t).conj()
+    v = c.imag
+    assert v.is_neg() and torch.equal(v, t)
+    return v
+
+
+def test_negative_views_are_materialized():
+    x = torch.linspace(-2, 2, 24).reshape(2, 3, 4)
+    n = _neg_view(x)
+    s = torch.tensor([0.05])
+    assert torch.equal(xquant.npu_fake_tensor_quant(n, 1.5), xquant.npu_fake_tensor_quant(x, 1.5))
+    assert torch.equal(xquant.npu_fake_tensor_quant_with_axis(n, torch.ones(3), 1),
+                       xquant.npu_fake_tensor_quant_with_axis(x, torch.ones(3), 1))
+    assert torch.equal(xquant.npu_quantize(n, s, None, torch.qint8), xquant.npu_quantize(x, s, None, torch.qint8))
+    assert torch.equal(xquant.npu_quantize(x, _neg_view(s), None, torch.qint8), xquant.npu_quantize(x, s, None, torch.qint8))
+    for a, b in zip(xquant.acts_ulq(n, -1.0, 1.0), xquant.acts_ulq(x, -1.0, 1.0)):
+        assert torch.equal(a, b)
+    for a, b in zip(xquant.npu_dynamic_quant_asymmetric(n), xquant.npu_dynamic_quant_asymmetric(x)):
+        assert torch.equal(a, b)
+    out_a, out_b = torch.zeros(6, 4, dtype=torch.int8), torch.zeros(6, 4, dtype=torch.int8)
+    xquant.quant(out_a, n.reshape(6, 4), _neg_view(torch.full((6, 1), 3.0)))
+    xquant.quant(out_b, x.reshape(6, 4), torch.full((6, 1), 3.0))
+    assert torch.equal(out_a, out_b)
+
+
+def test_inplace_refuses_negative_views():
+    x = torch.linspace(-2, 2, 8)
+    n = torch._neg_view(-x)  # contiguous, neg bit set: its memory holds -n
+    assert n.is_neg() and n.is_contiguous() and torch.equal(n, x)
+    with pytest.raises(ValueError) as info:
+        xquant.npu_fake_tensor_quant_inplace(n, 1.0)
+    assert str(info.value) == (
+        "xquant::fake_tensor_quant_inplace: inputs is a negative view (its memory holds transformed values); an "
+        "in-place call cannot write through it (call .resolve_neg() / .resolve_conj() first and use the result)")
+    assert torch.equal(n, x)  # untouched
+
+
+def test_set_num_threads_limit():
+    before = xquant.get_num_threads()
+    with pytest.raises(ValueError) as info:
+        xquant.set_num_threads(2**31 - 1)
+    assert str(info.value) == ("xquant::set_num_threads: n is 2147483647 but expected a thread count of at most 1024 "
+                               "(xquant's limit), >= 1, or 0 for the default")
+    with pytest.raises(ValueError, match="n is 1025 but expected a thread count of at most 1024"):
+        xquant.set_num_threads(1025)
+    assert xquant.get_num_threads() == before
+    xquant.set_num_threads(1024)  # the limit itself is accepted
+    assert xquant.get_num_threads() == 1024
+    xquant.set_num_threads(0)

@@ -1,0 +1,101 @@
+"""The importable stand-in modules ``torch_npu`` (with ``torch_npu.npu``) and ``mx_driving``."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .. import npu as _xnpu
+
+_STANDIN_FLAG = "__xquant_compat__"
+
+
+# ---- torch_npu: Python signatures as torch_npu documents them; each calls torch.ops.npu.* ----------------
+
+def npu_quantize(input, scales, zero_points, dtype, axis=1, div_mode=True):
+    """torch_npu.npu_quantize (xquant stand-in): y = sat(rint(input / scales + zero_points)) (div_mode=True)
+    or sat(rint(input * scales + zero_points)) (div_mode=False); see xquant.npu.npu_quantize."""
+    return torch.ops.npu.npu_quantize(input, scales, zero_points, dtype, axis, div_mode)
+
+
+def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None):
+    """torch_npu.npu_dynamic_quant (xquant stand-in): symmetric per-token dynamic quantization, returns
+    (y, scale) with scale = rowMax(|x'|) / DST_MAX and y = sat(rint(x' / scale)) (SPEC section 6)."""
+    return torch.ops.npu.npu_dynamic_quant(x, smooth_scales=smooth_scales, group_index=group_index,
+                                           dst_type=dst_type)
+
+
+def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                                 dst_type_max=0.0):
+    """torch_npu.npu_dynamic_quant_asymmetric (xquant stand-in): returns (y, scale, offset); see
+    xquant.npu.npu_dynamic_quant_asymmetric. dst_type_max: only 0.0 (the maximum of dst_type)."""
+    return torch.ops.npu.npu_dynamic_quant_asymmetric(x, smooth_scales=smooth_scales, group_index=group_index,
+                                                      dst_type=dst_type, quant_mode=quant_mode,
+                                                      dst_type_max=dst_type_max)
+
+
+def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
+    """torch_npu.npu_anti_quant (xquant stand-in): out = narrow((x + offset) * scale) to dst_dtype (float16 by
+    default); x int8, or int32 words of eight int4 (SPEC section 7)."""
+    return torch.ops.npu.npu_anti_quant(x, scale, offset=offset, dst_dtype=dst_dtype, src_dtype=src_dtype)
+
+
+TORCH_NPU_FUNCTIONS = (npu_quantize, npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_anti_quant)
+
+
+def make_torch_npu(npu_namespace: types.ModuleType, version: str) -> types.ModuleType:
+    m = types.ModuleType("torch_npu", "xquant.compat stand-in for torch_npu (quantization operators only, "
+                         "computed by xquant off the NPU).")
+    m.__version__ = f"0+xquant.compat.{version}"
+    setattr(m, _STANDIN_FLAG, True)
+    for f in TORCH_NPU_FUNCTIONS:
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        g.__kwdefaults__ = f.__kwdefaults__
+        g.__doc__, g.__module__, g.__qualname__ = f.__doc__, "torch_npu", f.__name__
+        setattr(m, f.__name__, g)
+    m.npu = npu_namespace
+    return m
+
+
+# ---- mx_driving: the seed's signatures; xquant.npu's functions (autograd included), on the CPU ------------
+
+def _on_cpu(t):
+    return t.cpu() if isinstance(t, torch.Tensor) and t.device.type != "cpu" else t
+
+
+def npu_fake_tensor_quant(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
+    if not isinstance(inputs, torch.Tensor) or inputs.device.type == "cpu":
+        return _xnpu.npu_fake_tensor_quant(inputs, _on_cpu(amax), num_bits, is_unsigned, narrow_range)
+    return _xnpu.npu_fake_tensor_quant(inputs.cpu(), _on_cpu(amax), num_bits, is_unsigned,
+                                       narrow_range).to(inputs.device)
+
+
+def npu_fake_tensor_quant_inplace(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
+    if not isinstance(inputs, torch.Tensor) or inputs.device.type == "cpu":
+        return _xnpu.npu_fake_tensor_quant_inplace(inputs, _on_cpu(amax), num_bits, is_unsigned, narrow_range)
+    host = inputs.cpu()
+    _xnpu.npu_fake_tensor_quant_inplace(host, _on_cpu(amax), num_bits, is_unsigned, narrow_range)
+    return inputs.copy_(host)
+
+
+def npu_fake_tensor_quant_with_axis(inputs, amax, axis, num_bits=8, is_unsigned=False, narrow_range=True):
+    if not isinstance(inputs, torch.Tensor) or inputs.device.type == "cpu":
+        return _xnpu.npu_fake_tensor_quant_with_axis(inputs, _on_cpu(amax), axis, num_bits, is_unsigned,
+                                                     narrow_range)
+    return _xnpu.npu_fake_tensor_quant_with_axis(inputs.cpu(), _on_cpu(amax), axis, num_bits, is_unsigned,
+                                                 narrow_range).to(inputs.device)
+
+
+MX_DRIVING = (npu_fake_tensor_quant, npu_fake_tensor_quant_inplace, npu_fake_tensor_quant_with_axis)
+
+
+def make_mx_driving(version: str) -> types.ModuleType:
+    m = types.ModuleType("mx_driving", "xquant.compat stand-in for mx_driving (npu_fake_tensor_quant family, "
+                         "computed by xquant off the NPU).")
+    m.__version__ = f"0+xquant.compat.{version}"
+    setattr(m, _STANDIN_FLAG, True)
+    for f in MX_DRIVING:
+        f.__doc__ = getattr(_xnpu, f.__name__).__doc__
+        setattr(m, f.__name__, f)
+    return m

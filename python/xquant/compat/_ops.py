@@ -1,0 +1,198 @@
+"""``torch.ops.npu.*``: the Ascend operators' schemas (torch_npu's op-plugin ``op_plugin_functions.yaml``),
+backed by xquant.
+
+Each operator has one kernel for every device (CompositeExplicitAutograd: the inputs are computed on the
+CPU by xquant and the results are returned on the device of the first input) and a fake implementation
+(output shapes and dtypes), so ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _args, npu as _xnpu
+
+# Schemas exactly as torch_npu publishes them (argument names, defaults, keyword-only markers). The
+# asymmetric form carries the two arguments the newest op-plugin added (quant_mode, dst_type_max).
+SCHEMAS = {
+    "npu_quantize": "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, ScalarType dtype, int axis=1, "
+                    "bool div_mode=True) -> Tensor",
+    "npu_dynamic_quant": "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
+                         "ScalarType? dst_type=None) -> (Tensor, Tensor)",
+    "npu_dynamic_quant_asymmetric": "npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, "
+                                    "Tensor? group_index=None, ScalarType? dst_type=None, "
+                                    "str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)",
+    "npu_anti_quant": "npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, ScalarType? dst_dtype=None, "
+                      "ScalarType? src_dtype=None) -> Tensor",
+}
+
+_QUINT4X2 = getattr(torch, "quint4x2", None)
+_QINT8 = getattr(torch, "qint8", torch.int8)
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------
+
+def _cpu(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None or t.device.type == "cpu" else t.cpu()
+
+
+def _cpu_keep(t: Optional[Tensor]) -> Optional[Tensor]:
+    c = _cpu(t)
+    return t if c is None else c
+
+
+def _back(out, device: torch.device):
+    if device.type == "cpu":
+        return out
+    if isinstance(out, tuple):
+        return tuple(o.to(device) for o in out)
+    return out.to(device)
+
+
+def dynamic_quant_impl():
+    """xquant's C++ npu_dynamic_quant when this build has it, else the temporary pure-PyTorch fallback."""
+    fn = getattr(_xnpu, "npu_dynamic_quant", None)
+    if fn is not None:
+        return fn
+    from ._fallback import _fallback_dynamic_quant
+
+    return _fallback_dynamic_quant
+
+
+def anti_quant_impl():
+    """xquant's C++ npu_anti_quant when this build has it, else the temporary pure-PyTorch fallback."""
+    fn = getattr(_xnpu, "npu_anti_quant", None)
+    if fn is not None:
+        return fn
+    from ._fallback import _fallback_anti_quant
+
+    return _fallback_anti_quant
+
+
+def _int4_out(op: str, name: str, d: Optional[torch.dtype]) -> bool:
+    if d is None or d in (torch.int8, _QINT8):
+        return False
+    if _QUINT4X2 is not None and d == _QUINT4X2:
+        return True
+    raise _args.fail_value(op, f"{name} is {d} but expected None, torch.int8 / torch.qint8 or torch.quint4x2")
+
+
+def anti_quant_src(op: str, x: Tensor, src_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """torch_npu's rule: x int8 -> int8, x int32 -> eight packed int4 (quint4x2); src_dtype, if given,
+    must agree with x's dtype."""
+    if x.dtype == torch.int32:
+        want = _QUINT4X2
+    elif x.dtype == torch.int8:
+        want = torch.int8
+    else:
+        raise _args.fail_type(op, f"x has dtype {x.dtype} but expected int8, or int32 words of eight int4")
+    if src_dtype is not None and src_dtype != want and not (want == torch.int8 and src_dtype == _QINT8):
+        raise _args.fail_value(op, f"src_dtype is {src_dtype} but x has dtype {x.dtype} (expected {want} or None)")
+    return want
+
+
+# ---- kernels ----------------------------------------------------------------------------------------------
+
+def _quantize(self, scales, zero_points, dtype, axis=1, div_mode=True):
+    out = _xnpu.npu_quantize(_cpu_keep(self), _cpu_keep(scales), _cpu_keep(zero_points), dtype, axis, div_mode)
+    return _back(out, self.device)
+
+
+def _quantize_fake(self, scales, zero_points, dtype, axis=1, div_mode=True):
+    from .. import _torch_ops
+
+    code = _torch_ops._code("quantize", "dtype", dtype)
+    return self.new_empty(_args.quantized_shape(tuple(self.shape), code), dtype=_torch_ops._STORAGE[code])
+
+
+def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None):
+    int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
+    y, scale = dynamic_quant_impl()(_cpu_keep(input), smooth_scales=_cpu_keep(smooth_scales),
+                                    group_index=_cpu_keep(group_index),
+                                    dst_type=_QUINT4X2 if int4 else torch.int8)
+    return _back((y, scale), input.device)
+
+
+def _dynamic_quant_fake(input, *, smooth_scales=None, group_index=None, dst_type=None):
+    int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
+    shape = tuple(input.shape)
+    y_shape = shape[:-1] + (shape[-1] // 8,) if int4 and shape else shape
+    return (input.new_empty(y_shape, dtype=torch.int32 if int4 else torch.int8),
+            input.new_empty(shape[:-1], dtype=torch.float32))
+
+
+def _check_dst_type_max(v: float) -> None:
+    if v != 0.0:
+        raise _args.fail_value("dynamic_quant_asymmetric", f"dst_type_max is {v!r} but only 0.0 (the maximum of "
+                               "dst_type) is supported off the NPU")
+
+
+def _dynamic_quant_asymmetric(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                              dst_type_max=0.0):
+    _check_dst_type_max(dst_type_max)
+    out = _xnpu.npu_dynamic_quant_asymmetric(_cpu_keep(input), smooth_scales=_cpu_keep(smooth_scales),
+                                             group_index=_cpu_keep(group_index), dst_type=dst_type,
+                                             quant_mode=quant_mode)
+    return _back(tuple(out), input.device)
+
+
+def _dynamic_quant_asymmetric_fake(input, *, smooth_scales=None, group_index=None, dst_type=None,
+                                   quant_mode="pertoken", dst_type_max=0.0):
+    from .. import _torch_ops
+
+    op = "dynamic_quant_asymmetric"
+    _check_dst_type_max(dst_type_max)
+    code = _args.QINT8 if dst_type is None else _torch_ops._code(op, "dst_type", dst_type)
+    y_shape, p_shape = _args.dynamic_shapes(tuple(input.shape), code, _args.dynamic_mode(op, quant_mode))
+    return (input.new_empty(y_shape, dtype=_torch_ops._STORAGE[code]), input.new_empty(p_shape, dtype=torch.float32),
+            input.new_empty(p_shape, dtype=torch.float32))
+
+
+def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
+    src = anti_quant_src("anti_quant", x, src_dtype)
+    out = anti_quant_impl()(_cpu_keep(x), _cpu_keep(scale), offset=_cpu_keep(offset),
+                            dst_dtype=torch.float16 if dst_dtype is None else dst_dtype, src_dtype=src)
+    return _back(out, x.device)
+
+
+def _anti_quant_fake(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
+    src = anti_quant_src("anti_quant", x, src_dtype)
+    shape = tuple(x.shape)
+    if src != torch.int8 and shape:
+        shape = shape[:-1] + (shape[-1] * 8,)
+    return x.new_empty(shape, dtype=torch.float16 if dst_dtype is None else dst_dtype)
+
+
+_KERNELS = {
+    "npu_quantize": (_quantize, _quantize_fake),
+    "npu_dynamic_quant": (_dynamic_quant, _dynamic_quant_fake),
+    "npu_dynamic_quant_asymmetric": (_dynamic_quant_asymmetric, _dynamic_quant_asymmetric_fake),
+    "npu_anti_quant": (_anti_quant, _anti_quant_fake),
+}
+
+
+def register() -> torch.library.Library:
+    """Defines torch.ops.npu.* (a FRAGMENT library: undone by ``unregister(lib)``)."""
+    lib = torch.library.Library("npu", "FRAGMENT")
+    try:
+        for name, schema in SCHEMAS.items():
+            kernel, fake = _KERNELS[name]
+            lib.define(schema)
+            lib.impl(name, kernel, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"npu::{name}", fake, lib=lib)
+    except Exception:
+        unregister(lib)
+        raise
+    return lib
+
+
+def unregister(lib: torch.library.Library) -> None:
+    """Removes the definitions, kernels and fakes of ``register`` and the cached torch.ops.npu attributes."""
+    lib._destroy()
+    ns = torch.ops.__dict__.get("npu")
+    if ns is not None:
+        for name in SCHEMAS:
+            ns.__dict__.pop(name, None)

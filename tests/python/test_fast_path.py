@@ -1,0 +1,220 @@
+"""The eager fast path of xquant.npu on torch tensors (the compiled core reading tensors directly, without
+the torch.library dispatch): it gives bit for bit the results of the custom operators, it is taken only in
+plain eager mode, and everything else (autograd recording, tracing, modes, unusual tensors and arguments)
+takes the full path."""
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (scripts/setup-python installs it)")
+pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed (scripts/setup-python installs it)")
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import xquant
+from xquant import _core, _torch_ops
+
+ops = torch.ops.xquant
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _same(a, b) -> bool:
+    la, lb = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+    return len(la) == len(lb) and all(
+        x.dtype == y.dtype and x.shape == y.shape and x.is_contiguous() and
+        torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)) for x, y in zip(la, lb))
+
+
+def _data(dtype, *shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * 3
+    x.view(-1)[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.5, -2.5, 0.0])
+    return x.to(dtype)
+
+
+def test_fast_path_is_available():
+    assert _torch_ops.FAST_PATH  # the probes exist in this PyTorch: the tests below exercise the fast path
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fast_path_equals_custom_operators(dtype):
+    x = _data(dtype, 4, 6, 16)
+    amax = torch.tensor([2.5], dtype=dtype)
+    amax_c = (torch.rand(6) * 3 + 0.1).to(dtype)
+    s16 = (torch.rand(16) + 0.5).to(dtype)
+    # each: (fast-path call, the custom operator call, the core's lenient call that must compute)
+    cases = [
+        (lambda: xquant.npu_fake_tensor_quant(x, amax, 5, True, False),
+         lambda: ops.fake_tensor_quant(x, amax, 5, True, False),
+         lambda: _core.t_fake_tensor_quant(x, amax, None, 5, True, False, False)),
+        (lambda: xquant.npu_fake_tensor_quant(x, 1.75),
+         lambda: ops.fake_tensor_quant(x, torch.tensor(1.75), 8, False, True),
+         lambda: _core.t_fake_tensor_quant(x, 1.75, None, 8, False, True, False)),
+        (lambda: xquant.npu_fake_tensor_quant_with_axis(x, amax_c, 1),
+         lambda: ops.fake_tensor_quant_with_axis(x, amax_c, 1),
+         lambda: _core.t_fake_tensor_quant(x, amax_c, 1, 8, False, True, False)),
+        (lambda: xquant.npu_quantize(x, s16, s16, torch.quint4x2, -1, False),
+         lambda: ops.quantize(x, s16, s16, torch.quint4x2, -1, False),
+         lambda: _core.t_quantize(x, s16, s16, torch.quint4x2, -1, False, False)),
+        (lambda: xquant.npu_quantize(x, amax_c, torch.arange(6, dtype=torch.int8), torch.quint8, 1),
+         lambda: ops.quantize(x, amax_c, torch.arange(6, dtype=torch.int8), torch.quint8, 1),
+         lambda: _core.t_quantize(x, amax_c, torch.arange(6, dtype=torch.int8), torch.quint8, 1, True, False)),
+        (lambda: xquant.npu_dynamic_quant_asymmetric(x, smooth_scales=s16, dst_type=torch.quint4x2),
+         lambda: ops.dynamic_quant_asymmetric(x, s16, None, torch.quint4x2),
+         lambda: _core.t_dynamic_quant_asymmetric(x, s16, None, torch.quint4x2, "pertoken", False)),
+        (lambda: xquant.npu_dynamic_quant_asymmetric(x, quant_mode="pertensor"),
+         lambda: ops.dynamic_quant_asymmetric(x, quant_mode="pertensor"),
+         lambda: _core.t_dynamic_quant_asymmetric(x, None, None, None, "pertensor", False)),
+        (lambda: xquant.acts_ulq(x, torch.full((6, 1), -1.0, dtype=dtype), s16, True, 4),
+         lambda: ops.acts_ulq(x, torch.full((6, 1), -1.0, dtype=dtype), s16, True, 4),
+         lambda: _core.t_acts_ulq(x, torch.full((6, 1), -1.0, dtype=dtype), s16, True, 4, False)),
+    ]
+    if dtype == torch.float32:  # Python-number clamps take the fast path for float32 x
+        cases.append((lambda: xquant.acts_ulq(x, -0.7, 1.3),
+                      lambda: ops.acts_ulq(x, torch.tensor(-0.7), torch.tensor(1.3)),
+                      lambda: _core.t_acts_ulq(x, -0.7, 1.3, False, 8, False)))
+    for fast, full, core in cases:
+        assert core() is not None  # plain eager: the compiled core computes
+        assert _same(fast(), full())
+
+
+def test_fast_path_in_place_forms():
+    x = _data(torch.float32, 8, 16)
+    a, b = x.clone(), x.clone()
+    v = a._version
+    assert xquant.npu_fake_tensor_quant_inplace(a, torch.tensor([2.0]), 6) is a
+    ops.fake_tensor_quant_inplace(b, torch.tensor([2.0]), 6)
+    assert _same(a, b) and a._version > v  # the version counter moves, as for torch's in-place operators
+    src, scale, offset = x, torch.full((8, 1), 4.0), torch.full((8, 1), 100.0)
+    o1, o2 = torch.zeros(8, 16, dtype=torch.uint8), torch.zeros(8, 16, dtype=torch.uint8)
+    v = o1._version
+    assert xquant.quant(o1, src, scale, xquant.QuantMode.ASYM, offset) is None
+    ops.tile_quant(o2, src, scale, "ASYM", offset)
+    assert torch.equal(o1, o2) and o1._version > v
+
+
+def test_in_place_fast_path_keeps_autograd_honest():
+    """A tensor saved for another operator's backward and then quantized in place: autograd notices."""
+    w = torch.randn(5, requires_grad=True)
+    x = torch.randn(5)
+    y = (w * x).sum()
+    xquant.npu_fake_tensor_quant_inplace(x, 1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_lenient_core_declines_what_it_cannot_do_plainly():
+    x = torch.randn(4, 8)
+    a = torch.tensor([1.0])
+    lenient = lambda *args: _core.t_fake_tensor_quant(*args, False)  # noqa: E731
+    assert lenient(x, a, None, 8, False, True) is not None
+    declined = [
+        (x.t(), a, None, 8, False, True),                              # not contiguous
+        (x.to("meta"), a, None, 8, False, True),                       # meta
+        (x.double(), a, None, 8, False, True),                         # unsupported dtype
+        (torch._neg_view(x), a, None, 8, False, True),                 # neg bit
+        (x, a, None, 8.0, False, True),                                # num_bits not an int
+        (x, a, None, 2**40, False, True),                              # num_bits beyond 32 bits
+        (x, a, None, 8, 1, True),                                      # is_unsigned not a bool
+        (x, "1.0", None, 8, False, True),                              # amax neither tensor nor number
+        (x, a, 1.0, 8, False, True),                                   # axis not an int
+    ]
+    for args in declined:
+        assert lenient(*args) is None, args
+    # autograd recording is the only obstacle: NotImplemented (the caller records through autograd.Function)
+    assert lenient(x.clone().requires_grad_(), a, None, 8, False, True) is NotImplemented
+    assert lenient(x, a.clone().requires_grad_(), None, 8, False, True) is NotImplemented
+    assert _core.t_acts_ulq(x.clone().requires_grad_(), -1.0, 1.0, False, 8, False) is NotImplemented
+    assert _core.t_quantize(x.clone().requires_grad_(), a, None, torch.qint8, 1, True, False) is None
+    with torch.no_grad():  # requires_grad without grad mode: plain
+        assert lenient(x.clone().requires_grad_(), a, None, 8, False, True) is not None
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert lenient(x.as_subclass(Sub), a, None, 8, False, True) is None
+
+
+def test_modes_and_transforms_take_the_full_path():
+    x = torch.randn(4, 8)
+    a = torch.tensor([1.0])
+    seen = []
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Function(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Dispatch():
+        assert _core.t_fake_tensor_quant(x, a, None, 8, False, True, False) is None
+        y = xquant.npu_fake_tensor_quant(x, a)
+    assert "xquant.fake_tensor_quant.default" in seen  # the custom operator ran under the mode
+    assert torch.equal(y, xquant.npu_fake_tensor_quant(x, a))
+    with Function():
+        assert _core.t_fake_tensor_quant(x, a, None, 8, False, True, False) is None
+    with torch.profiler.profile() as prof:
+        xquant.npu_fake_tensor_quant(x, a)
+    assert any("xquant::fake_tensor_quant" in e.name for e in prof.events())  # visible to the profiler
+    # functorch: vmap over the custom operator's batching fallback
+    xs = torch.randn(3, 4, 8)
+    ys = torch.vmap(lambda t: xquant.npu_fake_tensor_quant(t, a))(xs)
+    assert torch.equal(ys, torch.stack([xquant.npu_fake_tensor_quant(t, a) for t in xs]))
+
+
+def test_autograd_still_records_through_the_full_path():
+    x = torch.randn(6, requires_grad=True)
+    y = xquant.npu_fake_tensor_quant(x, 1.0)
+    assert y.grad_fn is not None
+    with torch.no_grad():
+        assert xquant.npu_fake_tensor_quant(x, 1.0).grad_fn is None
+    p = torch.nn.Parameter(torch.randn(6))
+    with torch.inference_mode():  # parameters in inference: the fast path
+        assert torch.equal(xquant.npu_fake_tensor_quant(p, 1.0), xquant.npu_fake_tensor_quant(p.detach(), 1.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eager_autograd_path_equals_custom_operator_autograd(dtype):
+    """With autograd recording, plain eager calls use an autograd.Function over the same kernels; its
+    values and gradients equal those of the registered custom operators' autograd."""
+    x0 = _data(dtype, 4, 6, 16)
+    amax0 = torch.tensor([2.0], dtype=dtype)
+    amax_c0 = (torch.rand(6) * 3 + 0.1).to(dtype)
+    lo0, hi0 = torch.full((6, 1), -1.0, dtype=dtype), (torch.rand(16) + 0.5).to(dtype)
+    g = torch.randn(4, 6, 16).to(dtype)
+
+    def run(use_ops):
+        x, amax, amax_c, lo, hi = (t.clone().requires_grad_() for t in (x0, amax0, amax_c0, lo0, hi0))
+        if use_ops:
+            ys = [ops.fake_tensor_quant(x, amax, 6, False, True), ops.fake_tensor_quant_with_axis(x, amax_c, 1),
+                  ops.acts_ulq(x, lo, hi, False, 8)[0]]
+        else:
+            ys = [xquant.npu_fake_tensor_quant(x, amax, 6), xquant.npu_fake_tensor_quant_with_axis(x, amax_c, 1),
+                  xquant.acts_ulq(x, lo, hi)[0]]
+            assert [type(y.grad_fn).__name__ for y in ys] == ["_FakeQuantFnBackward", "_FakeQuantFnBackward",
+                                                             "_ActsUlqFnBackward"]
+        sum((y.float() * g.float()).sum() for y in ys).backward()
+        return [y.detach() for y in ys] + [t.grad for t in (x, amax, amax_c, lo, hi)]
+
+    assert _same(run(False), run(True))
+
+
+def test_eager_autograd_with_python_number_parameters():
+    x0 = _data(torch.float32, 5, 8)
+    g = torch.randn(5, 8)
+    xa, xb = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    ya = xquant.npu_fake_tensor_quant(xa, 1.5)
+    yb = ops.fake_tensor_quant(xb, torch.tensor(1.5), 8, False, True)
+    (ya * g).sum().backward()
+    (yb * g).sum().backward()
+    assert type(ya.grad_fn).__name__ == "_FakeQuantFnBackward" and _same((ya.detach(), xa.grad), (yb.detach(), xb.grad))
+    xa, xb = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    ya = xquant.acts_ulq(xa, -0.5, 2.0)[0]
+    yb = ops.acts_ulq(xb, torch.tensor(-0.5), torch.tensor(2.0), False, 8)[0]
+    (ya * g).sum().backward()
+    (yb * g).sum().backward()
+    assert type(ya.grad_fn).__name__ == "_ActsUlqFnBackward" and _same((ya.detach(), xa.grad), (yb.detach(), xb.grad))
