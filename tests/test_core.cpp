@@ -568,7 +568,7 @@ TEST(Check, SameOrDisjoint) {
 
 TEST(Check, SplitAtAxis) {
   auto expect = [](const Shape& s, std::int64_t axis, std::int64_t o, std::int64_t c, std::int64_t i) {
-    const d::AxisSplit r = d::split_at_axis(s, axis);
+    const xquant::ChannelLayout r = d::split_at_axis(s, axis);
     EXPECT_EQ(r.outer, o) << xquant::shape_str(s) << " axis " << axis;
     EXPECT_EQ(r.channels, c) << xquant::shape_str(s) << " axis " << axis;
     EXPECT_EQ(r.inner, i) << xquant::shape_str(s) << " axis " << axis;
@@ -579,6 +579,18 @@ TEST(Check, SplitAtAxis) {
   expect({5}, 0, 1, 5, 1);
   expect({2, 0, 4}, 1, 2, 0, 4);
   expect({2, 3, 0}, 1, 2, 3, 0);
+}
+
+// The public form of the same split (xquant/layout.hpp): Python-style axes, per-tensor, flat index.
+TEST(Check, PublicChannelLayout) {
+  const xquant::ChannelLayout a = xquant::channel_layout({2, 3, 4}, -2);
+  EXPECT_EQ(a, (xquant::ChannelLayout{2, 3, 4}));
+  EXPECT_EQ(a.numel(), 24);
+  EXPECT_EQ(a.channel_of((1 * 3 + 2) * 4 + 3), 2);  // element (o=1, c=2, i=3)
+  EXPECT_EQ(xquant::channel_layout({2, 3, 4}, 2), (xquant::ChannelLayout{6, 4, 1}));
+  EXPECT_EQ(xquant::per_tensor_layout({2, 3, 4}), (xquant::ChannelLayout{1, 1, 24}));
+  xqtest::expect_error([] { xquant::channel_layout({2, 3}, 2); }, ErrorCode::invalid_argument, "axis", {"2"});
+  xqtest::expect_error([] { xquant::channel_layout({2, 3}, -3); }, ErrorCode::invalid_argument, "axis", {"-3"});
 }
 
 // =====================================================================================================

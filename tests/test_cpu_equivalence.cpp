@@ -470,6 +470,85 @@ TEST(CpuEquivalence, FastDivisionBoundariesActsUlq) {
             [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin4, cmax4, false, nb); },
             {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}}, "acts_ulq boundaries per row " + std::to_string(cmax_v));
       }
+TEST(CpuEquivalence, DynamicQuantSymmetric) {
+  using xquant::QuantDType;
+  const std::vector<Shape> shapes = {{3, 8}, {5, 16}, {7, 24}, {2, 3, 40}, {9, 1000}, {40, 4104}, {300, 264}, {1, 0}};
+  for (DType dt : kFloatTypes)
+    for (const Shape& shape : shapes)
+      for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
+        for (int variant = 0; variant < 3; ++variant) {  // 0 plain, 1 smooth, 2 MoE
+          const std::int64_t n = xquant::shape_numel(shape);
+          const std::int64_t H = shape.back(), S = xquant::shape_numel(Shape(shape.begin(), shape.end() - 1));
+          if (q == QuantDType::quint4x2 && H % 8 != 0) continue;
+          std::vector<float> xv = test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(7 * n + variant), 3.f);
+          if (S > 3) {  // a constant row and an all-zero row (scale 0: every y is 0 / 0 -> 0)
+            for (std::int64_t j = 0; j < H; ++j) {
+              xv[static_cast<std::size_t>(H + j)] = -1.25f;
+              xv[static_cast<std::size_t>(2 * H + j)] = j % 2 ? 0.f : -0.f;
+            }
+          }
+          for (std::int64_t r = 0; r < S; r += 2)  // most rows finite
+            for (std::int64_t j = 0; j < H; ++j) {
+              float& v = xv[static_cast<std::size_t>(r * H + j)];
+              if (!std::isfinite(v) || std::fabs(v) > 1e6f) v = -0.5f;
+            }
+          Placed x = placed_floats(dt, shape, xv, 1);
+          Tensor smooth, groups;
+          std::optional<ConstTensorView> sm, gi;
+          if (variant >= 1) {
+            const std::int64_t E = variant == 2 ? 4 : 1;
+            std::vector<float> sv(static_cast<std::size_t>(E * H));
+            for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.017f * static_cast<float>(i % 89);
+            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32, variant == 2 ? Shape{E, H} : Shape{H}, sv);
+            sm = smooth.view();
+            if (variant == 2) {
+              groups = make_typed<std::int32_t>(DType::int32, {4}, {0, static_cast<std::int32_t>(S / 3),
+                                                                    static_cast<std::int32_t>(S / 3), static_cast<std::int32_t>(S)});
+              gi = groups.view();
+            }
+          }
+          Shape yshape = shape;
+          if (q == QuantDType::quint4x2) yshape.back() /= 8;
+          const Shape sshape(shape.begin(), shape.end() - 1);
+          const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
+          check_equivalent([&](std::vector<TensorView>& o) { xquant::dynamic_quant_out(o[0], o[1], x.view, sm, gi, q); },
+                           {{ydt, yshape}, {DType::float32, sshape}},
+                           "dynamic_quant (symmetric) " + xquant::shape_str(shape) + " variant " + std::to_string(variant));
+        }
+}
+
+TEST(CpuEquivalence, AntiQuant) {
+  using xquant::QuantDType;
+  const auto edges = edge_values();
+  for (QuantDType src : {QuantDType::qint8, QuantDType::quint4x2})
+    for (std::int64_t H : {8, 16, 24, 64, 72, 1024, 1032, 4104})
+      for (std::int64_t rows : {1, 3, 70})
+        for (bool per_column : {false, true})
+          for (int opt = 0; opt < 3; ++opt) {  // 0 no offset, 1 float32 scale / offset, 2 bfloat16
+            if (rows * H > 100000 && (per_column || opt != 1)) continue;  // keep the big case small in number
+            const bool int4 = src == QuantDType::quint4x2;
+            const std::int64_t n = rows * H;
+            std::mt19937 rng(static_cast<std::uint32_t>(n * 3 + opt));
+            Placed x(int4 ? DType::int32 : DType::int8, {rows, int4 ? H / 8 : H}, 1);
+            for (std::size_t b = 0; b < x.view.nbytes(); ++b) static_cast<std::uint8_t*>(x.view.data)[b] = static_cast<std::uint8_t>(rng());
+            const std::int64_t ns = per_column ? H : 1;
+            std::vector<float> sv(static_cast<std::size_t>(ns)), ov(sv.size());
+            std::uniform_real_distribution<float> u(-2.f, 2.f);
+            for (std::size_t i = 0; i < sv.size(); ++i) {
+              // mostly ordinary scales, some edge values (NaN, +-Inf, 0, subnormal, huge)
+              sv[i] = rng() % 9 == 0 ? edges[rng() % edges.size()] : u(rng);
+              ov[i] = rng() % 11 == 0 ? edges[rng() % edges.size()] : 30.f * u(rng);
+            }
+            const DType sdt = opt == 2 ? DType::bfloat16 : DType::float32;
+            Tensor s = make_float(sdt, {ns}, sv), o = make_float(sdt, {ns}, ov);
+            const std::optional<ConstTensorView> off = opt == 0 ? std::nullopt : std::optional<ConstTensorView>(o.view());
+            for (DType dst : kFloatTypes)
+              check_equivalent([&](std::vector<TensorView>& out) { xquant::anti_quant_out(out[0], x.view, s, off, src); },
+                               {{dst, {rows, H}}},
+                               "anti_quant " + std::string(xquant::quant_dtype_name(src)) + " [" + std::to_string(rows) +
+                                   ", " + std::to_string(H) + "] per_column " + std::to_string(per_column) + " opt " +
+                                   std::to_string(opt) + " -> " + std::string(xquant::dtype_name(dst)));
+          }
 }
 
 }  // namespace

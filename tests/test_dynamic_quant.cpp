@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "test_util.hpp"
+#include "xquant/runtime.hpp"
 
 namespace {
 
@@ -607,6 +608,45 @@ TEST(DynamicQuant, NaNRowsGiveNaNParametersAndZeros) {
       EXPECT_TRUE(std::isnan(g.offset[0]));
       EXPECT_EQ(g.y, std::vector<int>(24, 0));
     }
+}
+
+// Regression: on a one-element row holding a NaN with a payload, the reference backend kept the payload
+// in offset (rowMax / scale propagates it) while the cpu backend gave 0x7FC00000. Every NaN scale /
+// offset is now the canonical quiet NaN on both backends (docs/semantics.md), including the NaN that
+// Inf / Inf produces (x86's default NaN is 0xFFC00000).
+TEST(DynamicQuant, NaNParametersAreTheCanonicalQuietNaNOnEveryBackend) {
+  constexpr std::uint32_t kCanonical = 0x7FC00000u;
+  const std::uint32_t payloads[] = {0x7FC00001u, 0xFFC12345u, 0x7FA00000u /* signalling */, 0xFFFFFFFFu};
+  const xquant::Backend saved = xquant::get_backend();
+  for (xquant::Backend b : {xquant::Backend::cpu, xquant::Backend::reference}) {
+    xquant::set_backend(b);
+    const char* bname = b == xquant::Backend::cpu ? "cpu" : "reference";
+    for (std::uint32_t bits : payloads) {
+      for (auto mode : {DynamicQuantMode::pertoken, DynamicQuantMode::pertensor}) {
+        Tensor x(DType::float32, {1, 1});
+        x.data<std::uint32_t>()[0] = bits;
+        const auto r = xquant::dynamic_quant_asymmetric(x, std::nullopt, std::nullopt, QuantDType::qint8, mode);
+        EXPECT_EQ(r.scale.data<std::uint32_t>()[0], kCanonical) << bname << " payload " << std::hex << bits;
+        EXPECT_EQ(r.offset.data<std::uint32_t>()[0], kCanonical) << bname << " payload " << std::hex << bits;
+        EXPECT_EQ(r.y.data<std::int8_t>()[0], 0) << bname;
+      }
+      // float16 input with a payload (0x7E01 widens to a float32 NaN with a payload), int4 output.
+      Tensor h(DType::float16, {1, 8});
+      for (int j = 0; j < 8; ++j) h.data<std::uint16_t>()[j] = xquant::float_to_half(static_cast<float>(j));
+      h.data<std::uint16_t>()[3] = 0x7E01;
+      const auto r = xquant::dynamic_quant_asymmetric(h, std::nullopt, std::nullopt, QuantDType::quint4x2);
+      EXPECT_EQ(r.scale.data<std::uint32_t>()[0], kCanonical) << bname;
+      EXPECT_EQ(r.offset.data<std::uint32_t>()[0], kCanonical) << bname;
+      EXPECT_EQ(r.y.data<std::int32_t>()[0], 0) << bname;
+    }
+    // Inf / Inf in offset = 127 - rowMax / scale, and Inf - Inf in scale.
+    Tensor x = make_float(DType::float32, {2, 2}, {kInf, 1.0f, kInf, kInf});
+    const auto r = xquant::dynamic_quant_asymmetric(x);
+    EXPECT_EQ(r.offset.data<std::uint32_t>()[0], kCanonical) << bname;
+    EXPECT_EQ(r.scale.data<std::uint32_t>()[1], kCanonical) << bname;
+    EXPECT_EQ(r.offset.data<std::uint32_t>()[1], kCanonical) << bname;
+  }
+  xquant::set_backend(saved);
 }
 
 TEST(DynamicQuant, InfinityRowsFollowTheFormula) {

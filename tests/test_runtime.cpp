@@ -20,6 +20,20 @@ TEST(Runtime, ThreadsAndBackend) {
   EXPECT_FALSE(xquant::simd_target().empty());
 }
 
+// Regression: set_num_threads accepted any positive count (e.g. 1'000'000 OpenMP threads).
+TEST(Runtime, ThreadCountIsCapped) {
+  static_assert(xquant::kMaxThreads == 1024);
+  xquant::set_num_threads(3);
+  expect_error([] { xquant::set_num_threads(xquant::kMaxThreads + 1); }, xquant::ErrorCode::invalid_argument, "n",
+               {"1025", "1024", "kMaxThreads"});
+  expect_error([] { xquant::set_num_threads(1000000); }, xquant::ErrorCode::invalid_argument, "n", {"1000000"});
+  EXPECT_EQ(xquant::get_num_threads(), 3) << "a rejected count leaves the setting unchanged";
+  xquant::set_num_threads(xquant::kMaxThreads);  // the limit itself is accepted
+  EXPECT_EQ(xquant::get_num_threads(), xquant::kMaxThreads);
+  xquant::set_num_threads(0);
+  EXPECT_GE(xquant::get_num_threads(), 1);
+}
+
 TEST(Runtime, LargeAllocationsAreReusedAndZerosStillZero) {
   const std::size_t saved = xquant::get_memory_cache_limit();
   xquant::set_memory_cache_limit(std::size_t{64} << 20);

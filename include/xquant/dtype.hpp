@@ -36,6 +36,9 @@ enum class QuantDType : std::uint8_t {
 };
 
 std::string_view quant_dtype_name(QuantDType q) noexcept;
+
+// Symmetric (no offset) or asymmetric (with an offset / zero point) quantization (tile_quant).
+enum class QuantMode { SYM, ASYM };
 // Storage dtype of a quantized output: int8, uint8, int32, int32 (packed) respectively.
 DType storage_dtype(QuantDType q) noexcept;
 

@@ -1,4 +1,7 @@
-// Dynamic asymmetric quantization (seed 04, torch_npu.npu_dynamic_quant_asymmetric).
+// Dynamic quantization per token: asymmetric (seed 04, torch_npu.npu_dynamic_quant_asymmetric) and
+// symmetric (torch_npu.npu_dynamic_quant, SPEC 6), with the same x, smooth_scales, group_index and y.
+//
+// Asymmetric:
 //
 //   x'     = smooth_scales ? x * smooth[expert(row)] : x                          (float32)
 //   scale  = max((rowMax(x') - rowMin(x')) / (DST_MAX - DST_MIN), 1e-12)
@@ -11,6 +14,12 @@
 // uses the first expert e with group_index[e] > r). dst_type qint8 (int8 [-128, 127]) or quint4x2
 // (int4 [-8, 7] packed in int32, H % 8 == 0). scale / offset: float32 with shape x.shape[:-1]
 // (pertoken) or [1] (pertensor). A row containing NaN gets NaN scale and offset and y = 0.
+//
+// Symmetric (pertoken only, no offset):
+//   scale  = rowMax(|x'|) / DST_MAX                                                (float32 division)
+//   y      = sat(rint(x' / scale))
+// scale: float32 with shape x.shape[:-1]. A row of zeros gets scale 0 and y = 0 (0 / 0 converts to 0);
+// a row containing NaN gets a NaN scale and y = 0. A NaN scale or offset is always 0x7FC00000.
 #pragma once
 #include <optional>
 
@@ -36,5 +45,19 @@ DynamicQuantResult dynamic_quant_asymmetric(ConstTensorView x,
                                             std::optional<ConstTensorView> group_index = std::nullopt,
                                             QuantDType dst_type = QuantDType::qint8,
                                             DynamicQuantMode quant_mode = DynamicQuantMode::pertoken);
+
+struct DynamicQuantSymmetricResult {
+  Tensor y;
+  Tensor scale;
+};
+
+void dynamic_quant_out(TensorView y, TensorView scale, ConstTensorView x,
+                       std::optional<ConstTensorView> smooth_scales = std::nullopt,
+                       std::optional<ConstTensorView> group_index = std::nullopt,
+                       QuantDType dst_type = QuantDType::qint8);
+DynamicQuantSymmetricResult dynamic_quant(ConstTensorView x,
+                                          std::optional<ConstTensorView> smooth_scales = std::nullopt,
+                                          std::optional<ConstTensorView> group_index = std::nullopt,
+                                          QuantDType dst_type = QuantDType::qint8);
 
 }  // namespace xquant

@@ -5,8 +5,12 @@
 
 namespace xquant {
 
-// Number of OpenMP threads the CPU kernels use (n >= 1), or 0 to follow OpenMP's default
-// (OMP_NUM_THREADS / the number of cores). Results are bit-identical for every thread count.
+// The largest thread count set_num_threads accepts.
+inline constexpr int kMaxThreads = 1024;
+
+// Number of OpenMP threads the CPU kernels use (1 <= n <= kMaxThreads), or 0 to follow OpenMP's default
+// (OMP_NUM_THREADS / the number of cores). A negative n or n > kMaxThreads throws xquant::Error
+// (invalid_argument). Results are bit-identical for every thread count.
 void set_num_threads(int n);
 // The thread count in effect (>= 1).
 int get_num_threads();

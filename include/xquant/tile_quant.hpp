@@ -14,7 +14,7 @@
 
 namespace xquant {
 
-enum class QuantMode { SYM, ASYM };
+// QuantMode (SYM / ASYM) is declared in xquant/dtype.hpp.
 
 void tile_quant(TileView out, ConstTileView src, ConstTileView scale, QuantMode mode = QuantMode::SYM,
                 std::optional<ConstTileView> offset = std::nullopt);

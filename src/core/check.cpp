@@ -96,8 +96,8 @@ void check_same_or_disjoint(std::string_view op, std::string_view out_arg, const
              " in memory but expected the same buffer or a disjoint one");
 }
 
-AxisSplit split_at_axis(const Shape& shape, std::int64_t axis) {
-  AxisSplit s;
+ChannelLayout split_at_axis(const Shape& shape, std::int64_t axis) {
+  ChannelLayout s;
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(shape.size()); ++i) {
     if (i < axis) s.outer *= shape[i];
     else if (i == axis) s.channels = shape[i];
@@ -107,3 +107,14 @@ AxisSplit split_at_axis(const Shape& shape, std::int64_t axis) {
 }
 
 }  // namespace xquant::detail
+
+namespace xquant {
+
+ChannelLayout channel_layout(const Shape& shape, std::int64_t axis) {
+  const std::int64_t rank = static_cast<std::int64_t>(shape.size());
+  return detail::split_at_axis(shape, detail::normalize_axis("channel_layout", "axis", axis, rank));
+}
+
+ChannelLayout per_tensor_layout(const Shape& shape) { return ChannelLayout{1, 1, shape_numel(shape)}; }
+
+}  // namespace xquant

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "xquant/error.hpp"
+#include "xquant/layout.hpp"
 #include "xquant/tensor.hpp"
 
 namespace xquant::detail {
@@ -39,12 +40,7 @@ void check_no_overlap(std::string_view op, std::string_view out_arg, const void*
 void check_same_or_disjoint(std::string_view op, std::string_view out_arg, const void* out,
                             std::size_t out_bytes, std::string_view in_arg, const void* in, std::size_t in_bytes);
 
-// The normal form of per-axis problems: shape = [outer, channels, inner] around `axis`.
-struct AxisSplit {
-  std::int64_t outer = 1;
-  std::int64_t channels = 1;
-  std::int64_t inner = 1;
-};
-AxisSplit split_at_axis(const Shape& shape, std::int64_t axis);  // axis already normalized
+// The normal form of per-axis problems (xquant/layout.hpp) around an already normalized axis.
+ChannelLayout split_at_axis(const Shape& shape, std::int64_t axis);
 
 }  // namespace xquant::detail

@@ -1,44 +1,58 @@
 // The kernel layer: what every backend (scalar reference, Highway SIMD, CUDA) implements.
 //
 // Kernels see only normalized, already validated problems: raw pointers, element counts and
-// per-channel / per-row parameter arrays. They never allocate tensors, never validate user input and never
-// throw; they write only their outputs. Operators (src/ops/) pick the table once through
-// active_kernels(), the single dispatch point that later backends extend.
+// per-channel / per-row parameter arrays (built by the init functions of src/params/, one header per
+// family). They never allocate tensors, never validate user input and never throw; they write only their
+// outputs. Every family takes one argument struct. Operators (src/ops/) pick the table through
+// active_kernels(); backends register their tables in src/backends/registry.cpp.
 #pragma once
 #include <cstdint>
 
+#include "params/acts_ulq.hpp"
+#include "params/anti_quant.hpp"
+#include "params/dynamic_quant.hpp"
+#include "params/fake_quant.hpp"
+#include "params/quantize.hpp"
+#include "params/tile_quant.hpp"
 #include "xquant/dtype.hpp"
-#include "xquant/tile_quant.hpp"
+#include "xquant/layout.hpp"
 
 namespace xquant::detail {
 
 // ---- fake tensor quant (SPEC 1). Problem: x[outer][channels][inner]; params[c] for channel c. ----
-struct FakeQuantParams {
-  float scale;      // max_bound / amax
-  float min_bound;  // exact integers in float32
-  float max_bound;
-  float grad_lo;    // min_bound / scale: lower end of the straight-through window
-  float grad_hi;    // max_bound / scale
-  float ratio;      // min_bound / max_bound (learnable-amax gradient below the window)
-  bool zero;        // scale not finite or 0: forward output is 0 (NaN stays NaN)
+struct FakeQuantArgs {
+  DType dt;
+  const void* x;
+  void* y;
+  ChannelLayout layout;
+  const FakeQuantParams* params;  // [layout.channels]
 };
-using FakeQuantFn = void (*)(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels,
-                             std::int64_t inner, const FakeQuantParams* params);
+using FakeQuantFn = void (*)(const FakeQuantArgs& args);
 // grad_amax: float32[channels] or nullptr (not requested). Sums use the canonical blocked order.
 // grad_in may be the buffer of x or of grad_out (each element is read before it is written).
-using FakeQuantBackwardFn = void (*)(DType dt, const void* grad_out, const void* x, void* grad_in,
-                                     std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                                     const FakeQuantParams* params, float* grad_amax);
+struct FakeQuantBackwardArgs {
+  DType dt;
+  const void* grad_out;
+  const void* x;
+  void* grad_in;
+  ChannelLayout layout;
+  const FakeQuantParams* params;  // [layout.channels]
+  float* grad_amax;               // [layout.channels] or nullptr
+};
+using FakeQuantBackwardFn = void (*)(const FakeQuantBackwardArgs& args);
 
 // ---- npu_quantize (SPEC 2). Problem: x[outer][channels][inner]; params[c]. ----
 // quint4x2 output is packed over the flat element index (the last dimension is a multiple of 8).
-struct QuantizeParams {
-  float scale;
-  float zero_point;  // 0 when absent
+struct QuantizeArgs {
+  DType dt;
+  const void* x;
+  QuantDType q;
+  void* y;
+  ChannelLayout layout;
+  const QuantizeParams* params;  // [layout.channels]
+  bool div_mode;
 };
-using QuantizeFn = void (*)(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer,
-                            std::int64_t channels, std::int64_t inner, const QuantizeParams* params,
-                            bool div_mode);
+using QuantizeFn = void (*)(const QuantizeArgs& args);
 
 // ---- tile quant (SPEC 3). Pitches in elements; offset is nullptr for SYM. ----
 struct TileQuantArgs {
@@ -55,7 +69,7 @@ struct TileQuantArgs {
 };
 using TileQuantFn = void (*)(const TileQuantArgs& args);
 
-// ---- npu_dynamic_quant_asymmetric (SPEC 4). ----
+// ---- npu_dynamic_quant_asymmetric (SPEC 4) and npu_dynamic_quant (SPEC 6, symmetric). ----
 struct DynamicQuantArgs {
   DType dt;
   const void* x;            // [rows][cols]
@@ -65,10 +79,11 @@ struct DynamicQuantArgs {
   const std::int64_t* group_ends;  // nullptr or [num_groups] cumulative row ends (validated)
   std::int64_t num_groups;
   QuantDType dst;           // qint8 or quint4x2
+  bool symmetric;           // SPEC 6: scale = rowMax(|x'|) / DST_MAX, no offset (pertoken only)
   bool per_tensor;
   void* y;                  // int8 [rows][cols] or int32 [rows][cols / 8]
   float* scale;             // [rows] (pertoken) or [1]
-  float* offset;
+  float* offset;            // nullptr when symmetric
 };
 using DynamicQuantFn = void (*)(const DynamicQuantArgs& args);
 
@@ -118,6 +133,17 @@ struct ActsUlqBackwardArgs {
 };
 using ActsUlqBackwardFn = void (*)(const ActsUlqBackwardArgs& args);
 
+// ---- npu_anti_quant (SPEC 7). Problem: the logical elements of x as [outer][channels][inner]; params[c]. ----
+struct AntiQuantArgs {
+  QuantDType src;       // qint8 (x int8) or quint4x2 (x int32 words, element 8k + j in bits [4j, 4j + 3])
+  const void* x;
+  DType dt;             // of out: float16, bfloat16 or float32
+  void* out;            // dense, the logical shape
+  ChannelLayout layout;
+  const AntiQuantParams* params;  // [layout.channels]
+};
+using AntiQuantFn = void (*)(const AntiQuantArgs& args);
+
 struct KernelTable {
   const char* name;
   FakeQuantFn fake_quant;
@@ -127,11 +153,13 @@ struct KernelTable {
   DynamicQuantFn dynamic_quant;
   ActsUlqFn acts_ulq;
   ActsUlqBackwardFn acts_ulq_backward;
+  AntiQuantFn anti_quant;
 };
 
+// The backend registry (src/backends/registry.cpp) implements these: operators never name a backend.
 // The scalar reference kernels (src/ref/): the oracle every other backend is tested against.
 const KernelTable& reference_kernels();
-// The kernels operators run: chosen once per process (the reference until faster backends land).
+// The kernels operators run: those of the backend xquant::set_backend selected (default: cpu).
 const KernelTable& active_kernels();
 
 }  // namespace xquant::detail

@@ -6,14 +6,15 @@
 #include <cstring>
 #include <limits>
 
+#include "core/hd.hpp"
 #include "xquant/dtype.hpp"
 #include "xquant/half.hpp"
 
 namespace xquant::detail {
 
 // Rule 1: round half to even. std::rint honours the current rounding mode, which xquant never changes
-// (the default is to-nearest-even).
-inline float round_half_even(float v) noexcept { return std::rint(v); }
+// (the default is to-nearest-even). (The device-safe scalar helpers live in core/hd.hpp.)
+inline float round_half_even(float v) noexcept { return hd_rint(v); }
 
 // Rule 2: every floating input is widened to float32 ...
 inline float load_float(DType dt, const void* base, std::int64_t i) noexcept {
@@ -55,12 +56,7 @@ inline Int saturate_rounded(float r) noexcept {
 }
 
 // Saturate to an arbitrary small signed range [lo, hi] (int4: [-8, 7]); NaN -> 0.
-inline int saturate_rounded_range(float r, int lo, int hi) noexcept {
-  if (std::isnan(r)) return 0;
-  if (r < static_cast<float>(lo)) return lo;
-  if (r > static_cast<float>(hi)) return hi;
-  return static_cast<int>(r);
-}
+inline int saturate_rounded_range(float r, int lo, int hi) noexcept { return hd_saturate_range(r, lo, hi); }
 
 // Packed int4 (quint4x2): element 8k + j goes to bits [4j, 4j + 3] of word k, two's complement nibble.
 inline void store_int4(std::int32_t* words, std::int64_t i, int v) noexcept {
@@ -76,14 +72,8 @@ inline int load_int4(const std::int32_t* words, std::int64_t i) noexcept {
 }
 
 // Rule 4 helpers: min / max that propagate NaN from either operand (std::min/max do not).
-inline float nan_min(float a, float b) noexcept {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
-  return b < a ? b : a;
-}
-inline float nan_max(float a, float b) noexcept {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
-  return b > a ? b : a;
-}
+inline float nan_min(float a, float b) noexcept { return hd_nan_min(a, b); }
+inline float nan_max(float a, float b) noexcept { return hd_nan_max(a, b); }
 
 // Rule 5: the canonical deterministic sum of a sequence of float32 terms t[0], t[1], ...
 //   - the sequence is cut into chunks of kSumChunk consecutive terms;

@@ -2,13 +2,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <string>
 
 #include "core/check.hpp"
-#include "core/kernels.hpp"
-#include "cpu/cpu.hpp"
-#include "cpu/parallel.hpp"
-#include "hwy/targets.h"
 
 namespace xquant {
 namespace {
@@ -20,6 +18,10 @@ void set_num_threads(int n) {
   if (n < 0)
     detail::fail(ErrorCode::invalid_argument, "set_num_threads", "n",
                  "n is " + std::to_string(n) + " but expected a thread count >= 1, or 0 for the default");
+  if (n > kMaxThreads)
+    detail::fail(ErrorCode::invalid_argument, "set_num_threads", "n",
+                 "n is " + std::to_string(n) + " but expected at most kMaxThreads = " + std::to_string(kMaxThreads) +
+                     " (or 0 for the default)");
   g_threads.store(n, std::memory_order_relaxed);
 }
 
@@ -31,24 +33,7 @@ int get_num_threads() {
 void set_backend(Backend b) { g_backend.store(b, std::memory_order_relaxed); }
 Backend get_backend() { return g_backend.load(std::memory_order_relaxed); }
 
-std::string simd_target() { return detail::cpu_target_name(); }
+// simd_target() is answered by the cpu backend (src/cpu/cpu.cpp); active_kernels() by the backend
+// registry (src/backends/registry.cpp).
 
-namespace detail {
-
-int worker_threads() { return get_num_threads(); }
-
-namespace {
-std::atomic<std::int64_t> g_stream_min_bytes{kStreamMinBytes};
-std::atomic<std::int64_t> g_parallel_min_bytes{kParallelMinBytes};
-}
-std::int64_t parallel_min_bytes() { return g_parallel_min_bytes.load(std::memory_order_relaxed); }
-void set_parallel_min_bytes(std::int64_t b) { g_parallel_min_bytes.store(b, std::memory_order_relaxed); }
-std::int64_t stream_min_bytes() { return g_stream_min_bytes.load(std::memory_order_relaxed); }
-void set_stream_min_bytes(std::int64_t b) { g_stream_min_bytes.store(b, std::memory_order_relaxed); }
-
-const KernelTable& active_kernels() {
-  return get_backend() == Backend::reference ? reference_kernels() : cpu_kernels();
-}
-
-}  // namespace detail
 }  // namespace xquant

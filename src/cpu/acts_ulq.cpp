@@ -2,7 +2,7 @@
 //
 // Forward: when x is not broadcast, the clamp tensors' broadcast dimensions span a range [d0, d1) of
 // the output, which gives the [outer, C, inner] normal form with one parameter set (s, clip_lo, clip_hi,
-// loss_m, computed once per clamp pair by the shared ref::acts_ulq_params) per channel. All four outputs
+// loss_m, computed once per clamp pair by the shared init_acts_ulq_params of params/acts_ulq.hpp) per channel. All four outputs
 // are written in one pass. Backward: each clamp tensor's sums follow its own [outer, C, inner] layout;
 // one fused pass per 1024-term chunk of a channel writes x_grad and produces the chunk values of both
 // sums (two passes when the clamp tensors broadcast differently). x broadcast, clamps varying only along
@@ -34,7 +34,7 @@ struct UlqJob {
   void* out[4];  // y, clamp_min_mask, clamp_max_mask, x_clamped_loss
   float levels;
   const ChannelWalk* walk;
-  const ref::ActsUlqParams* params;  // per channel (runs walk)
+  const ActsUlqParams* params;  // per channel (runs walk)
   const float* arr[4];               // periodic walk: s, clip_lo, clip_hi, loss_m expanded
   bool stream;                       // non-temporal stores (the four outputs are equally aligned)
 };
@@ -72,7 +72,7 @@ HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std:
 
 // n elements at pos; parameters broadcast (pa == nullptr) or arrays aligned with the elements.
 template <DType DT>
-void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* const* pa, const ref::ActsUlqParams& p) {
+void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* const* pa, const ActsUlqParams& p) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const VF levels = hn::Set(df, j.levels);
@@ -107,7 +107,7 @@ void UlqRangeT(const UlqJob& j, std::int64_t a, std::int64_t b) {
       a, b, [&](std::int64_t pos, std::int64_t n, std::int64_t c) { UlqSpanT<DT>(j, pos, n, nullptr, j.params[c]); },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
         const float* pa[4] = {j.arr[0] + ph, j.arr[1] + ph, j.arr[2] + ph, j.arr[3] + ph};
-        UlqSpanT<DT>(j, pos, n, pa, ref::ActsUlqParams{});
+        UlqSpanT<DT>(j, pos, n, pa, ActsUlqParams{});
       });
 }
 
@@ -215,8 +215,8 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
     inner = n;
   }
   if (C > kMaxPeriod) return ref::acts_ulq(a);  // clamp tensors about as large as x: no reuse to exploit
-  const float levels = ref::acts_ulq_levels(a.num_bits);
-  std::vector<ref::ActsUlqParams> params(static_cast<std::size_t>(C));
+  const float levels = acts_ulq_levels(a.num_bits);
+  std::vector<ActsUlqParams> params(static_cast<std::size_t>(C));
   for (std::int64_t c = 0; c < C; ++c) {
     std::int64_t rem = c, omin = 0, omax = 0;
     for (int d = d1 - 1; d >= d0; --d) {
@@ -225,10 +225,10 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
       omin += idx * p.stride_min[d];
       omax += idx * p.stride_max[d];
     }
-    params[static_cast<std::size_t>(c)] = ref::acts_ulq_params(load_float(a.dt, a.clamp_min, omin),
+    params[static_cast<std::size_t>(c)] = init_acts_ulq_params(load_float(a.dt, a.clamp_min, omin),
                                                                load_float(a.dt, a.clamp_max, omax), a.fixed_min, levels);
   }
-  const ChannelWalk walk(C, inner);
+  const ChannelWalk walk(ChannelLayout{1, C, inner});
   std::vector<float> arr[4];
   if (walk.period > 0) {
     std::vector<float> col(static_cast<std::size_t>(C));
@@ -255,10 +255,8 @@ namespace {
 // How a clamp tensor broadcasts over the output: it varies exactly over the dims [d0, d1) (the others
 // are broadcast), so the output is [outer, C, inner] with clamp element c <-> channel c and the positions
 // summed into element c are (o, c, i) in increasing flat order: the term sequence n = o * inner + i.
-struct ClampLayout {
-  bool ok = false;
-  std::int64_t outer = 1, C = 1, inner = 1;
-  bool operator==(const ClampLayout& o) const { return outer == o.outer && C == o.C && inner == o.inner; }
+struct ClampLayout : ChannelLayout {
+  bool ok = false;  // the clamp tensor varies over one contiguous range of dims
 };
 
 ClampLayout clamp_layout(const BroadcastPlan& p, const std::int64_t* stride) {
@@ -277,7 +275,7 @@ ClampLayout clamp_layout(const BroadcastPlan& p, const std::int64_t* stride) {
   for (int d = d0; d < d1; ++d)
     if (p.shape[d] > 1 && stride[d] == 0) return ClampLayout{};  // broadcast inside its own range
   for (int d = 0; d < d0; ++d) l.outer *= p.shape[d];
-  for (int d = d0; d < d1; ++d) l.C *= p.shape[d];
+  for (int d = d0; d < d1; ++d) l.channels *= p.shape[d];
   for (int d = d1; d < p.rank; ++d) l.inner *= p.shape[d];
   return l;
 }
@@ -288,20 +286,20 @@ ClampLayout clamp_layout(const BroadcastPlan& p, const std::int64_t* stride) {
 void fused_pass(const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum_max, std::vector<double>& vmin,
                 std::vector<double>& vmax, std::int64_t bytes) {
   const std::int64_t len = l.outer * l.inner, chunks = (len + kSumChunk - 1) / kSumChunk;
-  vmin.assign(static_cast<std::size_t>(l.C * chunks), 0.0);
+  vmin.assign(static_cast<std::size_t>(l.channels * chunks), 0.0);
   vmax.assign(vmin.size(), 0.0);
   const int t = threads_for(bytes);
 #pragma omp parallel num_threads(t)
   {
     std::vector<float> tmin(static_cast<std::size_t>(kSumChunk)), tmax(tmin.size());
 #pragma omp for schedule(static)
-    for (std::int64_t ck = 0; ck < l.C * chunks; ++ck) {
+    for (std::int64_t ck = 0; ck < l.channels * chunks; ++ck) {
       const std::int64_t c = ck / chunks, k = ck % chunks;
       std::int64_t n = k * kSumChunk, filled = 0;
       const std::int64_t end = std::min(len, n + kSumChunk);
       while (n < end) {
         const std::int64_t o = n / l.inner, i = n % l.inner, run = std::min(end - n, l.inner - i);
-        HWY_DYNAMIC_DISPATCH(BwdChunk)(j, (o * l.C + c) * l.inner + i, run, tmin.data() + filled, tmax.data() + filled);
+        HWY_DYNAMIC_DISPATCH(BwdChunk)(j, (o * l.channels + c) * l.inner + i, run, tmin.data() + filled, tmax.data() + filled);
         filled += run;
         n += run;
       }
@@ -320,13 +318,13 @@ void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
   // Short runs (a clamp varying along the innermost dims) gain nothing from the chunk walk; x broadcast
   // (x_grad is itself a reduction) is rare. Both, and empty outputs (the clamp tensors may then be empty
   // too), run the reference kernel.
-  auto fast = [](const ClampLayout& l) { return l.ok && (l.C == 1 || l.inner >= kMinRun); };
+  auto fast = [](const ClampLayout& l) { return l.ok && (l.channels == 1 || l.inner >= kMinRun); };
   if (n == 0 || !dense_over_output(p, p.stride_x) || !fast(lmin) || !fast(lmax)) return ref::acts_ulq_backward(a);
-  const float floor_max = ref::acts_ulq_levels(a.num_bits) * 1.192092896e-7f;  // LEVELS * EPS
+  const float floor_max = acts_ulq_floor_max(acts_ulq_levels(a.num_bits));  // LEVELS * EPS
   const UlqBwdJob j{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss, a.x_grad};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5;
   std::vector<double> vmin, vmax, unused;
-  if (lmin == lmax) {
+  if (static_cast<const ChannelLayout&>(lmin) == static_cast<const ChannelLayout&>(lmax)) {
     fused_pass(j, lmin, true, true, vmin, vmax, bytes);
   } else {  // different layouts: one pass per clamp tensor (the second rewrites x_grad identically)
     fused_pass(j, lmin, true, false, vmin, unused, bytes);
@@ -335,12 +333,12 @@ void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
   // clamp_min_grad[c] = sum, 0 where fixed_min or clamp_min[c] > 0; clamp_max_grad[c] = sum, 0 where
   // clamp_max[c] < LEVELS * EPS.
   const std::int64_t cmin = (lmin.outer * lmin.inner + kSumChunk - 1) / kSumChunk;
-  for (std::int64_t c = 0; c < lmin.C; ++c) {
+  for (std::int64_t c = 0; c < lmin.channels; ++c) {
     const bool zero = a.fixed_min || load_float(a.dt, a.clamp_min, c) > 0.0f;
     store_float(a.dt, a.clamp_min_grad, c, zero ? 0.0f : finish_chunk_sum(vmin.data() + c * cmin, cmin));
   }
   const std::int64_t cmax = (lmax.outer * lmax.inner + kSumChunk - 1) / kSumChunk;
-  for (std::int64_t c = 0; c < lmax.C; ++c) {
+  for (std::int64_t c = 0; c < lmax.channels; ++c) {
     const bool zero = load_float(a.dt, a.clamp_max, c) < floor_max;
     store_float(a.dt, a.clamp_max_grad, c, zero ? 0.0f : finish_chunk_sum(vmax.data() + c * cmax, cmax));
   }

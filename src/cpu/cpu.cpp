@@ -1,8 +1,11 @@
 // The cpu backend's kernel table.
 #include "cpu/cpu.hpp"
 
+#include <string>
+
 #include "hwy/targets.h"
-#include "ref/ref.hpp"
+
+#include "xquant/runtime.hpp"
 
 namespace xquant::detail {
 
@@ -16,14 +19,20 @@ const KernelTable& cpu_kernels() {
       cpu_dynamic_quant,
       cpu_acts_ulq,
       cpu_acts_ulq_backward,
+      cpu_anti_quant,
   };
   return table;
 }
 
-std::string cpu_target_name() {
+}  // namespace xquant::detail
+
+namespace xquant {
+
+// Public (xquant/runtime.hpp), answered by the cpu backend.
+std::string simd_target() {
   // The best target that is both supported by this CPU and compiled in: what HWY_DYNAMIC_DISPATCH picks.
   const auto targets = hwy::SupportedAndGeneratedTargets();
   return targets.empty() ? "none" : hwy::TargetName(targets.front());
 }
 
-}  // namespace xquant::detail
+}  // namespace xquant

@@ -3,27 +3,23 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <string>
 
 #include "core/kernels.hpp"
 
 namespace xquant::detail {
 
+// The cpu backend's kernel table (registered in src/backends/registry.cpp).
 const KernelTable& cpu_kernels();
-std::string cpu_target_name();
 
 // Entry points (each partitions the work over threads and dispatches to the best SIMD target).
-void cpu_fake_quant(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels,
-                    std::int64_t inner, const FakeQuantParams* params);
-void cpu_fake_quant_backward(DType dt, const void* grad_out, const void* x, void* grad_in, std::int64_t outer,
-                             std::int64_t channels, std::int64_t inner, const FakeQuantParams* params,
-                             float* grad_amax);
-void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer, std::int64_t channels,
-                  std::int64_t inner, const QuantizeParams* params, bool div_mode);
+void cpu_fake_quant(const FakeQuantArgs& args);
+void cpu_fake_quant_backward(const FakeQuantBackwardArgs& args);
+void cpu_quantize(const QuantizeArgs& args);
 void cpu_tile_quant(const TileQuantArgs& args);
 void cpu_dynamic_quant(const DynamicQuantArgs& args);
 void cpu_acts_ulq(const ActsUlqArgs& args);
 void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& args);
+void cpu_anti_quant(const AntiQuantArgs& args);
 
 // Packs n (a multiple of 8) int8 values in [-8, 7] into int4 words: element 8k + j -> bits [4j, 4j + 3]
 // of word k, two's complement nibbles (quint4x2).
@@ -39,6 +35,30 @@ inline void pack_int4_bytes(const std::int8_t* q, std::int64_t n, std::int32_t* 
     const auto w = static_cast<std::uint32_t>(b);
     std::memcpy(words + k, &w, 4);
   }
+}
+
+// The inverse of pack_int4_bytes: the n int4 values of elements [begin, begin + n) of packed words,
+// sign-extended to int8 (q[i] = element begin + i).
+inline void unpack_int4_bytes(const std::int32_t* words, std::int64_t begin, std::int64_t n, std::int8_t* q) {
+  std::int64_t i = 0;
+  auto one = [&](std::int64_t e) {
+    std::uint32_t w;
+    std::memcpy(&w, words + (e >> 3), 4);
+    const int nib = static_cast<int>((w >> ((e & 7) * 4)) & 0xFu);
+    return static_cast<std::int8_t>(nib >= 8 ? nib - 16 : nib);
+  };
+  for (; i < n && ((begin + i) & 7) != 0; ++i) q[i] = one(begin + i);  // up to a word boundary
+  for (; i + 8 <= n; i += 8) {
+    std::uint32_t w;
+    std::memcpy(&w, words + ((begin + i) >> 3), 4);
+    std::uint64_t b = w;  // spread nibble j to byte j
+    b = (b | (b << 16)) & 0x0000FFFF0000FFFFull;
+    b = (b | (b << 8)) & 0x00FF00FF00FF00FFull;
+    b = (b | (b << 4)) & 0x0F0F0F0F0F0F0F0Full;
+    b |= ((b & 0x0808080808080808ull) >> 3) * 0xF0u;  // sign-extend: nibbles >= 8 get 0xF0
+    std::memcpy(q + i, &b, 8);  // byte j = element 8k + j (little-endian)
+  }
+  for (; i < n; ++i) q[i] = one(begin + i);
 }
 
 // Canonical blocked sums (core/numeric.hpp, rule 5), SIMD: the value of one chunk of at most kSumChunk

@@ -1,4 +1,7 @@
-// cpu backend: npu_dynamic_quant_asymmetric (SPEC section 4), bit-identical to src/ref/dynamic_quant.cpp.
+// cpu backend: npu_dynamic_quant_asymmetric (SPEC section 4) and npu_dynamic_quant (SPEC section 6,
+// symmetric), bit-identical to src/ref/dynamic_quant.cpp. The symmetric operator runs the same row code:
+// rowMax(|x'|) = max(0, -rowMin, rowMax) from the same reduction, and its rows are quantized with offset 0
+// (x' / scale + 0 gives the same integer as x' / scale).
 //
 // Pertoken is single-pass over DRAM: each row is read once, widened (and multiplied by its smooth
 // scales) into a per-thread float32 row buffer while min / max are tracked, then quantized from that
@@ -21,7 +24,6 @@
 #include "cpu/cpu.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
-#include "ref/ref.hpp"
 
 namespace xquant::detail {
 #ifndef XQUANT_CPU_DYNAMIC_QUANT_ONCE
@@ -175,9 +177,10 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = mm.empty ? 0.f : (mm.nan ? nan : mm.max);
     const float rmin = mm.empty ? 0.f : (mm.nan ? nan : mm.min);
-    const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
+    const auto p = a.symmetric ? init_dynamic_quant_symmetric_params(dynamic_quant_row_absmax(rmax, rmin), a.dst)
+                               : init_dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[r] = p.scale;
-    a.offset[r] = p.offset;
+    if (!a.symmetric) a.offset[r] = p.offset;
     const float* src = direct ? static_cast<const float*>(a.x) + r * H : buf.data();
     QuantizeAny(src, H, rmin, rmax, p.scale, p.offset, int4, stream, static_cast<std::int8_t*>(a.y) + r * H,
                 static_cast<std::int32_t*>(a.y) + r * (H / 8), qtmp.data());
@@ -279,7 +282,7 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
     }
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = all.empty ? 0.f : (all.nan ? nan : all.max), rmin = all.empty ? 0.f : (all.nan ? nan : all.min);
-    const auto p = ref::dynamic_quant_params(rmax, rmin, a.dst);
+    const auto p = init_dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
     const RangeParams rp{rmin, rmax, p.scale, p.offset};

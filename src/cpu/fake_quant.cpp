@@ -238,9 +238,9 @@ struct FqCall {
   std::vector<float> scale, zero, glo, ghi, ratio;
   FqJob job{};
 
-  FqCall(DType dt, const void* x, void* y, const void* g, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-         const FakeQuantParams* params)
-      : walk(channels, inner) {
+  FqCall(DType dt, const void* x, void* y, const void* g, const ChannelLayout& layout, const FakeQuantParams* params)
+      : walk(layout) {
+    const std::int64_t channels = layout.channels;
     bool any_zero = false;
     for (std::int64_t c = 0; c < channels; ++c) any_zero = any_zero || params[c].zero;
     if (walk.period > 0) {
@@ -255,7 +255,7 @@ struct FqCall {
       ghi = expand([](const FakeQuantParams& p) { return p.grad_hi; });
       ratio = expand([](const FakeQuantParams& p) { return p.ratio; });
     }
-    const std::int64_t n = outer * channels * inner;
+    const std::int64_t n = layout.numel();
     job = FqJob{dt,
                 x,
                 y,
@@ -281,20 +281,20 @@ void run_elementwise(const FqJob& j, std::int64_t n, bool backward) {
 
 }  // namespace
 
-void cpu_fake_quant(DType dt, const void* x, void* y, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                    const FakeQuantParams* params) {
-  const FqCall call(dt, x, y, nullptr, outer, channels, inner, params);
-  run_elementwise(call.job, outer * channels * inner, false);
+void cpu_fake_quant(const FakeQuantArgs& a) {
+  const FqCall call(a.dt, a.x, a.y, nullptr, a.layout, a.params);
+  run_elementwise(call.job, a.layout.numel(), false);
 }
 
-void cpu_fake_quant_backward(DType dt, const void* grad_out, const void* x, void* grad_in, std::int64_t outer,
-                             std::int64_t channels, std::int64_t inner, const FakeQuantParams* params,
-                             float* grad_amax) {
+void cpu_fake_quant_backward(const FakeQuantBackwardArgs& a) {
   // Every element is read (x, grad_out) before its grad_in is written, so grad_in may alias either.
-  const FqCall call(dt, x, grad_in, grad_out, outer, channels, inner, params);
+  const FqCall call(a.dt, a.x, a.grad_in, a.grad_out, a.layout, a.params);
   const FqJob& j = call.job;
-  const std::int64_t C = channels, len = outer * inner;  // terms per channel
-  if (grad_amax == nullptr) return run_elementwise(j, outer * channels * inner, true);
+  const DType dt = a.dt;
+  const std::int64_t outer = a.layout.outer, inner = a.layout.inner;
+  float* grad_amax = a.grad_amax;
+  const std::int64_t C = a.layout.channels, len = outer * inner;  // terms per channel
+  if (grad_amax == nullptr) return run_elementwise(j, a.layout.numel(), true);
   const std::int64_t chunks = (len + kSumChunk - 1) / kSumChunk;
   std::vector<double> vals(static_cast<std::size_t>(chunks * C));  // vals[c * chunks + k]
   const int t = threads_for(len * C * static_cast<std::int64_t>(dtype_size(dt)) * 3);

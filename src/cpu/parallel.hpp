@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "xquant/runtime.hpp"
+
 namespace xquant::detail {
 
-int worker_threads();  // the configured count (runtime.cpp)
+inline int worker_threads() { return get_num_threads(); }  // the configured count (set_num_threads)
 
 // Below this many bytes of traffic a call stays on the calling thread: one core moves 2 MiB in ~100 us,
 // while waking a sleeping OpenMP team costs 10-100 us on a loaded machine (and more when another OpenMP
@@ -20,11 +22,11 @@ inline constexpr std::int64_t kParallelMinBytes = std::int64_t{2} << 20;
 // the 32 MiB last-level cache of the development machine by the time the call ends, so caching them
 // only costs a read-for-ownership per line.
 inline constexpr std::int64_t kStreamMinBytes = std::int64_t{16} << 20;
-std::int64_t stream_min_bytes();          // kStreamMinBytes unless a test changed it (runtime.cpp)
+std::int64_t stream_min_bytes();          // kStreamMinBytes unless a test changed it (parallel.cpp)
 void set_stream_min_bytes(std::int64_t);  // tests: 0 streams every output that can be aligned
 inline bool use_stream(std::int64_t output_bytes) { return output_bytes >= stream_min_bytes(); }
 
-std::int64_t parallel_min_bytes();          // kParallelMinBytes unless a test changed it (runtime.cpp)
+std::int64_t parallel_min_bytes();          // kParallelMinBytes unless a test changed it (parallel.cpp)
 void set_parallel_min_bytes(std::int64_t);  // tests: 0 splits every call that has more than one piece
 
 inline int threads_for(std::int64_t bytes) {

@@ -168,9 +168,12 @@ void cpu_tile_quant(const TileQuantArgs& a) {
                   [&](std::int64_t r0, std::int64_t r1) { HWY_DYNAMIC_DISPATCH(TileRows)(a, r0, r1); });
 }
 
-void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer, std::int64_t channels,
-                  std::int64_t inner, const QuantizeParams* params, bool div_mode) {
-  const ChannelWalk walk(channels, inner);
+void cpu_quantize(const QuantizeArgs& a) {
+  const DType dt = a.dt;
+  const QuantDType q = a.q;
+  const std::int64_t channels = a.layout.channels;
+  const QuantizeParams* params = a.params;
+  const ChannelWalk walk(a.layout);
   std::vector<float> scale, zero_point;
   if (walk.period > 0) {
     std::vector<float> s(static_cast<std::size_t>(channels)), z(s.size());
@@ -181,14 +184,14 @@ void cpu_quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t o
     scale = walk.expand(s.data());
     zero_point = walk.expand(z.data());
   }
-  const std::int64_t n = outer * channels * inner;
+  const std::int64_t n = a.layout.numel();
   const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
   bool has_zero_point = false;
   for (std::int64_t c = 0; c < channels; ++c) has_zero_point = has_zero_point || params[c].zero_point != 0.0f;
-  const QJob j{dt, q, div_mode, x, y, &walk, params, scale.data(), zero_point.data(), stream, has_zero_point};
+  const QJob j{dt, q, a.div_mode, a.x, a.y, &walk, params, scale.data(), zero_point.data(), stream, has_zero_point};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
-                  [&](std::int64_t a, std::int64_t b) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, a, b); });
+                  [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, b0, b1); });
 }
 
 }  // namespace xquant::detail

@@ -1,4 +1,4 @@
-// How the cpu kernels walk an [outer, C, inner] problem with per-channel parameters.
+// How the cpu kernels walk an [outer, C, inner] problem (a ChannelLayout, xquant/layout.hpp) with per-channel parameters.
 //  - runs:     inner >= kMinRun: each (o, c) row is a run with broadcast (scalar) parameters;
 //  - periodic: small inner (the last axis has inner == 1): parameters are expanded to the period
 //              P = C * inner, replicated to at least kMinPeriod elements, and loaded as vectors; element
@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "xquant/layout.hpp"
 
 namespace xquant::detail {
 
@@ -18,9 +20,9 @@ struct ChannelWalk {
   std::int64_t C = 1, inner = 1;
   std::int64_t period = 0;  // > 0: periodic walk with this period; 0: runs
 
-  ChannelWalk(std::int64_t channels, std::int64_t inner_) : C(channels), inner(inner_) {
-    const std::int64_t p = channels * inner_;
-    if (inner_ < kMinRun && p > 0 && p <= kMaxPeriod)
+  explicit ChannelWalk(const ChannelLayout& layout) : C(layout.channels), inner(layout.inner) {
+    const std::int64_t p = C * inner;
+    if (inner < kMinRun && p > 0 && p <= kMaxPeriod)
       period = p * std::max<std::int64_t>(1, (kMinPeriod + p - 1) / p);
   }
   // Channel of phase k of the periodic walk.

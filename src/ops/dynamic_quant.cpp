@@ -1,7 +1,9 @@
-// npu_dynamic_quant_asymmetric (SPEC section 4): validation, normalization to rows, dispatch.
+// npu_dynamic_quant_asymmetric (SPEC section 4) and npu_dynamic_quant (SPEC section 6, symmetric):
+// validation, normalization to rows, dispatch.
 //
-// The operator validates every argument before anything is written (SPEC rule 6), normalizes x to
-// [S rows, H cols], converts group_index to int64 row ends and hands the problem to the active
+// Both operators validate every argument before anything is written (SPEC rule 6) with the same code
+// (the symmetric one is the asymmetric one's pertoken form without offset), normalize x to
+// [S rows, H cols], convert group_index to int64 row ends and hand the problem to the active
 // dynamic_quant kernel.
 #include <cstdint>
 #include <optional>
@@ -19,7 +21,8 @@ namespace {
 
 using detail::fail;
 
-constexpr std::string_view kOp = "dynamic_quant_asymmetric";
+constexpr std::string_view kAsymmetricOp = "dynamic_quant_asymmetric";
+constexpr std::string_view kSymmetricOp = "dynamic_quant";
 
 // The normalized, validated problem.
 struct Plan {
@@ -42,22 +45,22 @@ std::vector<std::int64_t> read_group_index(const ConstTensorView& g) {
   return ends;
 }
 
-Plan validate_inputs(const ConstTensorView& x, const std::optional<ConstTensorView>& smooth_scales,
+Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::optional<ConstTensorView>& smooth_scales,
                      const std::optional<ConstTensorView>& group_index, QuantDType dst_type,
                      DynamicQuantMode quant_mode) {
   // x: floating, rank >= 2.
-  detail::check_view(kOp, "x", x);
-  detail::check_floating(kOp, "x", x.dtype);
+  detail::check_view(op, "x", x);
+  detail::check_floating(op, "x", x.dtype);
   if (x.dim() < 2)
-    fail(ErrorCode::shape_mismatch, kOp, "x",
+    fail(ErrorCode::shape_mismatch, op, "x",
          "x has shape " + shape_str(x.shape) + " (rank " + str(x.dim()) + ") but expected rank >= 2");
 
   // dst_type: qint8 or quint4x2 (int4 needs H % 8 == 0).
   if (dst_type != QuantDType::qint8 && dst_type != QuantDType::quint4x2)
-    fail(ErrorCode::invalid_argument, kOp, "dst_type",
+    fail(ErrorCode::invalid_argument, op, "dst_type",
          "dst_type is " + std::string(quant_dtype_name(dst_type)) + " but expected qint8 or quint4x2");
   if (quant_mode != DynamicQuantMode::pertoken && quant_mode != DynamicQuantMode::pertensor)
-    fail(ErrorCode::invalid_argument, kOp, "quant_mode",
+    fail(ErrorCode::invalid_argument, op, "quant_mode",
          "quant_mode is " + str(static_cast<std::int64_t>(quant_mode)) + " but expected pertoken or pertensor");
 
   Plan p;
@@ -69,7 +72,7 @@ Plan validate_inputs(const ConstTensorView& x, const std::optional<ConstTensorVi
   p.y_shape = x.shape;
   if (dst_type == QuantDType::quint4x2) {
     if (p.cols % 8 != 0)
-      fail(ErrorCode::shape_mismatch, kOp, "x",
+      fail(ErrorCode::shape_mismatch, op, "x",
            "x has shape " + shape_str(x.shape) + " whose last dimension " + str(p.cols) +
                " is not a multiple of 8, but expected a multiple of 8 for dst_type quint4x2");
     p.y_shape.back() = p.cols / 8;
@@ -79,30 +82,30 @@ Plan validate_inputs(const ConstTensorView& x, const std::optional<ConstTensorVi
 
   // Option combinations.
   if (group_index && !smooth_scales)
-    fail(ErrorCode::invalid_argument, kOp, "group_index",
+    fail(ErrorCode::invalid_argument, op, "group_index",
          "group_index is given without smooth_scales but expected smooth_scales [E, H] with it");
   if (smooth_scales && p.per_tensor)
-    fail(ErrorCode::invalid_argument, kOp, "quant_mode",
+    fail(ErrorCode::invalid_argument, op, "quant_mode",
          "quant_mode is pertensor with smooth_scales but expected pertoken (smooth_scales supports only pertoken)");
 
   // smooth_scales: floating, [H] without group_index, [E, H] with it.
   if (smooth_scales) {
     const ConstTensorView& s = *smooth_scales;
-    detail::check_view(kOp, "smooth_scales", s);
-    detail::check_floating(kOp, "smooth_scales", s.dtype);
+    detail::check_view(op, "smooth_scales", s);
+    detail::check_floating(op, "smooth_scales", s.dtype);
     if (!group_index) {
       if (s.dim() != 1)
-        fail(ErrorCode::shape_mismatch, kOp, "smooth_scales",
+        fail(ErrorCode::shape_mismatch, op, "smooth_scales",
              "smooth_scales has shape " + shape_str(s.shape) + " but expected [" + str(p.cols) +
                  "] (1-D, the last dimension of x; 2-D [E, H] needs group_index)");
-      detail::check_shape(kOp, "smooth_scales", s.shape, Shape{p.cols}, "the last dimension of x");
+      detail::check_shape(op, "smooth_scales", s.shape, Shape{p.cols}, "the last dimension of x");
     } else {
       if (s.dim() != 2)
-        fail(ErrorCode::shape_mismatch, kOp, "smooth_scales",
+        fail(ErrorCode::shape_mismatch, op, "smooth_scales",
              "smooth_scales has shape " + shape_str(s.shape) + " but expected [E, " + str(p.cols) +
                  "] (2-D, one row per expert, because group_index is given)");
       if (s.shape[1] != p.cols)
-        fail(ErrorCode::shape_mismatch, kOp, "smooth_scales",
+        fail(ErrorCode::shape_mismatch, op, "smooth_scales",
              "smooth_scales has shape " + shape_str(s.shape) + " but expected [E, " + str(p.cols) +
                  "] (its last dimension must equal the last dimension of x)");
     }
@@ -111,43 +114,45 @@ Plan validate_inputs(const ConstTensorView& x, const std::optional<ConstTensorVi
   // group_index: int32 / int64 [E], E >= 1, non-decreasing row ends in [0, S], last == S.
   if (group_index) {
     const ConstTensorView& g = *group_index;
-    detail::check_view(kOp, "group_index", g);
+    detail::check_view(op, "group_index", g);
     if (g.dtype != DType::int32 && g.dtype != DType::int64)
-      fail(ErrorCode::dtype_mismatch, kOp, "group_index",
+      fail(ErrorCode::dtype_mismatch, op, "group_index",
            "group_index has dtype " + std::string(dtype_name(g.dtype)) + " but expected int32 or int64");
     const std::int64_t experts = smooth_scales->shape[0];
-    detail::check_shape(kOp, "group_index", g.shape, Shape{experts}, "E, the first dimension of smooth_scales");
+    detail::check_shape(op, "group_index", g.shape, Shape{experts}, "E, the first dimension of smooth_scales");
     if (experts < 1)
-      fail(ErrorCode::shape_mismatch, kOp, "group_index",
+      fail(ErrorCode::shape_mismatch, op, "group_index",
            "group_index has shape " + shape_str(g.shape) + " but expected at least 1 expert");
     p.group_ends = read_group_index(g);
     for (std::int64_t e = 0; e < experts; ++e) {
       const std::int64_t v = p.group_ends[static_cast<std::size_t>(e)];
       if (v < 0 || v > p.rows)
-        fail(ErrorCode::invalid_argument, kOp, "group_index",
+        fail(ErrorCode::invalid_argument, op, "group_index",
              "group_index[" + str(e) + "] is " + str(v) + " but expected a value in [0, " + str(p.rows) +
                  "] (S, the number of rows of x)");
       if (e > 0 && v < p.group_ends[static_cast<std::size_t>(e - 1)])
-        fail(ErrorCode::invalid_argument, kOp, "group_index",
+        fail(ErrorCode::invalid_argument, op, "group_index",
              "group_index[" + str(e) + "] is " + str(v) + " but expected >= group_index[" + str(e - 1) +
                  "] = " + str(p.group_ends[static_cast<std::size_t>(e - 1)]) + " (non-decreasing row ends)");
     }
     if (p.group_ends.back() != p.rows)
-      fail(ErrorCode::invalid_argument, kOp, "group_index",
+      fail(ErrorCode::invalid_argument, op, "group_index",
            "group_index[" + str(experts - 1) + "] is " + str(p.group_ends.back()) + " but expected " +
                str(p.rows) + " (S, the number of rows of x: the last row end covers every row)");
   }
   return p;
 }
 
-void validate_outputs(const Plan& p, const TensorView& y, const TensorView& scale, const TensorView& offset,
+// offset: nullptr for the symmetric operator (it has none).
+void validate_outputs(std::string_view op, const Plan& p, const TensorView& y, const TensorView& scale,
+                      const TensorView* offset,
                       const ConstTensorView& x, const std::optional<ConstTensorView>& smooth_scales,
                       const std::optional<ConstTensorView>& group_index) {
-  detail::check_output(kOp, "y", y, p.y_dtype, p.y_shape,
+  detail::check_output(op, "y", y, p.y_dtype, p.y_shape,
                        p.y_dtype == DType::int8 ? "the shape of x" : "the shape of x with the last dimension / 8");
   const std::string_view param_what = p.per_tensor ? "pertensor" : "x.shape[:-1], pertoken";
-  detail::check_output(kOp, "scale", scale, DType::float32, p.param_shape, param_what);
-  detail::check_output(kOp, "offset", offset, DType::float32, p.param_shape, param_what);
+  detail::check_output(op, "scale", scale, DType::float32, p.param_shape, param_what);
+  if (offset != nullptr) detail::check_output(op, "offset", *offset, DType::float32, p.param_shape, param_what);
 
   struct Buf {
     std::string_view name;
@@ -157,29 +162,23 @@ void validate_outputs(const Plan& p, const TensorView& y, const TensorView& scal
   std::vector<Buf> inputs{{"x", x.data, x.nbytes()}};
   if (smooth_scales) inputs.push_back({"smooth_scales", smooth_scales->data, smooth_scales->nbytes()});
   if (group_index) inputs.push_back({"group_index", group_index->data, group_index->nbytes()});
-  const Buf outputs[] = {{"y", y.data, y.nbytes()}, {"scale", scale.data, scale.nbytes()},
-                         {"offset", offset.data, offset.nbytes()}};
-  for (std::size_t o = 0; o < 3; ++o) {
+  std::vector<Buf> outputs{{"y", y.data, y.nbytes()}, {"scale", scale.data, scale.nbytes()}};
+  if (offset != nullptr) outputs.push_back({"offset", offset->data, offset->nbytes()});
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
     for (const Buf& in : inputs)
-      detail::check_no_overlap(kOp, outputs[o].name, outputs[o].data, outputs[o].bytes, in.name, in.data, in.bytes);
+      detail::check_no_overlap(op, outputs[o].name, outputs[o].data, outputs[o].bytes, in.name, in.data, in.bytes);
     for (std::size_t k = 0; k < o; ++k)
-      detail::check_no_overlap(kOp, outputs[o].name, outputs[o].data, outputs[o].bytes, outputs[k].name,
+      detail::check_no_overlap(op, outputs[o].name, outputs[o].data, outputs[o].bytes, outputs[k].name,
                                outputs[k].data, outputs[k].bytes);
   }
 }
 
-}  // namespace
-
-void dynamic_quant_asymmetric_out(TensorView y, TensorView scale, TensorView offset, ConstTensorView x,
-                                  std::optional<ConstTensorView> smooth_scales,
-                                  std::optional<ConstTensorView> group_index, QuantDType dst_type,
-                                  DynamicQuantMode quant_mode) {
-  const Plan p = validate_inputs(x, smooth_scales, group_index, dst_type, quant_mode);
-  validate_outputs(p, y, scale, offset, x, smooth_scales, group_index);
+// Validated: runs the kernel (offset == nullptr: the symmetric operator).
+void run(const Plan& p, const TensorView& y, const TensorView& scale, const TensorView* offset, const ConstTensorView& x,
+         const std::optional<ConstTensorView>& smooth_scales, QuantDType dst_type) {
   // Nothing to write: pertoken over zero rows. (H == 0 with S > 0, and pertensor over zero elements,
   // still produce parameters: rowMax = rowMin = 0.)
   if (!p.per_tensor && p.rows == 0) return;
-
   detail::DynamicQuantArgs args{};
   args.dt = x.dtype;
   args.x = x.data;
@@ -190,20 +189,47 @@ void dynamic_quant_asymmetric_out(TensorView y, TensorView scale, TensorView off
   args.group_ends = p.group_ends.empty() ? nullptr : p.group_ends.data();
   args.num_groups = static_cast<std::int64_t>(p.group_ends.size());
   args.dst = dst_type;
+  args.symmetric = offset == nullptr;
   args.per_tensor = p.per_tensor;
   args.y = y.data;
-  args.scale = scale.ptr<float>();
-  args.offset = offset.ptr<float>();
+  args.scale = static_cast<float*>(scale.data);
+  args.offset = offset != nullptr ? static_cast<float*>(offset->data) : nullptr;
   detail::active_kernels().dynamic_quant(args);
+}
+
+}  // namespace
+
+void dynamic_quant_asymmetric_out(TensorView y, TensorView scale, TensorView offset, ConstTensorView x,
+                                  std::optional<ConstTensorView> smooth_scales,
+                                  std::optional<ConstTensorView> group_index, QuantDType dst_type,
+                                  DynamicQuantMode quant_mode) {
+  const Plan p = validate_inputs(kAsymmetricOp, x, smooth_scales, group_index, dst_type, quant_mode);
+  validate_outputs(kAsymmetricOp, p, y, scale, &offset, x, smooth_scales, group_index);
+  run(p, y, scale, &offset, x, smooth_scales, dst_type);
 }
 
 DynamicQuantResult dynamic_quant_asymmetric(ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
                                             std::optional<ConstTensorView> group_index, QuantDType dst_type,
                                             DynamicQuantMode quant_mode) {
-  const Plan p = validate_inputs(x, smooth_scales, group_index, dst_type, quant_mode);
+  const Plan p = validate_inputs(kAsymmetricOp, x, smooth_scales, group_index, dst_type, quant_mode);
   DynamicQuantResult r{Tensor(p.y_dtype, p.y_shape), Tensor(DType::float32, p.param_shape),
                        Tensor(DType::float32, p.param_shape)};
   dynamic_quant_asymmetric_out(r.y, r.scale, r.offset, x, smooth_scales, group_index, dst_type, quant_mode);
+  return r;
+}
+
+void dynamic_quant_out(TensorView y, TensorView scale, ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
+                       std::optional<ConstTensorView> group_index, QuantDType dst_type) {
+  const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, DynamicQuantMode::pertoken);
+  validate_outputs(kSymmetricOp, p, y, scale, nullptr, x, smooth_scales, group_index);
+  run(p, y, scale, nullptr, x, smooth_scales, dst_type);
+}
+
+DynamicQuantSymmetricResult dynamic_quant(ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
+                                          std::optional<ConstTensorView> group_index, QuantDType dst_type) {
+  const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, DynamicQuantMode::pertoken);
+  DynamicQuantSymmetricResult r{Tensor(p.y_dtype, p.y_shape), Tensor(DType::float32, p.param_shape)};
+  dynamic_quant_out(r.y, r.scale, x, smooth_scales, group_index, dst_type);
   return r;
 }
 

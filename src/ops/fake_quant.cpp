@@ -10,18 +10,16 @@
 #include "core/check.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
-#include "ref/ref.hpp"
 
 namespace xquant {
 namespace {
 
-using detail::AxisSplit;
 using detail::fail;
 using detail::FakeQuantParams;
 
 // The validated, normalized problem.
 struct FakeQuantProblem {
-  AxisSplit split;
+  ChannelLayout split;
   std::vector<FakeQuantParams> params;  // one per channel
 };
 
@@ -63,7 +61,7 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
     if (!std::isfinite(a) || a < 0.0f)
       fail(ErrorCode::invalid_argument, op, "amax",
            "amax[" + std::to_string(c) + "] is " + float_str(a) + " but expected a finite value >= 0");
-    pb.params[static_cast<std::size_t>(c)] = detail::ref::fake_quant_params(a, o.num_bits, o.is_unsigned, o.narrow_range);
+    pb.params[static_cast<std::size_t>(c)] = detail::init_fake_quant_params(a, o.num_bits, o.is_unsigned, o.narrow_range);
   }
   return pb;
 }
@@ -76,8 +74,13 @@ void run_forward(const char* op, const char* out_name, TensorView out, const Con
   detail::check_same_or_disjoint(op, out_name, out.data, out.nbytes(), "inputs", inputs.data, inputs.nbytes());
   detail::check_no_overlap(op, out_name, out.data, out.nbytes(), "amax", amax.data, amax.nbytes());
   if (inputs.numel() == 0) return;
-  detail::active_kernels().fake_quant(inputs.dtype, inputs.data, out.data, pb.split.outer, pb.split.channels,
-                                      pb.split.inner, pb.params.data());
+  detail::FakeQuantArgs args{};
+  args.dt = inputs.dtype;
+  args.x = inputs.data;
+  args.y = out.data;
+  args.layout = pb.split;
+  args.params = pb.params.data();
+  detail::active_kernels().fake_quant(args);
 }
 
 }  // namespace
@@ -137,10 +140,17 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
     detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "amax", amax.data, amax.nbytes());
   }
   std::vector<float> gsum(grad_amax ? static_cast<std::size_t>(pb.split.channels) : 0);
-  if (inputs.numel() > 0)
-    detail::active_kernels().fake_quant_backward(inputs.dtype, grad_out.data, inputs.data, grad_inputs.data,
-                                                 pb.split.outer, pb.split.channels, pb.split.inner,
-                                                 pb.params.data(), grad_amax ? gsum.data() : nullptr);
+  if (inputs.numel() > 0) {
+    detail::FakeQuantBackwardArgs args{};
+    args.dt = inputs.dtype;
+    args.grad_out = grad_out.data;
+    args.x = inputs.data;
+    args.grad_in = grad_inputs.data;
+    args.layout = pb.split;
+    args.params = pb.params.data();
+    args.grad_amax = grad_amax ? gsum.data() : nullptr;
+    detail::active_kernels().fake_quant_backward(args);
+  }
   if (grad_amax)
     for (std::size_t c = 0; c < gsum.size(); ++c)
       detail::store_float(grad_amax->dtype, grad_amax->data, static_cast<std::int64_t>(c), gsum[c]);

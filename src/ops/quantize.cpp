@@ -14,7 +14,6 @@ namespace xquant {
 
 namespace {
 
-using detail::AxisSplit;
 using detail::fail;
 
 constexpr std::string_view kOp = "quantize";
@@ -45,13 +44,13 @@ std::string str(std::int64_t v) { return std::to_string(v); }
 
 // The normalized problem: x[outer][channels][inner], one parameter set per channel.
 struct Plan {
-  AxisSplit split;
+  ChannelLayout split;
   Shape out_shape;
 };
 
 // div_mode = true: scales is 1-D; one element is per-tensor (axis ignored), otherwise axis wraps Python
 // style and scales has input.shape[axis] elements.
-AxisSplit resolve_div_axis(const ConstTensorView& input, const ConstTensorView& scales, std::int64_t axis) {
+ChannelLayout resolve_div_axis(const ConstTensorView& input, const ConstTensorView& scales, std::int64_t axis) {
   if (scales.dim() != 1)
     fail(ErrorCode::shape_mismatch, kOp, "scales",
          "scales has shape " + shape_str(scales.shape) +
@@ -69,7 +68,7 @@ AxisSplit resolve_div_axis(const ConstTensorView& input, const ConstTensorView& 
 // div_mode = false, the document's axis rule: axis == -2 is the second-to-last dimension, any axis in
 // (-2, rank) the last one; axis < -2 and axis >= rank are errors. scales is 1-D (1 or axis-length
 // elements) or has input's rank with every dimension 1 except the axis dimension (1 or axis length).
-AxisSplit resolve_mul_axis(const ConstTensorView& input, const ConstTensorView& scales, std::int64_t axis) {
+ChannelLayout resolve_mul_axis(const ConstTensorView& input, const ConstTensorView& scales, std::int64_t axis) {
   const std::int64_t rank = input.dim();
   if (rank < 1)
     fail(ErrorCode::shape_mismatch, kOp, "input",
@@ -147,12 +146,19 @@ void run(const Plan& plan, void* out, const ConstTensorView& input, const ConstT
   // scales in every accepted shape (only the axis dimension may exceed 1); per-tensor uses element 0.
   std::vector<detail::QuantizeParams> params(static_cast<std::size_t>(plan.split.channels));
   for (std::int64_t c = 0; c < plan.split.channels; ++c) {
-    auto& p = params[static_cast<std::size_t>(c)];
-    p.scale = detail::load_float(scales.dtype, scales.data, c);
-    p.zero_point = zero_points ? detail::load_float(zero_points->dtype, zero_points->data, c) : 0.0f;
+    params[static_cast<std::size_t>(c)] = detail::init_quantize_params(
+        detail::load_float(scales.dtype, scales.data, c),
+        zero_points ? detail::load_float(zero_points->dtype, zero_points->data, c) : 0.0f);
   }
-  detail::active_kernels().quantize(input.dtype, input.data, dtype, out, plan.split.outer, plan.split.channels,
-                                    plan.split.inner, params.data(), div_mode);
+  detail::QuantizeArgs args{};
+  args.dt = input.dtype;
+  args.x = input.data;
+  args.q = dtype;
+  args.y = out;
+  args.layout = plan.split;
+  args.params = params.data();
+  args.div_mode = div_mode;
+  detail::active_kernels().quantize(args);
 }
 
 }  // namespace

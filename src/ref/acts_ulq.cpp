@@ -4,7 +4,8 @@
 // operand, an element stride per output dimension: 0 where the operand's left-padded shape is 1
 // (broadcast), its row-major stride otherwise. Every value is widened to float32 with load_float, computed
 // in float32 in exactly SPEC's order (no FMA: the build uses -ffp-contract=off) and narrowed once with
-// store_float.
+// store_float. LEVELS, the per-(clamp_min, clamp_max) parameters and the per-element forward math live
+// in params/acts_ulq.hpp (shared by every backend).
 #include <cstdint>
 
 #include "core/numeric.hpp"
@@ -14,71 +15,10 @@ namespace xquant::detail::ref {
 
 namespace {
 
-constexpr float kEps = 1.192092896e-7f;  // SPEC: EPS = 1.192092896e-7
-
-// LEVELS = 2^num_bits - 1 (exact in float32 for num_bits <= 16).
-inline float ulq_levels(int num_bits) noexcept {
-  return static_cast<float>((std::int64_t{1} << num_bits) - 1);
-}
-
 inline std::int64_t plan_numel(const BroadcastPlan& plan) noexcept {
   std::int64_t n = 1;
   for (int d = 0; d < plan.rank; ++d) n *= plan.shape[d];
   return n;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Forward
-// ---------------------------------------------------------------------------------------------------
-
-struct UlqElement {
-  float y;
-  float clamp_min_mask;
-  float clamp_max_mask;
-  float x_clamped_loss;
-};
-
-}  // namespace
-
-float acts_ulq_levels(int num_bits) { return ulq_levels(num_bits); }
-
-ActsUlqParams acts_ulq_params(float clamp_min, float clamp_max, bool fixed_min, float levels) {
-  const float floor_max = levels * kEps;  // LEVELS * EPS: one float32 multiply
-  // ori_min = fixed_min ? 0 : min(clamp_min, 0);   ori_max = max(clamp_max, LEVELS * EPS)
-  const float ori_min = fixed_min ? 0.0f : nan_min(clamp_min, 0.0f);
-  const float ori_max = nan_max(clamp_max, floor_max);
-  ActsUlqParams p{};
-  // s = (ori_max - ori_min) / LEVELS;   off = rint(ori_min / s)
-  p.s = (ori_max - ori_min) / levels;
-  const float off = round_half_even(ori_min / p.s);
-  // clip_lo = s * off;   clip_hi = s * (off + LEVELS)
-  p.clip_lo = p.s * off;
-  p.clip_hi = p.s * (off + levels);
-  // loss_m = (rint(ori_min / s) - ori_min / s) / LEVELS
-  const float raw_m = ori_min / p.s;
-  p.loss_m = (round_half_even(raw_m) - raw_m) / levels;
-  return p;
-}
-
-namespace {
-
-// One output element, SPEC 5 line by line. nan_min / nan_max propagate NaN from either operand.
-inline UlqElement acts_ulq_element(float x, const ActsUlqParams& p, float levels) noexcept {
-  // xc = min(max(x, clip_lo), clip_hi)   (NaN x stays NaN)
-  const float xc = nan_min(nan_max(x, p.clip_lo), p.clip_hi);
-  // min_mask = x >= clip_lo;   max_mask = x <= clip_hi   (comparisons with NaN are false: mask 0)
-  const bool min_mask = x >= p.clip_lo;
-  const bool max_mask = x <= p.clip_hi;
-  // raw = xc / s;   rx = rint(raw);   loss = (rx - raw) / LEVELS
-  const float raw = xc / p.s;
-  const float rx = round_half_even(raw);
-  const float loss = (rx - raw) / levels;
-  UlqElement e{};
-  e.y = rx * p.s;  // y = rx * s
-  e.clamp_min_mask = min_mask ? 1.0f : 0.0f;
-  e.clamp_max_mask = max_mask ? 1.0f : 0.0f;
-  e.x_clamped_loss = (min_mask && max_mask) ? loss : p.loss_m;  // x_clamped_loss
-  return e;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -167,15 +107,15 @@ void for_each_target(const BroadcastPlan& plan, const std::int64_t* stride, Visi
 void acts_ulq(const ActsUlqArgs& args) {
   const BroadcastPlan& plan = args.plan;
   const DType dt = args.dt;
-  const float levels = ulq_levels(args.num_bits);
+  const float levels = acts_ulq_levels(args.num_bits);
   const std::int64_t numel = plan_numel(plan);
   // Walk the output row-major; ix / imin / imax follow the operands' (broadcast) element offsets.
   std::int64_t idx[kMaxRank] = {};
   std::int64_t ix = 0, imin = 0, imax = 0;
   for (std::int64_t i = 0; i < numel; ++i) {
     const ActsUlqParams p =
-        acts_ulq_params(load_float(dt, args.clamp_min, imin), load_float(dt, args.clamp_max, imax), args.fixed_min, levels);
-    const UlqElement e = acts_ulq_element(load_float(dt, args.x, ix), p, levels);
+        init_acts_ulq_params(load_float(dt, args.clamp_min, imin), load_float(dt, args.clamp_max, imax), args.fixed_min, levels);
+    const ActsUlqElement e = acts_ulq_element(load_float(dt, args.x, ix), p, levels);
     store_float(dt, args.y, i, e.y);
     store_float(dt, args.clamp_min_mask, i, e.clamp_min_mask);
     store_float(dt, args.clamp_max_mask, i, e.clamp_max_mask);
@@ -202,7 +142,7 @@ void acts_ulq(const ActsUlqArgs& args) {
 void acts_ulq_backward(const ActsUlqBackwardArgs& args) {
   const BroadcastPlan& plan = args.plan;
   const DType dt = args.dt;
-  const float floor_max = ulq_levels(args.num_bits) * kEps;  // LEVELS * EPS: one float32 multiply
+  const float floor_max = acts_ulq_floor_max(acts_ulq_levels(args.num_bits));  // LEVELS * EPS
   auto y_grad = [&](std::int64_t o) { return load_float(dt, args.y_grad, o); };
   auto min_mask = [&](std::int64_t o) { return load_float(dt, args.clamp_min_mask, o); };
   auto max_mask = [&](std::int64_t o) { return load_float(dt, args.clamp_max_mask, o); };

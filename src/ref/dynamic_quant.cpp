@@ -12,7 +12,13 @@
 // Pertoken: one (scale, offset) per row, each row reduced and then quantized while it is still in cache
 // (the single-pass shape the fast kernels use). Pertensor: one reduction over every element first.
 // Row r uses expert e = the first e with group_ends[e] > r (no group_ends: expert 0 of a [cols] smooth).
+//
+// npu_dynamic_quant (SPEC 6, symmetric, pertoken only), the same rows:
+//   rowAbsMax = max(|x'|)                                   (NaN anywhere: NaN; empty: 0)
+//   scale     = rowAbsMax / DST_MAX                         (zero row: 0)
+//   y         = sat(rint(x' / scale))                       (0 / 0 = NaN -> 0)
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "core/numeric.hpp"
@@ -21,18 +27,6 @@
 namespace xquant::detail::ref {
 
 namespace {
-
-constexpr float kScaleFloor = 1e-12f;
-
-struct DstRange {
-  float max;  // DST_MAX
-  float min;  // DST_MIN
-};
-
-DstRange dst_range(QuantDType q) noexcept {
-  if (q == QuantDType::quint4x2) return {7.0f, -8.0f};
-  return {127.0f, -128.0f};
-}
 
 // Expert of row r: the first e with group_ends[e] > r. The operator guarantees group_ends is
 // non-decreasing with last value == rows, so e < num_groups for every r < rows.
@@ -53,6 +47,7 @@ struct MinMax {
   bool empty = true;
   float max = 0.0f;
   float min = 0.0f;
+  float absmax = 0.0f;  // max(|x'|): starts at 0, the value of an empty row
   void add(float v) noexcept {
     if (empty) {
       max = v;
@@ -62,6 +57,7 @@ struct MinMax {
       max = nan_max(max, v);
       min = nan_min(min, v);
     }
+    absmax = nan_max(absmax, std::fabs(v));
   }
 };
 
@@ -71,13 +67,17 @@ void reduce_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, MinMa
 
 using Params = DynamicQuantRowParams;
 
-// y[r][:] = sat(rint(x'[r][:] / scale + offset))
+// y[r][:] = sat(rint(x'[r][:] / scale + offset)), or sat(rint(x'[r][:] / scale)) when symmetric
 void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Params p) noexcept {
+  auto value = [&](std::int64_t j) {
+    const float xs = smoothed(a, r, e, j);
+    return a.symmetric ? dynamic_quant_symmetric_value(xs, p.scale) : dynamic_quant_value(xs, p);
+  };
   if (a.dst == QuantDType::quint4x2) {
     auto* y = static_cast<std::int32_t*>(a.y);
     for (std::int64_t j = 0; j < a.cols; ++j) {
       const std::int64_t i = r * a.cols + j;  // flat element index
-      const float v = smoothed(a, r, e, j) / p.scale + p.offset;
+      const float v = value(j);
       // Nibble 0 of each word comes first: clear the word then; the other seven nibbles fill it, so the
       // caller's old contents are never read into the result.
       if ((i & 7) == 0) y[i >> 3] = 0;
@@ -86,7 +86,7 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
   } else {
     auto* y = static_cast<std::int8_t*>(a.y);
     for (std::int64_t j = 0; j < a.cols; ++j) {
-      const float v = smoothed(a, r, e, j) / p.scale + p.offset;
+      const float v = value(j);
       y[r * a.cols + j] = saturate_rounded<std::int8_t>(round_half_even(v));
     }
   }
@@ -94,20 +94,12 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
 
 }  // namespace
 
-DynamicQuantRowParams dynamic_quant_params(float row_max, float row_min, QuantDType dst) {
-  const DstRange d = dst_range(dst);
-  float scale = (row_max - row_min) / (d.max - d.min);  // (rowMax - rowMin) / (DST_MAX - DST_MIN)
-  scale = nan_max(scale, kScaleFloor);                   // NaN stays NaN, else max(scale, 1e-12)
-  const float offset = d.max - row_max / scale;          // DST_MAX - rowMax / scale
-  return {scale, offset};
-}
-
 void dynamic_quant(const DynamicQuantArgs& a) {
   if (a.per_tensor) {
     // rowMax / rowMin of the whole tensor (no smooth_scales in this mode), then every row with them.
     MinMax mm;
     for (std::int64_t r = 0; r < a.rows; ++r) reduce_row(a, r, 0, mm);
-    const Params p = dynamic_quant_params(mm.max, mm.min, a.dst);
+    const Params p = init_dynamic_quant_params(mm.max, mm.min, a.dst);
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
     for (std::int64_t r = 0; r < a.rows; ++r) quantize_row(a, r, 0, p);
@@ -117,7 +109,13 @@ void dynamic_quant(const DynamicQuantArgs& a) {
     const std::int64_t e = expert_of_row(a, r);
     MinMax mm;
     reduce_row(a, r, e, mm);
-    const Params p = dynamic_quant_params(mm.max, mm.min, a.dst);
+    if (a.symmetric) {
+      const Params p = init_dynamic_quant_symmetric_params(mm.absmax, a.dst);
+      a.scale[r] = p.scale;
+      quantize_row(a, r, e, p);
+      continue;
+    }
+    const Params p = init_dynamic_quant_params(mm.max, mm.min, a.dst);
     a.scale[r] = p.scale;
     a.offset[r] = p.offset;
     quantize_row(a, r, e, p);

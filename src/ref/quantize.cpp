@@ -17,13 +17,6 @@ namespace xquant::detail::ref {
 
 namespace {
 
-// v = x / scale + zp  or  v = x * scale + zp, in float32, in exactly this order (no FMA: the build uses
-// -ffp-contract=off). Division stays division: x / s and x * (1 / s) differ on ties.
-inline float quantize_value(float x, const QuantizeParams& p, bool div_mode) noexcept {
-  const float scaled = div_mode ? x / p.scale : x * p.scale;
-  return scaled + p.zero_point;
-}
-
 template <typename Int>
 void quantize_typed(DType dt, const void* x, Int* y, std::int64_t outer, std::int64_t channels,
                     std::int64_t inner, const QuantizeParams* params, bool div_mode) {
@@ -52,9 +45,14 @@ void quantize_int4(DType dt, const void* x, std::int32_t* y, std::int64_t outer,
 
 }  // namespace
 
-void quantize(DType dt, const void* x, QuantDType q, void* y, std::int64_t outer, std::int64_t channels,
-              std::int64_t inner, const QuantizeParams* params, bool div_mode) {
-  switch (q) {
+void quantize(const QuantizeArgs& a) {
+  const DType dt = a.dt;
+  const void* x = a.x;
+  void* y = a.y;
+  const std::int64_t outer = a.layout.outer, channels = a.layout.channels, inner = a.layout.inner;
+  const QuantizeParams* params = a.params;
+  const bool div_mode = a.div_mode;
+  switch (a.q) {
     case QuantDType::qint8:
       quantize_typed(dt, x, static_cast<std::int8_t*>(y), outer, channels, inner, params, div_mode);
       return;
