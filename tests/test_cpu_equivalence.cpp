@@ -470,6 +470,8 @@ TEST(CpuEquivalence, FastDivisionBoundariesActsUlq) {
             [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin4, cmax4, false, nb); },
             {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}}, "acts_ulq boundaries per row " + std::to_string(cmax_v));
       }
+}
+
 TEST(CpuEquivalence, DynamicQuantSymmetric) {
   using xquant::QuantDType;
   const std::vector<Shape> shapes = {{3, 8}, {5, 16}, {7, 24}, {2, 3, 40}, {9, 1000}, {40, 4104}, {300, 264}, {1, 0}};

@@ -22,6 +22,7 @@
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
 
@@ -58,12 +59,31 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     vmax = hn::Max(vmax, v);
   };
   std::int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    VF v = LoadF<DT>(x, pos + i);
-    if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + i));
-    if (buf) hn::StoreU(v, df, buf + i);
-    step(v);
+  auto load = [&](std::int64_t k) {
+    VF v = LoadF<DT>(x, pos + k);
+    if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + k));
+    if (buf) hn::StoreU(v, df, buf + k);
+    return v;
+  };
+  {
+    // Two vectors per iteration into two sets of accumulators (min / max have a 4-cycle latency: one
+    // chain would bound the loop); min, max and the NaN flag are exact and order-free.
+    VF vmin2 = vmin, vmax2 = vmax;
+    auto nan2 = nan;
+    for (; i + 2 * N <= n; i += 2 * N) {
+      const VF a = load(i), b = load(i + N);
+      nan = hn::Or(nan, hn::IsNaN(a));
+      nan2 = hn::Or(nan2, hn::IsNaN(b));
+      vmin = hn::Min(vmin, a);
+      vmax = hn::Max(vmax, a);
+      vmin2 = hn::Min(vmin2, b);
+      vmax2 = hn::Max(vmax2, b);
+    }
+    nan = hn::Or(nan, nan2);
+    vmin = hn::Min(vmin, vmin2);  // +-Inf starting values: no NaN here unless a NaN lane (flagged)
+    vmax = hn::Max(vmax, vmax2);
   }
+  for (; i + N <= n; i += N) step(load(i));
   if (i < n) {
     // Stage the tail; pad lanes repeat a valid element so min / max are unchanged.
     const std::size_t es = dtype_size(DT);
@@ -92,16 +112,18 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
 // (non-temporal); int4 is packed. kFinite: the caller proved every src / scale + offset finite or +-Inf
 // (finite row min / max, scale, offset, rowMin / scale and rowMax / scale), so the NaN -> 0 step is
 // skipped: x / s is monotonic in x, and finite + finite cannot be NaN.
-template <bool kFinite>
+// kFast: x' / scale by the FMA sequence (fast_div_int for this row's scale and offset, every |x'| <=
+// x_max: no clamp needed).
+template <bool kFinite, bool kFast>
 HWY_INLINE void QuantizeRow(const float* src, std::int64_t n, float scale, float offset, bool int4, bool stream,
                             std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
   const DF df;
-  const VF s = hn::Set(df, scale), o = hn::Set(df, offset);
-  const float lo = int4 ? -8.0f : -128.0f, hi = int4 ? 7.0f : 127.0f;
-  auto value = [&](const float* p) {
-    const VF r = RoundEven(hn::Add(hn::Div(hn::LoadU(df, p), s), o));  // rint(x' / scale + offset)
-    if constexpr (kFinite) return hn::ConvertTo(DI(), hn::Min(hn::Max(r, hn::Set(df, lo)), hn::Set(df, hi)));
-    return SaturateToI32Range(r, lo, hi);
+  const VF s = hn::Set(df, scale), o = hn::Set(df, offset), rs = hn::Set(df, 1.0f / scale);
+  const VF lo = hn::Set(df, int4 ? -8.0f : -128.0f), hi = hn::Set(df, int4 ? 7.0f : 127.0f);
+  auto value = [&](const float* p) XQUANT_LAMBDA_INLINE {
+    const VF x = hn::LoadU(df, p);
+    const VF q = kFast ? DivForInteger<false>(x, s, rs, s) : hn::Div(x, s);
+    return RoundSaturateToI32Range<kFinite>(hn::Add(q, o), lo, hi);  // sat(rint(x' / scale + offset))
   };
   // Fewer than a vector of values at i: staged through a padded copy (src need not be padded).
   auto staged = [&](std::int64_t i, std::int64_t count) {
@@ -122,7 +144,7 @@ HWY_INLINE void QuantizeRow(const float* src, std::int64_t n, float scale, float
   }
 #endif
   std::int8_t* dst = int4 ? qtmp : y8;
-  auto step = [&]<bool kStream>(std::int64_t i) { StoreI8<kStream>(value(src + i), dst + i); };
+  auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE { StoreI8<kStream>(value(src + i), dst + i); };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     std::int8_t tmp[kMaxLanes] = {};
     StoreI8(staged(i, count), tmp);
@@ -140,10 +162,18 @@ inline bool finite_row(float rmin, float rmax, float scale, float offset) {
 
 HWY_INLINE void QuantizeAny(const float* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
                             bool int4, bool stream, std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
-  if (finite_row(rmin, rmax, scale, offset))
-    QuantizeRow<true>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
-  else
-    QuantizeRow<false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+  if (finite_row(rmin, rmax, scale, offset)) {
+#if XQUANT_HAVE_FAST_DIV
+    if (fast_div_wanted()) {
+      const FastDivInt fd = fast_div_int(scale, scale, std::abs(offset));
+      if (fd.ok && std::max(std::abs(rmin), std::abs(rmax)) <= fd.x_max)
+        return QuantizeRow<true, true>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+    }
+#endif
+    QuantizeRow<true, false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+  } else {
+    QuantizeRow<false, false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+  }
 }
 
 template <DType DT>
