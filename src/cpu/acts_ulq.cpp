@@ -288,7 +288,8 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
     s_max = std::max(s_max, q.s);
   }
   FastDivDomain dom;
-  if (fast_div_wanted() && fast_div_domain(levels, levels).ok) dom = fast_div_domain(s_min, s_max, -100);
+  // Only when forced: on the Intel models this loop gains nothing from the FMA quotients (docs/performance.md).
+  if (fast_div_forced() && fast_div_domain(levels, levels).ok) dom = fast_div_domain(s_min, s_max, -100);
   std::vector<float> rs;
   if (dom.ok && walk.period > 0) {
     rs = arr[0];

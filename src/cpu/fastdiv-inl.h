@@ -131,6 +131,18 @@ inline bool cpu_vendor_is_intel() {
   return false;
 #endif
 }
+// Only when asked for (XQUANT_FAST_DIV=1 or set_fast_div_mode(1)), not by default on any CPU: for
+// kernels where the models show no gain (ActsULQ forward: memory-bound, and its two quotients need
+// a per-vector domain check and ten FMA-class instructions against two divisions).
+inline bool fast_div_forced() {
+  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
+  if (m >= 0) return m == 1;
+  static const bool forced = [] {
+    const char* e = std::getenv("XQUANT_FAST_DIV");
+    return e != nullptr && e[0] == '1' && e[1] == '\0';
+  }();
+  return forced;
+}
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   if (m >= 0) return m == 1;
