@@ -21,9 +21,9 @@ run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1>" 
 run "quantize div_mode f32 -> int8, FMA (streamed)" quantize.cpp.o "$Q, 2>" 'vfnmadd,vmovntdq'
 run "quantize mul f32 -> quint4x2" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'vmulps,vpsrlq'
 D='N_AVX3::SmoothAndReduce<(xquant::DType)'
-run "dynamic quant pass 1, bf16 widen + min/max + row buffer" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd*2,vmovups,!vmulps' 2
-run "dynamic quant pass 1, bf16 * smooth" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd*2,vmovups,vmulps' 2
-run "dynamic quant pass 1, f32 min/max only" dynamic_quant.cpp.o "${D}0>" 'vminps*2,!vmovups %zmm' 2
+run "dynamic quant pass 1, bf16 widen + min/max + row buffer" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,!vmulps'
+run "dynamic quant pass 1, bf16 * smooth" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,vmulps'
+run "dynamic quant pass 1, f32 min/max only" dynamic_quant.cpp.o "${D}0>" 'vminps,!vmovups %zmm' 
 R='N_AVX3::RowsT<(xquant::DType)2>'
 run "dynamic quant pass 2 -> int8, divider (finite row, streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vfpclass'
 run "dynamic quant pass 2 -> int8, FMA (finite row, streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vfpclass'

@@ -59,31 +59,12 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     vmax = hn::Max(vmax, v);
   };
   std::int64_t i = 0;
-  auto load = [&](std::int64_t k) {
-    VF v = LoadF<DT>(x, pos + k);
-    if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + k));
-    if (buf) hn::StoreU(v, df, buf + k);
-    return v;
-  };
-  {
-    // Two vectors per iteration into two sets of accumulators (min / max have a 4-cycle latency: one
-    // chain would bound the loop); min, max and the NaN flag are exact and order-free.
-    VF vmin2 = vmin, vmax2 = vmax;
-    auto nan2 = nan;
-    for (; i + 2 * N <= n; i += 2 * N) {
-      const VF a = load(i), b = load(i + N);
-      nan = hn::Or(nan, hn::IsNaN(a));
-      nan2 = hn::Or(nan2, hn::IsNaN(b));
-      vmin = hn::Min(vmin, a);
-      vmax = hn::Max(vmax, a);
-      vmin2 = hn::Min(vmin2, b);
-      vmax2 = hn::Max(vmax2, b);
-    }
-    nan = hn::Or(nan, nan2);
-    vmin = hn::Min(vmin, vmin2);  // +-Inf starting values: no NaN here unless a NaN lane (flagged)
-    vmax = hn::Max(vmax, vmax2);
+  for (; i + N <= n; i += N) {
+    VF v = LoadF<DT>(x, pos + i);
+    if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + i));
+    if (buf) hn::StoreU(v, df, buf + i);
+    step(v);
   }
-  for (; i + N <= n; i += N) step(load(i));
   if (i < n) {
     // Stage the tail; pad lanes repeat a valid element so min / max are unchanged.
     const std::size_t es = dtype_size(DT);
