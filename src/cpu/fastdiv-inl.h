@@ -19,12 +19,14 @@
 // also checks every float32 x for a set of scales against the divider).
 //
 // The argument needs: s positive and normal with a normal reciprocal (s in [2^-126, 2^126): checked
-// once per call by fast_div_divisor), and per lane x == +-0 (the FMA signs then give the quotient's
+// once per call by fast_div_domain), and per lane x == +-0 (the FMA signs then give the quotient's
 // signed zero) or xlo <= |x| <= xhi, where xlo = max(2^-100, 2^-124 * s_max) and
 // xhi = min(FLT_MAX, 2^125 * s_min) keep q0, q1, q2 in [2^-125, 2^126] and the residuals on a grid
-// of at least 2^-149. NaN, +-Inf, subnormal, tiny and huge x are outside: a vector with any such
-// lane is divided instead (one integer compare per vector decides), so the result is always the
-// divider's, bit for bit, on every target.
+// of at least 2^-149. NaN, +-Inf, subnormal, tiny and huge x are outside. DivExact checks the domain
+// per vector (two integer compares) and divides a vector with any lane outside; DivIntegral and
+// DivForInteger need no per-vector check (see fast_div_integral_steps and fast_div_int). Either way
+// the result is the divider's, bit for bit, on every target. Kernels use the sequence only where
+// fast_div_wanted() says so (Intel CPUs by default).
 #if defined(XQUANT_CPU_FASTDIV_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef XQUANT_CPU_FASTDIV_INL_H_
 #undef XQUANT_CPU_FASTDIV_INL_H_
