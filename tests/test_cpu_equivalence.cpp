@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 
+#include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
 #include "hwy/targets.h"
 #include "test_util.hpp"
@@ -14,6 +15,7 @@
 namespace {
 using namespace xqtest;
 using xquant::Backend;
+using xquant::QuantDType;
 
 // Values that exercise every rule: ties at k + 0.5 (after scaling by small powers of two as well), signed
 // zeros, subnormals, huge, +-Inf, NaN.
@@ -63,7 +65,8 @@ Placed placed_floats(DType dt, const Shape& shape, const std::vector<float>& val
 }
 
 // Runs `op` (which writes into the given outputs) under the reference and under the cpu backend on every
-// target and thread count; compares every output's bytes and guard bytes.
+// target and thread count, with the division by the FMA sequence (src/cpu/fastdiv-inl.h) forced on and
+// off; compares every output's bytes and guard bytes.
 void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
                       const std::vector<std::pair<DType, Shape>>& outputs, const std::string& what) {
   std::vector<Placed> ref_out;
@@ -83,6 +86,9 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
       xquant::detail::set_stream_min_bytes(threads % 2 == 1 ? 0 : xquant::detail::kStreamMinBytes);
       // every call with more than one piece of work is split over the threads (normally only >= 2 MiB)
       xquant::detail::set_parallel_min_bytes(0);
+      // thread counts 1 and 2 divide with the FMA sequence (where the target has FMA), 3 and 7 with the
+      // divider, whatever this CPU's default (both streaming settings meet both division paths)
+      xquant::detail::set_fast_div_mode(threads <= 2 ? 1 : 0);
       std::vector<Placed> out;
       std::vector<TensorView> views;
       for (auto& [dt, shape] : outputs) out.emplace_back(dt, shape, 3);  // misaligned by 3 elements
@@ -102,6 +108,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
               break;
             }
           hwy::SetSupportedTargetsForTest(0);
+          xquant::detail::set_fast_div_mode(-1);
           xquant::set_num_threads(0);
           xquant::detail::set_stream_min_bytes(xquant::detail::kStreamMinBytes);
           xquant::detail::set_parallel_min_bytes(xquant::detail::kParallelMinBytes);
@@ -111,6 +118,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
     }
   }
   hwy::SetSupportedTargetsForTest(0);
+  xquant::detail::set_fast_div_mode(-1);
   xquant::set_num_threads(0);
   xquant::detail::set_stream_min_bytes(xquant::detail::kStreamMinBytes);
   xquant::detail::set_parallel_min_bytes(xquant::detail::kParallelMinBytes);
@@ -350,6 +358,119 @@ TEST(CpuEquivalence, DynamicQuant) {
               {{ydt, yshape}, {DType::float32, sshape}, {DType::float32, sshape}},
               "dynamic_quant " + xquant::shape_str(shape) + " variant " + std::to_string(variant));
         }
+}
+
+// The limits of the division without the divider (src/cpu/fastdiv-inl.h): scales, zero points, amax,
+// clamp ranges and data on both sides of every per-call condition, so that the FMA sequence and the
+// fallback to the divider both run, on dividends that are zero, subnormal, tiny, huge, infinite, NaN.
+std::vector<float> boundary_data(std::size_t n, std::uint32_t seed, float scale) {
+  std::vector<float> v = test_data(n, seed, 4.f);
+  const float extra[] = {0x1p-100f, -0x1p-101f, 1e-30f, -1e-38f, 1e-45f, 0x1p125f, -0x1p126f, 3.4e38f, 1e30f, -1e20f};
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i % 11 == 5) v[i] = extra[(i / 11) % 10];
+    else if (i % 11 == 7) v[i] *= scale;  // values of the scale's magnitude: quotients near 1, ties
+  }
+  return v;
+}
+
+TEST(CpuEquivalence, FastDivisionBoundariesQuantize) {
+  const float sub = 1e-40f;
+  const std::vector<std::vector<float>> scale_sets = {
+      {0x1p-60f, 1.0f},    // smallest scale the integer path takes
+      {0x1p-61f, 1.0f},    // below it: divider
+      {1e-12f, 1e6f},      // ordinary spread
+      {1.0f, 0x1p61f},     // scales too far apart: divider
+      {1e30f},             // x_max / scale below 2^34: divider
+      {0x1p-126f, 2.0f},   // smallest normal scale
+      {-2.0f, 3.0f},       // a negative scale: divider
+      {sub, 1.0f},         // a subnormal scale: divider
+      {0.03f, 0.02f}};
+  for (DType dt : kFloatTypes)
+    for (const auto& ss : scale_sets)
+      for (float zp : {0.0f, -0.5f, 0x1p33f, 0x1p34f})
+        for (QuantDType q : {QuantDType::qint8, QuantDType::quint8, QuantDType::qint32})
+          for (std::int64_t axis : {0, 1}) {
+            const Shape shape = {6, 70};
+            const std::int64_t C = shape[static_cast<std::size_t>(axis)];
+            std::vector<float> sv(static_cast<std::size_t>(C)), zv(sv.size());
+            for (std::int64_t c = 0; c < C; ++c) {
+              sv[static_cast<std::size_t>(c)] = ss[static_cast<std::size_t>(c) % ss.size()];
+              zv[static_cast<std::size_t>(c)] = c % 3 == 0 ? zp : 1.0f;
+            }
+            Tensor scales = make_float(DType::float32, {C}, sv), zps = make_float(DType::float32, {C}, zv);
+            Placed x = placed_floats(dt, shape, boundary_data(420, 17, ss[0]), 1);
+            check_equivalent(
+                [&](std::vector<TensorView>& o) { xquant::quantize_out(o[0], x.view, scales, zps.view(), q, axis, true); },
+                {{xquant::storage_dtype(q), shape}},
+                "quantize boundaries scale " + std::to_string(ss[0]) + " zp " + std::to_string(zp) + " axis " +
+                    std::to_string(axis) + " " + std::string(xquant::quant_dtype_name(q)));
+          }
+}
+
+TEST(CpuEquivalence, FastDivisionBoundariesFakeQuant) {
+  // num_bits 12 / 13 straddle the one-step limit (2^12), 16 and 32 take two steps; amax from tiny (scale
+  // too large for the domain) to huge (scale tiny), with degenerate channels (amax 0)
+  for (DType dt : kFloatTypes)
+    for (int nb : {4, 8, 12, 13, 16, 32})
+      for (float amax_v : {1e-30f, 1e-20f, 2.5f, 1e20f, 3e38f}) {
+        Placed x = placed_floats(dt, {5, 70}, boundary_data(350, 23, amax_v), 1);
+        Tensor amax = make_float(DType::float32, {1}, {amax_v});
+        check_equivalent([&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, false, false}); },
+                         {{dt, {5, 70}}}, "fake_tensor_quant boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
+        Tensor amax5 = make_float(DType::float32, {5}, {amax_v, 0.0f, 1.0f, amax_v * 0.5f, 7.0f});
+        check_equivalent(
+            [&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax5, 0, {nb, true, false}); },
+            {{dt, {5, 70}}}, "fake_tensor_quant_with_axis boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
+        Tensor amax70 = make_float(DType::float32, {70}, std::vector<float>(70, amax_v));
+        check_equivalent(
+            [&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax70, 1, {nb, false, true}); },
+            {{dt, {5, 70}}}, "fake_tensor_quant_with_axis last boundaries nb " + std::to_string(nb));
+      }
+}
+
+TEST(CpuEquivalence, FastDivisionBoundariesDynamicQuant) {
+  using xquant::DynamicQuantMode;
+  // rows of tiny, ordinary, huge magnitude (the scale floor 1e-12, scales near 2^126 and infinite ranges)
+  for (DType dt : {DType::float32, DType::bfloat16})
+    for (float mag : {1e-30f, 1e-12f, 1.0f, 1e30f, 1e37f, 3e38f})
+      for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
+        for (auto mode : {DynamicQuantMode::pertoken, DynamicQuantMode::pertensor}) {
+          const Shape shape = {6, 64};
+          std::vector<float> xv = test_data(384, 31, 1.f);
+          for (std::size_t i = 0; i < xv.size(); ++i) {
+            if (!std::isfinite(xv[i]) || std::fabs(xv[i]) > 1e6f) xv[i] = 0.25f;
+            xv[i] *= i < 128 ? mag : i < 256 ? 1.0f / mag : 1.0f;
+            if (i % 17 == 3) xv[i] = i % 2 ? 1e-40f : -0.0f;
+          }
+          Placed x = placed_floats(dt, shape, xv, 1);
+          const Shape yshape = q == QuantDType::quint4x2 ? Shape{6, 8} : shape;
+          const Shape sshape = mode == DynamicQuantMode::pertensor ? Shape{1} : Shape{6};
+          const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
+          check_equivalent(
+              [&](std::vector<TensorView>& o) {
+                xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, std::nullopt, std::nullopt, q, mode);
+              },
+              {{ydt, yshape}, {DType::float32, sshape}, {DType::float32, sshape}},
+              "dynamic_quant boundaries magnitude " + std::to_string(mag));
+        }
+}
+
+TEST(CpuEquivalence, FastDivisionBoundariesActsUlq) {
+  // clamp ranges from the LEVELS * EPS floor to huge, x with tiny, subnormal and huge values
+  for (DType dt : kFloatTypes)
+    for (float cmax_v : {1e-30f, 1e-3f, 2.0f, 1e30f, 3e38f})
+      for (int nb : {8, 16}) {
+        Placed x = placed_floats(dt, {4, 90}, boundary_data(360, 41, cmax_v), 1);
+        Tensor cmin = make_float(dt, {1}, {-0.5f * cmax_v}), cmax = make_float(dt, {1}, {cmax_v});
+        Tensor cmin4 = make_float(dt, {4, 1}, {-0.5f * cmax_v, -1e-30f, -2.0f, 0.0f}),
+               cmax4 = make_float(dt, {4, 1}, {cmax_v, 1e-6f, 3.0f, 1e20f});
+        check_equivalent(
+            [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin, cmax, false, nb); },
+            {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}}, "acts_ulq boundaries " + std::to_string(cmax_v));
+        check_equivalent(
+            [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin4, cmax4, false, nb); },
+            {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}}, "acts_ulq boundaries per row " + std::to_string(cmax_v));
+      }
 }
 
 TEST(CpuEquivalence, DynamicQuantSymmetric) {

@@ -12,6 +12,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
 #include "cpu/walk.hpp"
@@ -37,6 +39,9 @@ struct UlqJob {
   const ActsUlqParams* params;  // per channel (runs walk)
   const float* arr[4];               // periodic walk: s, clip_lo, clip_hi, loss_m expanded
   bool stream;                       // non-temporal stores (the four outputs are equally aligned)
+  bool fast_div;                     // xc / s and (rx - raw) / LEVELS by the FMA sequence where in `dom`
+  FastDivDomain dom;                 // of every s, keeping |raw| >= 2^-100 (then rx - raw is in LEVELS' domain)
+  const float* rs;                   // fast_div, periodic walk: 1 / s expanded
 };
 struct UlqBwdJob {
   DType dt;
@@ -52,17 +57,35 @@ struct UlqBwdJob {
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-template <DType DT, bool kStream = false>
+// The fast path's per-call values (kFast): 1 / LEVELS and the domain.
+struct UlqFast {
+  VF rlevels;
+  DivDomainV<DF> dom;
+};
+
+template <DType DT, bool kStream = false, bool kFast = false>
 HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std::int64_t oi, VF s, VF lo, VF hi,
-                        VF lm, VF levels) {
+                        VF lm, VF levels, VF rs, const UlqFast& f) {
   const DF df;
   const VF v = LoadF<DT>(x, xi);
   const VF xc = NanMin(NanMax(v, lo), hi);             // xc = min(max(x, clip_lo), clip_hi)
   const auto min_mask = hn::Ge(v, lo);                 // x >= clip_lo
   const auto max_mask = hn::Le(v, hi);                 // x <= clip_hi
-  const VF raw = hn::Div(xc, s);                       // raw = xc / s
-  const VF rx = RoundEven(raw);                        // rx = rint(raw)
-  const VF loss = hn::Div(hn::Sub(rx, raw), levels);   // (rx - raw) / LEVELS
+  VF raw, rx, loss;
+#if XQUANT_HAVE_FAST_DIV
+  if (kFast && HWY_LIKELY(hn::AllTrue(df, InDivDomain(df, xc, f.dom)))) {
+    raw = DivCore(xc, s, rs);
+    rx = RoundEven(raw);
+    loss = DivCore(hn::Sub(rx, raw), levels, f.rlevels);
+  } else
+#endif
+  {
+    (void)rs;
+    (void)f;
+    raw = hn::Div(xc, s);                              // raw = xc / s
+    rx = RoundEven(raw);                               // rx = rint(raw)
+    loss = hn::Div(hn::Sub(rx, raw), levels);          // (rx - raw) / LEVELS
+  }
   const VF one = hn::Set(df, 1.0f);
   StoreF<DT, kStream>(hn::Mul(rx, s), out[0], oi);              // y = rx * s
   StoreF<DT, kStream>(hn::IfThenElseZero(min_mask, one), out[1], oi);
@@ -70,29 +93,34 @@ HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std:
   StoreF<DT, kStream>(hn::IfThenElse(hn::And(min_mask, max_mask), loss, lm), out[3], oi);
 }
 
-// n elements at pos; parameters broadcast (pa == nullptr) or arrays aligned with the elements.
-template <DType DT>
+// n elements at pos; parameters broadcast (pa == nullptr) or arrays aligned with the elements (pa[4]:
+// 1 / s when fast).
+template <DType DT, bool kFast>
 void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* const* pa, const ActsUlqParams& p) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const VF levels = hn::Set(df, j.levels);
+  const UlqFast f{hn::Set(df, 1.0f / j.levels), DivDomainV<DF>(j.dom)};
+  const float rs = 1.0f / p.s;
   auto param = [&](const float* const* a, int k, std::int64_t i, float sc) { return a ? hn::LoadU(df, a[k] + i) : hn::Set(df, sc); };
-  auto step = [&]<bool kStream>(std::int64_t i) {
-    UlqStep<DT, kStream>(j.x, pos + i, j.out, pos + i, param(pa, 0, i, p.s), param(pa, 1, i, p.clip_lo),
-                         param(pa, 2, i, p.clip_hi), param(pa, 3, i, p.loss_m), levels);
+  auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+    UlqStep<DT, kStream, kFast>(j.x, pos + i, j.out, pos + i, param(pa, 0, i, p.s), param(pa, 1, i, p.clip_lo),
+                                param(pa, 2, i, p.clip_hi), param(pa, 3, i, p.loss_m), levels,
+                                kFast ? param(pa, 4, i, rs) : levels, f);
   };
   auto stage = [&](std::int64_t i, std::int64_t rem) {
     const std::size_t es = dtype_size(DT);
     alignas(64) unsigned char sx[kMaxLanes * 4] = {};
     alignas(64) unsigned char so[4][kMaxLanes * 4];
-    HWY_ALIGN float sp[4][kMaxLanes];
-    const float sc[4] = {p.s, p.clip_lo, p.clip_hi, p.loss_m};
-    for (int k = 0; k < 4; ++k)
+    HWY_ALIGN float sp[5][kMaxLanes];
+    const float sc[5] = {p.s, p.clip_lo, p.clip_hi, p.loss_m, rs};
+    for (int k = 0; k < (kFast ? 5 : 4); ++k)
       for (std::int64_t m = 0; m < N; ++m) sp[k][m] = m < rem ? (pa ? pa[k][i + m] : sc[k]) : 1.0f;
     std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es),
                 static_cast<std::size_t>(rem) * es);
     void* const outs[4] = {so[0], so[1], so[2], so[3]};
-    UlqStep<DT>(sx, 0, outs, 0, hn::Load(df, sp[0]), hn::Load(df, sp[1]), hn::Load(df, sp[2]), hn::Load(df, sp[3]), levels);
+    UlqStep<DT, false, kFast>(sx, 0, outs, 0, hn::Load(df, sp[0]), hn::Load(df, sp[1]), hn::Load(df, sp[2]),
+                              hn::Load(df, sp[3]), levels, kFast ? hn::Load(df, sp[4]) : levels, f);
     for (int k = 0; k < 4; ++k)
       std::memcpy(static_cast<unsigned char*>(j.out[k]) + (pos + i) * static_cast<std::int64_t>(es), so[k],
                   static_cast<std::size_t>(rem) * es);
@@ -101,14 +129,24 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
   DriveSpan(n, j.stream, j.out[0], pos, dtype_size(DT), step, stage);
 }
 
+template <DType DT, bool kFast>
+void UlqRangeF(const UlqJob& j, std::int64_t a, std::int64_t b) {
+  j.walk->visit(
+      a, b, [&](std::int64_t pos, std::int64_t n, std::int64_t c) { UlqSpanT<DT, kFast>(j, pos, n, nullptr, j.params[c]); },
+      [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
+        const float* pa[5] = {j.arr[0] + ph, j.arr[1] + ph, j.arr[2] + ph, j.arr[3] + ph, j.rs ? j.rs + ph : j.arr[0] + ph};
+        ActsUlqParams unused{};
+        unused.s = 1.0f;
+        UlqSpanT<DT, kFast>(j, pos, n, pa, unused);
+      });
+}
+
 template <DType DT>
 void UlqRangeT(const UlqJob& j, std::int64_t a, std::int64_t b) {
-  j.walk->visit(
-      a, b, [&](std::int64_t pos, std::int64_t n, std::int64_t c) { UlqSpanT<DT>(j, pos, n, nullptr, j.params[c]); },
-      [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        const float* pa[4] = {j.arr[0] + ph, j.arr[1] + ph, j.arr[2] + ph, j.arr[3] + ph};
-        UlqSpanT<DT>(j, pos, n, pa, ActsUlqParams{});
-      });
+#if XQUANT_HAVE_FAST_DIV
+  if (j.fast_div) return UlqRangeF<DT, true>(j, a, b);
+#endif
+  UlqRangeF<DT, false>(j, a, b);
 }
 
 void UlqRange(const UlqJob& j, std::int64_t a, std::int64_t b) {
@@ -244,8 +282,30 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
   const bool same_alignment = mod64(a.y) == mod64(a.clamp_min_mask) && mod64(a.y) == mod64(a.clamp_max_mask) &&
                               mod64(a.y) == mod64(a.x_clamped_loss);
   const bool stream = same_alignment && use_stream(4 * n * static_cast<std::int64_t>(dtype_size(a.dt)));
-  const UlqJob j{a.dt,  a.x,   {a.y, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss},
-                 levels, &walk, params.data(), {arr[0].data(), arr[1].data(), arr[2].data(), arr[3].data()}, stream};
+  float s_min = std::numeric_limits<float>::infinity(), s_max = -s_min;
+  for (const auto& q : params) {
+    s_min = std::isnan(q.s) ? q.s : std::min(s_min, q.s);
+    s_max = std::max(s_max, q.s);
+  }
+  FastDivDomain dom;
+  // Only when forced: on the Intel models this loop gains nothing from the FMA quotients (docs/performance.md).
+  if (fast_div_forced() && fast_div_domain(levels, levels).ok) dom = fast_div_domain(s_min, s_max, -100);
+  std::vector<float> rs;
+  if (dom.ok && walk.period > 0) {
+    rs = arr[0];
+    for (float& v : rs) v = 1.0f / v;
+  }
+  const UlqJob j{a.dt,
+                 a.x,
+                 {a.y, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss},
+                 levels,
+                 &walk,
+                 params.data(),
+                 {arr[0].data(), arr[1].data(), arr[2].data(), arr[3].data()},
+                 stream,
+                 dom.ok,
+                 dom,
+                 rs.empty() ? nullptr : rs.data()};
   parallel_ranges(n, std::int64_t{1} << 16, n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5,
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(UlqRange)(j, b0, b1); });
 }

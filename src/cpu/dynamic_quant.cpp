@@ -22,6 +22,7 @@
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
 
@@ -92,16 +93,18 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
 // (non-temporal); int4 is packed. kFinite: the caller proved every src / scale + offset finite or +-Inf
 // (finite row min / max, scale, offset, rowMin / scale and rowMax / scale), so the NaN -> 0 step is
 // skipped: x / s is monotonic in x, and finite + finite cannot be NaN.
-template <bool kFinite>
+// kFast: x' / scale by the FMA sequence (fast_div_int for this row's scale and offset, every |x'| <=
+// x_max: no clamp needed).
+template <bool kFinite, bool kFast>
 HWY_INLINE void QuantizeRow(const float* src, std::int64_t n, float scale, float offset, bool int4, bool stream,
                             std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
   const DF df;
-  const VF s = hn::Set(df, scale), o = hn::Set(df, offset);
-  const float lo = int4 ? -8.0f : -128.0f, hi = int4 ? 7.0f : 127.0f;
-  auto value = [&](const float* p) {
-    const VF r = RoundEven(hn::Add(hn::Div(hn::LoadU(df, p), s), o));  // rint(x' / scale + offset)
-    if constexpr (kFinite) return hn::ConvertTo(DI(), hn::Min(hn::Max(r, hn::Set(df, lo)), hn::Set(df, hi)));
-    return SaturateToI32Range(r, lo, hi);
+  const VF s = hn::Set(df, scale), o = hn::Set(df, offset), rs = hn::Set(df, 1.0f / scale);
+  const VF lo = hn::Set(df, int4 ? -8.0f : -128.0f), hi = hn::Set(df, int4 ? 7.0f : 127.0f);
+  auto value = [&](const float* p) XQUANT_LAMBDA_INLINE {
+    const VF x = hn::LoadU(df, p);
+    const VF q = kFast ? DivForInteger<false>(x, s, rs, s) : hn::Div(x, s);
+    return RoundSaturateToI32Range<kFinite>(hn::Add(q, o), lo, hi);  // sat(rint(x' / scale + offset))
   };
   // Fewer than a vector of values at i: staged through a padded copy (src need not be padded).
   auto staged = [&](std::int64_t i, std::int64_t count) {
@@ -122,7 +125,7 @@ HWY_INLINE void QuantizeRow(const float* src, std::int64_t n, float scale, float
   }
 #endif
   std::int8_t* dst = int4 ? qtmp : y8;
-  auto step = [&]<bool kStream>(std::int64_t i) { StoreI8<kStream>(value(src + i), dst + i); };
+  auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE { StoreI8<kStream>(value(src + i), dst + i); };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     std::int8_t tmp[kMaxLanes] = {};
     StoreI8(staged(i, count), tmp);
@@ -140,10 +143,18 @@ inline bool finite_row(float rmin, float rmax, float scale, float offset) {
 
 HWY_INLINE void QuantizeAny(const float* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
                             bool int4, bool stream, std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
-  if (finite_row(rmin, rmax, scale, offset))
-    QuantizeRow<true>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
-  else
-    QuantizeRow<false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+  if (finite_row(rmin, rmax, scale, offset)) {
+#if XQUANT_HAVE_FAST_DIV
+    if (fast_div_wanted()) {
+      const FastDivInt fd = fast_div_int(scale, scale, std::abs(offset));
+      if (fd.ok && std::max(std::abs(rmin), std::abs(rmax)) <= fd.x_max)
+        return QuantizeRow<true, true>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+    }
+#endif
+    QuantizeRow<true, false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+  } else {
+    QuantizeRow<false, false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+  }
 }
 
 template <DType DT>

@@ -13,13 +13,16 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
 #include "cpu/walk.hpp"
@@ -35,6 +38,7 @@ struct FqJob {
   float min_bound, max_bound;  // the same for every channel
   bool any_zero;               // some channel is degenerate (scale not finite or 0)
   bool stream;                 // non-temporal stores for y
+  int div_steps;               // q / scale without the divider: fast_div_integral_steps (0: divide)
   const ChannelWalk* walk;
   const FakeQuantParams* params;  // per channel (runs walk)
   // periodic walk: expanded per-phase arrays
@@ -43,6 +47,7 @@ struct FqJob {
   const float* glo;
   const float* ghi;
   const float* ratio;
+  const float* rscale;  // 1 / scale, rounded (periodic walk, when div_steps > 0)
 };
 #endif
 }  // namespace xquant::detail
@@ -52,55 +57,86 @@ namespace xquant::detail::HWY_NAMESPACE {
 
 // Parameters of one span: broadcast scalars, or arrays aligned with the span's elements.
 struct SpanParams {
-  float scale, zero, glo, ghi, ratio;
+  float scale, zero, glo, ghi, ratio, rscale;
   const float* a_scale = nullptr;  // non-null: arrays
   const float* a_zero = nullptr;
   const float* a_glo = nullptr;
   const float* a_ghi = nullptr;
   const float* a_ratio = nullptr;
+  const float* a_rscale = nullptr;
   HWY_INLINE VF get(const float* a, float s, std::int64_t i) const {
     return a ? hn::LoadU(DF(), a + i) : hn::Set(DF(), s);
   }
+  // The same with the choice made by the caller (kArr: arrays), so hot loops carry no test.
+  template <bool kArr>
+  HWY_INLINE VF at(const float* a, float s, std::int64_t i) const {
+    if constexpr (kArr) return hn::LoadU(DF(), a + i);
+    else return hn::Set(DF(), s);
+  }
   // Copies of the parameters of elements [i, i + count) padded to a whole vector, for staged steps.
   void stage(std::int64_t i, std::int64_t count, SpanParams& out, float (*buf)[kMaxLanes]) const {
-    const float* arrays[5] = {a_scale, a_zero, a_glo, a_ghi, a_ratio};
-    const float scalars[5] = {scale, zero, glo, ghi, ratio};
-    for (int k = 0; k < 5; ++k)
+    const float* arrays[6] = {a_scale, a_zero, a_glo, a_ghi, a_ratio, a_rscale};
+    const float scalars[6] = {scale, zero, glo, ghi, ratio, rscale};
+    for (int k = 0; k < 6; ++k)
       for (std::size_t m = 0; m < kMaxLanes; ++m)
         buf[k][m] = static_cast<std::int64_t>(m) < count ? (arrays[k] ? arrays[k][i + static_cast<std::int64_t>(m)] : scalars[k]) : 1.0f;
-    out = SpanParams{0, 0, 0, 0, 0, buf[0], buf[1], buf[2], buf[3], buf[4]};
+    out = SpanParams{0, 0, 0, 0, 0, 0, buf[0], buf[1], buf[2], buf[3], buf[4], buf[5]};
   }
 };
 
-// Forward of n elements at pos.
-template <DType DT>
-void FwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
+// Forward of n elements at pos. kSteps: q / scale by the divider (0) or the FMA sequence (1, 2 steps);
+// kAnyZero: some channel is degenerate; kArr: parameters are arrays.
+template <DType DT, int kSteps, bool kAnyZero, bool kArr>
+void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
   const DF df;
   const VF lo = hn::Set(df, j.min_bound), hi = hn::Set(df, j.max_bound);
-  const bool any_zero = j.any_zero;
   // out = clamp(rint(x * scale), min_bound, max_bound) / scale; degenerate channels give 0 (NaN stays).
-  auto compute = [&](const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi) {
+  auto compute = [&]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi) XQUANT_LAMBDA_INLINE {
     const VF v = LoadF<DT>(xb, xi);
-    const VF s = p.get(p.a_scale, p.scale, pi);
-    VF r = hn::Div(ClampKeepNaN(RoundEven(hn::Mul(v, s)), lo, hi), s);
-    if (any_zero) {
-      const auto z = hn::Gt(p.get(p.a_zero, p.zero, pi), hn::Zero(df));
+    const VF s = p.template at<kA>(p.a_scale, p.scale, pi);
+    const VF q = ClampKeepNaN(RoundEven(hn::Mul(v, s)), lo, hi);
+    VF r;
+    if constexpr (kSteps == 0) r = hn::Div(q, s);
+    else r = DivIntegral<kSteps>(q, s, p.template at<kA>(p.a_rscale, p.rscale, pi));
+    if constexpr (kAnyZero) {
+      const auto z = hn::Gt(p.template at<kA>(p.a_zero, p.zero, pi), hn::Zero(df));
       r = hn::IfThenElse(z, hn::IfThenElse(hn::IsNaN(v), v, hn::Zero(df)), r);
     }
     return r;
   };
-  auto step = [&]<bool kStream>(std::int64_t i) { StoreF<DT, kStream>(compute(j.x, pos + i, sp, i), j.y, pos + i); };
+  auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+    StoreF<DT, kStream>(compute.template operator()<kArr>(j.x, pos + i, sp, i), j.y, pos + i);
+  };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(count) * es;
     alignas(64) unsigned char sx[kMaxLanes * 4] = {}, sy[kMaxLanes * 4];
-    HWY_ALIGN float buf[5][kMaxLanes];
+    HWY_ALIGN float buf[6][kMaxLanes];
     SpanParams p;
     sp.stage(i, count, p, buf);
     std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es), bytes);
-    StoreF<DT>(compute(sx, 0, p, 0), sy, 0);
+    StoreF<DT>(compute.template operator()<true>(sx, 0, p, 0), sy, 0);
     std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(es), sy, bytes);
   };
   DriveSpan(n, j.stream, j.y, pos, dtype_size(DT), step, stage);
+}
+
+template <DType DT, int kSteps>
+HWY_INLINE void FwdSpanZ(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
+  const bool arr = sp.a_scale != nullptr;
+  if (j.any_zero) {
+    if (arr) FwdSpanT<DT, kSteps, true, true>(j, pos, n, sp); else FwdSpanT<DT, kSteps, true, false>(j, pos, n, sp);
+  } else {
+    if (arr) FwdSpanT<DT, kSteps, false, true>(j, pos, n, sp); else FwdSpanT<DT, kSteps, false, false>(j, pos, n, sp);
+  }
+}
+
+template <DType DT>
+void FwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
+#if XQUANT_HAVE_FAST_DIV
+  if (j.div_steps == 1) return FwdSpanZ<DT, 1>(j, pos, n, sp);
+  if (j.div_steps == 2) return FwdSpanZ<DT, 2>(j, pos, n, sp);
+#endif
+  FwdSpanZ<DT, 0>(j, pos, n, sp);
 }
 
 // Backward of n elements at pos: grad_in = grad_out inside [glo, ghi] else 0; with t != null also the
@@ -128,7 +164,7 @@ void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams&
     const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(count) * es;
     const std::int64_t off = (pos + i) * static_cast<std::int64_t>(es);
     alignas(64) unsigned char sx[kMaxLanes * 4] = {}, sg[kMaxLanes * 4] = {}, sy[kMaxLanes * 4];
-    HWY_ALIGN float buf[5][kMaxLanes], st[kMaxLanes];
+    HWY_ALIGN float buf[6][kMaxLanes], st[kMaxLanes];
     SpanParams p;
     sp.stage(i, count, p, buf);
     std::memcpy(sx, static_cast<const unsigned char*>(j.x) + off, bytes);
@@ -142,10 +178,11 @@ void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams&
 
 SpanParams RunParams(const FqJob& j, std::int64_t c) {
   const FakeQuantParams& p = j.params[c];
-  return SpanParams{p.scale, p.zero ? 1.0f : 0.0f, p.grad_lo, p.grad_hi, p.ratio};
+  return SpanParams{p.scale, p.zero ? 1.0f : 0.0f, p.grad_lo, p.grad_hi, p.ratio, 1.0f / p.scale};
 }
 SpanParams PhaseParams(const FqJob& j, std::int64_t ph) {
-  return SpanParams{0, 0, 0, 0, 0, j.scale + ph, j.zero + ph, j.glo + ph, j.ghi + ph, j.ratio + ph};
+  return SpanParams{0, 0, 0, 0, 0, 0, j.scale + ph, j.zero + ph, j.glo + ph, j.ghi + ph, j.ratio + ph,
+                    j.rscale ? j.rscale + ph : j.scale + ph};
 }
 
 template <DType DT>
@@ -235,14 +272,23 @@ constexpr std::int64_t kGrain = std::int64_t{1} << 16;
 // Per-call state: the job plus the expanded parameter arrays it points into.
 struct FqCall {
   ChannelWalk walk;
-  std::vector<float> scale, zero, glo, ghi, ratio;
+  std::vector<float> scale, zero, glo, ghi, ratio, rscale;
   FqJob job{};
 
   FqCall(DType dt, const void* x, void* y, const void* g, const ChannelLayout& layout, const FakeQuantParams* params)
       : walk(layout) {
     const std::int64_t channels = layout.channels;
     bool any_zero = false;
-    for (std::int64_t c = 0; c < channels; ++c) any_zero = any_zero || params[c].zero;
+    float s_min = std::numeric_limits<float>::infinity(), s_max = 0.0f;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      any_zero = any_zero || params[c].zero;
+      if (!params[c].zero) {  // degenerate channels' quotients are replaced: their scales do not matter
+        s_min = std::min(s_min, params[c].scale);
+        s_max = std::max(s_max, params[c].scale);
+      }
+    }
+    const float q_max = channels > 0 ? std::max(std::abs(params[0].min_bound), std::abs(params[0].max_bound)) : 0.0f;
+    const int div_steps = s_max > 0.0f && fast_div_wanted() ? fast_div_integral_steps(s_min, s_max, q_max) : 0;
     if (walk.period > 0) {
       std::vector<float> col(static_cast<std::size_t>(channels));
       auto expand = [&](auto field) {
@@ -254,6 +300,7 @@ struct FqCall {
       glo = expand([](const FakeQuantParams& p) { return p.grad_lo; });
       ghi = expand([](const FakeQuantParams& p) { return p.grad_hi; });
       ratio = expand([](const FakeQuantParams& p) { return p.ratio; });
+      if (div_steps > 0) rscale = expand([](const FakeQuantParams& p) { return 1.0f / p.scale; });
     }
     const std::int64_t n = layout.numel();
     job = FqJob{dt,
@@ -264,13 +311,15 @@ struct FqCall {
                 channels > 0 ? params[0].max_bound : 0.f,
                 any_zero,
                 use_stream(n * static_cast<std::int64_t>(dtype_size(dt))),
+                div_steps,
                 &walk,
                 params,
                 scale.data(),
                 zero.data(),
                 glo.data(),
                 ghi.data(),
-                ratio.data()};
+                ratio.data(),
+                rscale.empty() ? nullptr : rscale.data()};
   }
 };
 

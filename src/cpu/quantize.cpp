@@ -7,13 +7,16 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
 #include "cpu/walk.hpp"
@@ -33,6 +36,9 @@ struct QJob {
   const float* zero_point;
   bool stream;  // non-temporal stores for y (not int4)
   bool has_zero_point;  // some zero point is not 0
+  bool fast_div;        // div_mode without the divider (fast_div_int: every scale and zero point allows it)
+  float x_max;          // fast_div: dividends clamped to [-x_max, x_max]
+  const float* rscale;  // fast_div, periodic walk: 1 / scale, rounded
 };
 #endif
 }  // namespace xquant::detail
@@ -42,47 +48,61 @@ namespace xquant::detail::HWY_NAMESPACE {
 
 constexpr std::int64_t kBlock = 64;  // int4: elements per packing block (8 words)
 
+// v (not yet rounded) -> sat(rint(v)) stored as Q.
 template <QuantDType Q, bool kStream = false>
-HWY_INLINE void StoreQ(VF r, void* y, std::int64_t i) {
+HWY_INLINE void StoreQ(VF v, void* y, std::int64_t i) {
   if constexpr (Q == QuantDType::qint8 || Q == QuantDType::quint4x2) {
-    StoreI8<kStream>(SaturateToI32Range(r, Q == QuantDType::qint8 ? -128.0f : -8.0f, Q == QuantDType::qint8 ? 127.0f : 7.0f),
+    StoreI8<kStream>(RoundSaturateToI32Range(v, Q == QuantDType::qint8 ? -128.0f : -8.0f, Q == QuantDType::qint8 ? 127.0f : 7.0f),
                      static_cast<std::int8_t*>(y) + i);
   } else if constexpr (Q == QuantDType::quint8) {
-    StoreU8<kStream>(SaturateToI32Range(r, 0.0f, 255.0f), static_cast<std::uint8_t*>(y) + i);
+    StoreU8<kStream>(RoundSaturateToI32Range(v, 0.0f, 255.0f), static_cast<std::uint8_t*>(y) + i);
   } else {
-    StoreI32<kStream>(SaturateToI32(r), static_cast<std::int32_t*>(y) + i);
+    StoreI32<kStream>(SaturateToI32(RoundEven(v)), static_cast<std::int32_t*>(y) + i);
   }
 }
 
 // n elements at pos; parameters broadcast (sa == nullptr) or arrays aligned with the elements.
-template <DType DT, QuantDType Q>
-void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* za, float s, float z) {
+// kMode: 0 x * scale, 1 x / scale by the divider, 2 x / scale by the FMA sequence (rsa / rs: 1 / scale).
+template <DType DT, QuantDType Q, int kMode>
+void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* za, float s, float z,
+           const float* rsa, float rs) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  auto value = [&](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp) {
+  const VF x_max = hn::Set(df, j.x_max);
+  // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded.
+  auto value = [&](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp, const float* rp)
+                   XQUANT_LAMBDA_INLINE {
     const VF xv = LoadF<DT>(xb, xi);
     const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
-    const VF scaled = j.div_mode ? hn::Div(xv, sv) : hn::Mul(xv, sv);  // x / scale  or  x * scale
+    VF scaled;
+    if constexpr (kMode == 0) {
+      scaled = hn::Mul(xv, sv);
+    } else if constexpr (kMode == 1) {
+      scaled = hn::Div(xv, sv);
+    } else {
+      scaled = DivForInteger<true>(xv, sv, rp ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
+    }
     // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
-    if (!j.has_zero_point) return RoundEven(scaled);
+    if (!j.has_zero_point) return scaled;
     const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
-    return RoundEven(hn::Add(scaled, zv));                               // rint(... + zero_point)
+    return hn::Add(scaled, zv);                                          // rint(... + zero_point) later
   };
   constexpr std::size_t kOutSize = Q == QuantDType::qint32 ? 4 : 1;
   // Fewer than kBlock elements at i through zero-padded stack buffers.
   auto stage = [&](std::int64_t i, std::int64_t rem) {
     const std::size_t es = dtype_size(DT);
     alignas(64) unsigned char sx[kBlock * 4] = {};
-    HWY_ALIGN float ss[kBlock], sz[kBlock];
+    HWY_ALIGN float ss[kBlock], sz[kBlock], sr[kBlock];
     HWY_ALIGN unsigned char out[kBlock * 4];
     std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es),
                 static_cast<std::size_t>(rem) * es);
     for (std::int64_t k = 0; k < kBlock; ++k) {
       ss[k] = k < rem ? (sa ? sa[i + k] : s) : 1.0f;
       sz[k] = k < rem ? (za ? za[i + k] : z) : 0.0f;
+      sr[k] = k < rem ? (rsa ? rsa[i + k] : rs) : 1.0f;
     }
     const std::int64_t padded = (rem + N - 1) / N * N;
-    for (std::int64_t k = 0; k < padded; k += N) StoreQ<Q>(value(sx, k, k, ss, sz), out, k);
+    for (std::int64_t k = 0; k < padded; k += N) StoreQ<Q>(value(sx, k, k, ss, sz, sr), out, k);
     if constexpr (Q == QuantDType::quint4x2)
       pack_int4_bytes(reinterpret_cast<const std::int8_t*>(out), rem, static_cast<std::int32_t*>(j.y) + (pos + i) / 8);
     else
@@ -93,40 +113,53 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     std::int64_t i = 0;
     auto* words = static_cast<std::int32_t*>(j.y);
 #if XQUANT_HAVE_VECTOR_INT4
-    for (; i + N <= n; i += N) StoreInt4Words(SaturateToI32Range(value(j.x, pos + i, i, sa, za), -8.0f, 7.0f), words + (pos + i) / 8);
+    for (; i + N <= n; i += N)
+      StoreInt4Words(RoundSaturateToI32Range(value(j.x, pos + i, i, sa, za, rsa), -8.0f, 7.0f), words + (pos + i) / 8);
 #else
     HWY_ALIGN std::int8_t tmp[kBlock] = {};
     for (; i + kBlock <= n; i += kBlock) {
-      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(j.x, pos + i + k, i + k, sa, za), tmp, k);
+      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(j.x, pos + i + k, i + k, sa, za, rsa), tmp, k);
       pack_int4_bytes(tmp, kBlock, words + (pos + i) / 8);
     }
 #endif
     if (i < n) stage(i, n - i);
   } else {
-    auto step = [&]<bool kStream>(std::int64_t i) { StoreQ<Q, kStream>(value(j.x, pos + i, i, sa, za), j.y, pos + i); };
+    auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+      StoreQ<Q, kStream>(value(j.x, pos + i, i, sa, za, rsa), j.y, pos + i);
+    };
     DriveSpan(n, j.stream, j.y, pos, kOutSize, step, stage);
   }
 }
 
-template <DType DT, QuantDType Q>
+template <DType DT, QuantDType Q, int kMode>
 void RangeT(const QJob& j, std::int64_t a, std::int64_t b) {
   j.walk->visit(
       a, b,
       [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
-        SpanT<DT, Q>(j, pos, n, nullptr, nullptr, j.params[c].scale, j.params[c].zero_point);
+        const float s = j.params[c].scale;
+        SpanT<DT, Q, kMode>(j, pos, n, nullptr, nullptr, s, j.params[c].zero_point, nullptr, 1.0f / s);
       },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        SpanT<DT, Q>(j, pos, n, j.scale + ph, j.zero_point + ph, 0.f, 0.f);
+        SpanT<DT, Q, kMode>(j, pos, n, j.scale + ph, j.zero_point + ph, 0.f, 0.f, j.rscale ? j.rscale + ph : nullptr, 1.0f);
       });
+}
+
+template <DType DT, QuantDType Q>
+void RangeM(const QJob& j, std::int64_t a, std::int64_t b) {
+  if (!j.div_mode) return RangeT<DT, Q, 0>(j, a, b);
+#if XQUANT_HAVE_FAST_DIV
+  if (j.fast_div) return RangeT<DT, Q, 2>(j, a, b);
+#endif
+  RangeT<DT, Q, 1>(j, a, b);
 }
 
 template <DType DT>
 void RangeDT(const QJob& j, std::int64_t a, std::int64_t b) {
   switch (j.q) {
-    case QuantDType::qint8: return RangeT<DT, QuantDType::qint8>(j, a, b);
-    case QuantDType::quint8: return RangeT<DT, QuantDType::quint8>(j, a, b);
-    case QuantDType::qint32: return RangeT<DT, QuantDType::qint32>(j, a, b);
-    case QuantDType::quint4x2: return RangeT<DT, QuantDType::quint4x2>(j, a, b);
+    case QuantDType::qint8: return RangeM<DT, QuantDType::qint8>(j, a, b);
+    case QuantDType::quint8: return RangeM<DT, QuantDType::quint8>(j, a, b);
+    case QuantDType::qint32: return RangeM<DT, QuantDType::qint32>(j, a, b);
+    case QuantDType::quint4x2: return RangeM<DT, QuantDType::quint4x2>(j, a, b);
   }
 }
 
@@ -145,12 +178,13 @@ void TileRows(const TileQuantArgs& a, std::int64_t r0, std::int64_t r1) {
   for (std::int64_t i = r0; i < r1; ++i) {
     const bool sym = a.mode == QuantMode::SYM;
     const QJob j{DType::float32, sym ? QuantDType::qint8 : QuantDType::quint8, false, a.src + i * a.src_pitch,
-                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr, false, true};
+                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr, false, true,
+                 false, 0.0f, nullptr};
     const float s = a.scale[i * a.scale_pitch];
     if (sym)
-      SpanT<DType::float32, QuantDType::qint8>(j, 0, a.cols, nullptr, nullptr, s, 0.0f);
+      SpanT<DType::float32, QuantDType::qint8, 0>(j, 0, a.cols, nullptr, nullptr, s, 0.0f, nullptr, 1.0f);
     else
-      SpanT<DType::float32, QuantDType::quint8>(j, 0, a.cols, nullptr, nullptr, s, a.offset[i * a.offset_pitch]);
+      SpanT<DType::float32, QuantDType::quint8, 0>(j, 0, a.cols, nullptr, nullptr, s, a.offset[i * a.offset_pitch], nullptr, 1.0f);
   }
 }
 
@@ -187,8 +221,22 @@ void cpu_quantize(const QuantizeArgs& a) {
   const std::int64_t n = a.layout.numel();
   const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
   bool has_zero_point = false;
-  for (std::int64_t c = 0; c < channels; ++c) has_zero_point = has_zero_point || params[c].zero_point != 0.0f;
-  const QJob j{dt, q, a.div_mode, a.x, a.y, &walk, params, scale.data(), zero_point.data(), stream, has_zero_point};
+  float s_min = std::numeric_limits<float>::infinity(), s_max = -s_min, z_max = 0.0f;
+  for (std::int64_t c = 0; c < channels; ++c) {
+    has_zero_point = has_zero_point || params[c].zero_point != 0.0f;
+    s_min = std::min(s_min, params[c].scale);  // NaN scales: fast_div_int below refuses (comparisons false)
+    s_max = std::max(s_max, params[c].scale);
+    z_max = std::max(z_max, std::abs(params[c].zero_point));
+    if (std::isnan(params[c].scale) || std::isnan(params[c].zero_point)) s_min = std::numeric_limits<float>::quiet_NaN();
+  }
+  const FastDivInt fd = a.div_mode && channels > 0 && fast_div_wanted() ? fast_div_int(s_min, s_max, z_max) : FastDivInt{};
+  std::vector<float> rscale;
+  if (fd.ok && walk.period > 0) {
+    rscale = scale;
+    for (float& v : rscale) v = 1.0f / v;
+  }
+  const QJob j{dt, q, a.div_mode, a.x, a.y, &walk, params, scale.data(), zero_point.data(), stream, has_zero_point,
+               fd.ok, fd.x_max, rscale.empty() ? nullptr : rscale.data()};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, b0, b1); });

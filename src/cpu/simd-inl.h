@@ -32,6 +32,11 @@ using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
 using VU = hn::Vec<DU>;
 
+// For hot-loop lambdas: GCC may otherwise call a large step lambda once per vector.
+#ifndef XQUANT_LAMBDA_INLINE
+#define XQUANT_LAMBDA_INLINE __attribute__((always_inline))
+#endif
+
 // Widest vector of any target (AVX-512: 16 floats); stack buffers for tails are sized by it.
 inline constexpr std::size_t kMaxLanes = 16;
 
@@ -167,8 +172,14 @@ HWY_INLINE VF RoundEven(VF v) {
 
 // Clamp that lets NaN through (rule 4): comparisons with NaN are false, so NaN keeps its value.
 HWY_INLINE VF ClampKeepNaN(VF v, VF lo, VF hi) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+  // x86 minps(a, b) / maxps(a, b) are `a < b ? a : b` / `a > b ? a : b`: the second operand when either is
+  // NaN, and on equal operands (+0 / -0), so this is the select below in two instructions.
+  return hn::Max(lo, hn::Min(hi, v));
+#else
   v = hn::IfThenElse(hn::Lt(v, lo), lo, v);
   return hn::IfThenElse(hn::Gt(v, hi), hi, v);
+#endif
 }
 
 // min / max that return the canonical quiet NaN when either operand is NaN (mirror nan_min / nan_max of
@@ -184,6 +195,20 @@ HWY_INLINE VF NanMax(VF a, VF b) {
   return hn::IfThenElse(nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()), hn::IfThenElse(hn::Gt(b, a), b, a));
 }
 
+// float -> int32 for integral values already inside the int32 range (no overflow handling: Highway's
+// ConvertTo adds four instructions per vector on x86 to saturate, which such values never need).
+HWY_INLINE VI ConvertInRange(VF v) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return VI{_mm512_cvttps_epi32(v.raw)};
+#elif HWY_TARGET == HWY_AVX2
+  return VI{_mm256_cvttps_epi32(v.raw)};
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+  return VI{_mm_cvttps_epi32(v.raw)};
+#else
+  return hn::ConvertTo(DI(), v);
+#endif
+}
+
 // Rule 3 for small integer ranges ([lo, hi] inside int32, exact in float): r is rounded; NaN -> 0,
 // +-Inf and out-of-range values saturate. Clamped in float first: the float->int conversion of an
 // out-of-range value is not defined.
@@ -191,7 +216,28 @@ HWY_INLINE VI SaturateToI32Range(VF r, float lo, float hi) {
   const DF df;
   r = hn::IfThenZeroElse(hn::IsNaN(r), r);
   r = hn::Min(hn::Max(r, hn::Set(df, lo)), hn::Set(df, hi));  // NaN already removed
-  return hn::ConvertTo(DI(), r);
+  return ConvertInRange(r);
+}
+
+// rint(v) saturated to [lo, hi] (integers inside int32), NaN -> 0 unless kNoNaN (the caller knows v is
+// not NaN). The same as SaturateToI32Range(RoundEven(v), lo, hi): clamping to integer bounds commutes with
+// rounding. AVX-512 rounds and converts in one instruction (embedded round-to-nearest-even).
+// The bounds as vectors: hot loops pass them ready-made (a broadcast from memory per vector costs an FP
+// pipe on Zen 4, where the loops with a division are bound by the FP pipe of the divider).
+template <bool kNoNaN = false>
+HWY_INLINE VI RoundSaturateToI32Range(VF v, VF lo, VF hi) {
+  if constexpr (!kNoNaN) v = hn::IfThenZeroElse(hn::IsNaN(v), v);
+  v = hn::Min(hn::Max(v, lo), hi);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return VI{_mm512_cvt_roundps_epi32(v.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+#else
+  return ConvertInRange(RoundEven(v));
+#endif
+}
+template <bool kNoNaN = false>
+HWY_INLINE VI RoundSaturateToI32Range(VF v, float lo, float hi) {
+  const DF df;
+  return RoundSaturateToI32Range<kNoNaN>(v, hn::Set(df, lo), hn::Set(df, hi));
 }
 
 // Rule 3 for the full int32 range: 2^31 is not representable as int32, so values >= 2^31 are selected

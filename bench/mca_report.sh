@@ -1,0 +1,35 @@
+#!/bin/sh
+# llvm-mca throughput of the AVX-512 hot loop of every benchmarked kernel (bench_ops --ratios large cases),
+# for Intel (sapphirerapids, icelake-server models) and AMD (znver4), in cycles per 16-element vector.
+#   bench/mca_report.sh [build dir, default build/release]   (needs llvm-mca-19: apt-get install llvm-19)
+# Kernels with a division have two loops: "divider" (the default on AMD) and "FMA" (the default on Intel).
+B=${1:-build/release}
+O=$B/CMakeFiles/xquant.dir/src/cpu
+M="python3 $(dirname "$0")/mca_loops.py"
+CPUS=${MCA_CPUS:-sapphirerapids,icelake-server,znver4}
+run() {  # name object function markers [vectors per iteration]
+  printf '%s\n  ' "$1"
+  $M "$O/$2" "$3" --marker "$4" --vectors "${5:-1}" --mcpu "$CPUS" --quiet |
+    sed "s/ cycles\/\(vector\|iteration\) (block reciprocal throughput; simulated/ (simulated/g"
+}
+FQ='N_AVX3::FwdSpanT<(xquant::DType)0'
+run "fake quant forward f32, divider" fake_quant.cpp.o "$FQ, 0, false, false>" 'vmulps,vrndscale,vmovnt'
+run "fake quant forward f32, FMA (one step)" fake_quant.cpp.o "$FQ, 1, false, false>" 'vmulps,vrndscale,vmovnt'
+run "fake quant backward f32 + grad_amax terms (streamed)" fake_quant.cpp.o 'N_AVX3::BwdSpan<(xquant::DType)0>' 'vmulps,vmovnt'
+Q='N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)0'
+run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1>" 'vdivps,vmovntdq'
+run "quantize div_mode f32 -> int8, FMA (streamed)" quantize.cpp.o "$Q, 2>" 'vfnmadd,vmovntdq'
+run "quantize mul f32 -> quint4x2" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'vmulps,vpsrlq'
+D='N_AVX3::SmoothAndReduce<(xquant::DType)'
+run "dynamic quant pass 1, bf16 widen + min/max + row buffer" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,!vmulps'
+run "dynamic quant pass 1, bf16 * smooth" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,vmulps'
+run "dynamic quant pass 1, f32 min/max only" dynamic_quant.cpp.o "${D}0>" 'vminps,!vmovups %zmm' 
+R='N_AVX3::RowsT<(xquant::DType)2>'
+run "dynamic quant pass 2 -> int8, divider (finite row, streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vfpclass'
+run "dynamic quant pass 2 -> int8, FMA (finite row, streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vfpclass'
+run "dynamic quant pass 2 -> int4, divider (finite row)" dynamic_quant.cpp.o "$R" 'vdivps,vpsrlq,!vfpclass'
+run "dynamic quant pass 2 -> int4, FMA (finite row)" dynamic_quant.cpp.o "$R" 'vfnmadd,vpsrlq,!vfpclass'
+U='N_AVX3::UlqSpanT<(xquant::DType)0'
+run "ActsULQ forward f32, 4 outputs, divider (streamed)" acts_ulq.cpp.o "$U, false>" 'vdivps,vmovnt'
+run "ActsULQ forward f32, 4 outputs, FMA (streamed)" acts_ulq.cpp.o "$U, true>" 'vfnmadd,vmovnt,!vdivps'
+run "ActsULQ backward f32" acts_ulq.cpp.o 'N_AVX3::BwdChunkT<(xquant::DType)0>' 'vmulps,vsubps'

@@ -1,0 +1,260 @@
+// Per-target exact float32 division x / s without the divider (re-included once per Highway target).
+//
+// SPEC rule 2 requires the correctly rounded quotient x / s. The divider is slow on some CPUs (512-bit
+// vdivps: one per 5-10 cycles on Intel Xeon), so on targets with a real FMA (x86 AVX2 and AVX-512,
+// where Highway's MulSub / NegMulAdd are fused) the quotient is computed from a reciprocal
+// r = RN(1 / s), prepared once per call, with two Markstein corrections:
+//
+//   q0 = RN(x * r)
+//   e1 = RN(q0 * s - x)      q1 = RN(q0 - e1 * r)      (fused: one rounding each)
+//   e2 = RN(q1 * s - x)      q2 = RN(q1 - e2 * r)      == RN(x / s), bit for bit
+//
+// Why q2 is the IEEE quotient (docs/performance.md has the whole argument): the steps scale exactly
+// with the exponents of x and s while nothing underflows or overflows, so take x, s in [1, 2).
+// |r - 1/s| <= 2^-25 puts q0 within 2^-23 of Q = x / s; one correction leaves q1 within
+// (1/2 + 2^-22) ulp(Q) of Q, so q1 is faithful; then e2 = q1 * s - x is exact (Markstein) and
+// q1 - e2 * r = Q + (q1 - Q)(1 - s r) differs from Q by less than Q's distance to any rounding
+// midpoint (at least 2^-48 / s, as x / s is never a midpoint), for every s significand below
+// 2 - 2^-21. The four largest significands are checked exhaustively (bench/exhaustive_div.cpp, which
+// also checks every float32 x for a set of scales against the divider).
+//
+// The argument needs: s positive and normal with a normal reciprocal (s in [2^-126, 2^126): checked
+// once per call by fast_div_domain), and per lane x == +-0 (the FMA signs then give the quotient's
+// signed zero) or xlo <= |x| <= xhi, where xlo = max(2^-100, 2^-124 * s_max) and
+// xhi = min(FLT_MAX, 2^125 * s_min) keep q0, q1, q2 in [2^-125, 2^126] and the residuals on a grid
+// of at least 2^-149. NaN, +-Inf, subnormal, tiny and huge x are outside. DivExact checks the domain
+// per vector (two integer compares) and divides a vector with any lane outside; DivIntegral and
+// DivForInteger need no per-vector check (see fast_div_integral_steps and fast_div_int). Either way
+// the result is the divider's, bit for bit, on every target. Kernels use the sequence only where
+// fast_div_wanted() says so (Intel CPUs by default).
+#if defined(XQUANT_CPU_FASTDIV_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef XQUANT_CPU_FASTDIV_INL_H_
+#undef XQUANT_CPU_FASTDIV_INL_H_
+#else
+#define XQUANT_CPU_FASTDIV_INL_H_
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "hwy/highway.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#ifndef XQUANT_CPU_FASTDIV_ONCE
+#define XQUANT_CPU_FASTDIV_ONCE
+namespace xquant::detail {
+
+// The per-call part of the fast division by divisors in [s_min, s_max] (one scale: s_min == s_max).
+// ok: every divisor is in [2^-126, 2^126) (positive, normal, normal reciprocal); otherwise callers
+// divide. Lanes x with x == +-0 or lo <= |x| <= hi take the fast path (as float bit patterns, |x| in
+// [lo, hi] is one range of integers).
+struct FastDivDomain {
+  bool ok = false;
+  std::uint32_t lo = 1, hi = 0;
+};
+
+inline bool fast_div_scale_ok(float s) { return s >= 0x1p-126f && s < 0x1p126f; }
+
+// min_quotient_exp: also keep |x / s| >= 2^min_quotient_exp for every nonzero x in the domain (ActsULQ
+// divides the quotient's rounding error again).
+inline FastDivDomain fast_div_domain(float s_min, float s_max, int min_quotient_exp = -1000) {
+  FastDivDomain d;
+  if (!(fast_div_scale_ok(s_min) && fast_div_scale_ok(s_max) && s_min <= s_max)) return d;
+  // Both bounds are exact: powers of two times normal floats, capped by normal floats.
+  float lo = std::max(0x1p-100f, std::ldexp(s_max, -124));
+  if (min_quotient_exp > -1000) lo = std::max(lo, std::ldexp(s_max, min_quotient_exp + 1));
+  const double hi_d = std::ldexp(static_cast<double>(s_min), 125);
+  const float hi = hi_d >= static_cast<double>(std::numeric_limits<float>::max()) ? std::numeric_limits<float>::max()
+                                                                                   : static_cast<float>(hi_d);
+  std::memcpy(&d.lo, &lo, 4);
+  std::memcpy(&d.hi, &hi, 4);
+  d.ok = d.lo <= d.hi;
+  return d;
+}
+
+inline float fast_div_bits_to_float(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Quotients q / s of integers |q| <= q_max (or NaN), s in [s_min, s_max] (fake quantization's
+// dequantization step): 0 = not covered (divide), 1 = one correction suffices (every integer up to
+// 2^kOneStepIntegerBits against every divisor significand: bench/exhaustive_div --integers),
+// 2 = the two-step sequence. Every integer is then in the domain, so no per-vector check is needed.
+inline constexpr int kOneStepIntegerBits = 12;
+inline int fast_div_integral_steps(float s_min, float s_max, float q_max) {
+  const FastDivDomain d = fast_div_domain(s_min, s_max);
+  if (!d.ok || fast_div_bits_to_float(d.lo) > 1.0f || !(fast_div_bits_to_float(d.hi) >= q_max)) return 0;
+  return q_max <= std::ldexp(1.0f, kOneStepIntegerBits) ? 1 : 2;
+}
+
+// Integer results sat(rint(x / s + z)) with s in [s_min, s_max], |z| <= z_max (npu_quantize div_mode,
+// dynamic quantization): no per-vector check either. x is first clamped to [-x_max, x_max] (NaN kept):
+// beyond x_max both quotients saturate alike, as x_max / s_max >= 2^34 > 2^33 >= |z|. Dividends below
+// the domain (|x| < lo, zero excepted) give |x / s| < 2^-36 both ways (s_min >= 2^-60, s_max / s_min <=
+// 2^60; the FMA steps at most multiply |x r| by 7) and rint(q + z) is the same integer for any two such q: if |z| >= 2^-5, q is below half an ulp of
+// z and q + z rounds to z; otherwise |q + z| < 1/2 and rounds to 0.
+struct FastDivInt {
+  bool ok = false;
+  float x_max = 0.0f;
+};
+inline FastDivInt fast_div_int(float s_min, float s_max, float z_max) {
+  FastDivInt f;
+  const FastDivDomain d = fast_div_domain(s_min, s_max);
+  if (!d.ok || !(s_min >= 0x1p-60f) || !(s_max <= std::ldexp(s_min, 60)) || !(z_max <= 0x1p33f)) return f;
+  f.x_max = fast_div_bits_to_float(d.hi);
+  f.ok = static_cast<double>(f.x_max) / static_cast<double>(s_max) >= 0x1p34;
+  return f;
+}
+
+// Whether kernels use the fast path (where the target has a real FMA). Default: on Intel CPUs, whose
+// 512-bit divider retires one quotient vector per 5-10 cycles, while AMD Zen 4 divides a 512-bit vector
+// in about the time of 4 of its double-pumped 512-bit FMAs (docs/performance.md). XQUANT_FAST_DIV=0 / 1
+// overrides; tests force both with set_fast_div_mode. Results are the same bits either way.
+inline std::atomic<int>& fast_div_mode_override() {
+  static std::atomic<int> mode{-1};
+  return mode;
+}
+inline void set_fast_div_mode(int mode) { fast_div_mode_override().store(mode, std::memory_order_relaxed); }
+inline bool cpu_vendor_is_intel() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "GenuineIntel"
+#else
+  return false;
+#endif
+}
+// Only when asked for (XQUANT_FAST_DIV=1 or set_fast_div_mode(1)), not by default on any CPU: for
+// kernels where the models show no gain (ActsULQ forward: memory-bound, and its two quotients need
+// a per-vector domain check and ten FMA-class instructions against two divisions).
+inline bool fast_div_forced() {
+  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
+  if (m >= 0) return m == 1;
+  static const bool forced = [] {
+    const char* e = std::getenv("XQUANT_FAST_DIV");
+    return e != nullptr && e[0] == '1' && e[1] == '\0';
+  }();
+  return forced;
+}
+inline bool fast_div_wanted() {
+  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
+  if (m >= 0) return m == 1;
+  static const bool by_default = [] {
+    const char* e = std::getenv("XQUANT_FAST_DIV");
+    if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';
+    return cpu_vendor_is_intel();
+  }();
+  return by_default;
+}
+
+}  // namespace xquant::detail
+#endif  // XQUANT_CPU_FASTDIV_ONCE
+
+HWY_BEFORE_NAMESPACE();
+namespace xquant::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#undef XQUANT_HAVE_FAST_DIV
+#if HWY_ARCH_X86 && HWY_NATIVE_FMA && !defined(HWY_DISABLE_BMI2_FMA)
+#define XQUANT_HAVE_FAST_DIV 1
+#else
+#define XQUANT_HAVE_FAST_DIV 0
+#endif
+
+// Whether this target computes quotients with the FMA sequence (otherwise every quotient is divided).
+inline constexpr bool kHaveFastDiv = XQUANT_HAVE_FAST_DIV != 0;
+
+// The quotient sequence, without the domain check: x / s for lanes in the domain (see the top).
+template <class V>
+HWY_INLINE V DivCore(V x, V s, V r) {
+  const V q0 = hn::Mul(x, r);
+  const V q1 = hn::NegMulAdd(hn::MulSub(q0, s, x), r, q0);
+  return hn::NegMulAdd(hn::MulSub(q1, s, x), r, q1);
+}
+
+// One correction: correct for the integer dividends fast_div_integral_steps allows (checked exhaustively);
+// for other dividends only the second step is proven (bench/exhaustive_div counts both).
+template <class V>
+HWY_INLINE V DivCoreOneStep(V x, V s, V r) {
+  const V q0 = hn::Mul(x, r);
+  return hn::NegMulAdd(hn::MulSub(q0, s, x), r, q0);
+}
+
+// q / s for q integral or NaN under fast_div_integral_steps(...) == kSteps; NaN passes unchanged (as
+// the division returns a quiet NaN operand).
+template <int kSteps, class V>
+HWY_INLINE V DivIntegral(V q, V s, V r) {
+  const V d = kSteps == 1 ? DivCoreOneStep(q, s, r) : DivCore(q, s, r);
+  return hn::IfThenElse(hn::IsNaN(q), q, d);
+}
+
+// x / s where only sat(rint(x / s + z)) is needed, under fast_div_int: x clamped to [-x_max, x_max]
+// first (x86 min / max return their second operand for NaN: NaN stays NaN, and becomes 0 later). kClamp
+// false: the caller knows |x| <= x_max (a dynamic quantization row's min / max). Targets without FMA
+// divide.
+template <bool kClamp, class V>
+HWY_INLINE V DivForInteger(V x, V s, V r, V x_max) {
+#if XQUANT_HAVE_FAST_DIV
+  if constexpr (kClamp) x = hn::Max(hn::Neg(x_max), hn::Min(x_max, x));
+  return DivCore(x, s, r);
+#else
+  (void)r;
+  (void)x_max;
+  return hn::Div(x, s);
+#endif
+}
+
+// A domain in vector form: |x| bits in [lo, hi] <=> (int32)(|x| bits + (2^31 - lo)) <= INT32_MIN + (hi - lo).
+template <class DF>
+struct DivDomainV {
+  hn::Vec<hn::RebindToSigned<DF>> bias, top;
+  explicit DivDomainV(const FastDivDomain& d) {
+    const hn::RebindToSigned<DF> di;
+    const std::uint32_t bias_u = 0x80000000u - d.lo;
+    const std::uint32_t top_u = 0x80000000u + (d.hi - d.lo);
+    std::int32_t b, t;
+    std::memcpy(&b, &bias_u, 4);
+    std::memcpy(&t, &top_u, 4);
+    bias = hn::Set(di, b);
+    top = hn::Set(di, t);
+  }
+};
+
+// Per-lane domain mask (as a mask of DF).
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE auto InDivDomain(DF df, V x, const DivDomainV<DF>& dom) {
+  const hn::RebindToSigned<DF> di;
+  const auto ax = hn::And(hn::BitCast(di, x), hn::Set(di, 0x7FFFFFFF));
+  const auto t = hn::Add(ax, dom.bias);  // wraps: in range <=> t <= top (signed)
+  const auto in = hn::Or(hn::Eq(ax, hn::Zero(di)), hn::Not(hn::Gt(t, dom.top)));
+  return hn::RebindMask(df, in);
+}
+
+// x / s, bit for bit the divider's: the FMA sequence when the target has it and every lane is in the
+// domain, the division otherwise. r = RN(1 / s) lane by lane; dom from fast_div_domain over the
+// divisors, which must have said ok (callers divide otherwise).
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE V DivExact(DF df, V x, V s, V r, const DivDomainV<DF>& dom) {
+#if XQUANT_HAVE_FAST_DIV
+  if (HWY_LIKELY(hn::AllTrue(df, InDivDomain(df, x, dom)))) return DivCore(x, s, r);
+#else
+  (void)df;
+  (void)r;
+  (void)dom;
+#endif
+  return hn::Div(x, s);
+}
+
+}  // namespace xquant::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // XQUANT_CPU_FASTDIV_INL_H_
