@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/convert.hpp"
 #include "core/hd.hpp"
 #include "xquant/dtype.hpp"
 #include "xquant/half.hpp"
@@ -16,28 +17,10 @@ namespace xquant::detail {
 // (the default is to-nearest-even). (The device-safe scalar helpers live in core/hd.hpp.)
 inline float round_half_even(float v) noexcept { return hd_rint(v); }
 
-// Rule 2: every floating input is widened to float32 ...
-inline float load_float(DType dt, const void* base, std::int64_t i) noexcept {
-  switch (dt) {
-    case DType::float16: return half_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::bfloat16: return bfloat16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::int8: return static_cast<float>(static_cast<const std::int8_t*>(base)[i]);
-    case DType::uint8: return static_cast<float>(static_cast<const std::uint8_t*>(base)[i]);
-    case DType::int32: return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
-    case DType::int64: return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
-    case DType::float32: break;
-  }
-  return static_cast<const float*>(base)[i];
-}
-
-// ... and floating results are narrowed once, round-to-nearest-even (float16 / bfloat16 only).
-inline void store_float(DType dt, void* base, std::int64_t i, float v) noexcept {
-  switch (dt) {
-    case DType::float16: static_cast<std::uint16_t*>(base)[i] = float_to_half(v); return;
-    case DType::bfloat16: static_cast<std::uint16_t*>(base)[i] = float_to_bfloat16(v); return;
-    default: static_cast<float*>(base)[i] = v; return;
-  }
-}
+// Rule 2: every floating input is widened to float32, and floating results are narrowed once,
+// round-to-nearest-even (core/convert.hpp: the same code on the host and on CUDA devices).
+inline float load_float(DType dt, const void* base, std::int64_t i) noexcept { return hd_load_float(dt, base, i); }
+inline void store_float(DType dt, void* base, std::int64_t i, float v) noexcept { hd_store_float(dt, base, i, v); }
 
 // Rule 3: integer outputs saturate, NaN -> 0, +-Inf -> max / min. The comparison happens in float before
 // any conversion: a hardware float->int conversion of an out-of-range value is undefined in C++ (and

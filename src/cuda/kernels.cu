@@ -60,13 +60,13 @@ __global__ void fake_quant_kernel(DType dt, const void* x, void* y, ChannelLayou
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const FakeQuantParams& p = params[chan(l, i)];
-    const float v = d_load(dt, x, i);
+    const float v = hd_load_float(dt, x, i);
     float out;
     if (hd_isnan(v))
       out = p.zero ? v : d_quiet(v);  // the reference's NaN: the input, quieted by its arithmetic
     else
       out = fake_quant_value(v, p);
-    d_store(dt, y, i, out);
+    hd_store_float(dt, y, i, out);
   }
 }
 
@@ -111,7 +111,7 @@ __global__ void fake_quant_grad_chunks_kernel(DType dt, const void* grad_out, co
         if (k >= terms) break;
         const std::int64_t o = k / l.inner, i = k % l.inner;
         const std::int64_t flat = (o * l.channels + c) * l.inner + i;
-        const float t = __fmul_rn(d_load(dt, grad_out, flat), fake_quant_amax_factor(d_load(dt, x, flat), p));
+        const float t = __fmul_rn(hd_load_float(dt, grad_out, flat), fake_quant_amax_factor(hd_load_float(dt, x, flat), p));
         acc = __dadd_rn(acc, static_cast<double>(t));
       }
     }
@@ -138,9 +138,9 @@ __global__ void fake_quant_grad_in_kernel(DType dt, const void* grad_out, const 
   const std::int64_t n = l.outer * l.channels * l.inner;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float g = d_load(dt, grad_out, i);
-    const float v = d_load(dt, x, i);
-    d_store(dt, grad_in, i, fake_quant_passes_grad(v, params[chan(l, i)]) ? g : 0.0f);
+    const float g = hd_load_float(dt, grad_out, i);
+    const float v = hd_load_float(dt, x, i);
+    hd_store_float(dt, grad_in, i, fake_quant_passes_grad(v, params[chan(l, i)]) ? g : 0.0f);
   }
 }
 
@@ -186,14 +186,14 @@ __global__ void acts_ulq_kernel(ActsUlqArgs a, std::int64_t n) {
       imax += k * plan.stride_max[d];
     }
     const ActsUlqParams p =
-        init_acts_ulq_params(d_load(a.dt, a.clamp_min, imin), d_load(a.dt, a.clamp_max, imax), a.fixed_min, levels);
-    const ActsUlqElement e = acts_ulq_element(d_load(a.dt, a.x, ix), p, levels);
+        init_acts_ulq_params(hd_load_float(a.dt, a.clamp_min, imin), hd_load_float(a.dt, a.clamp_max, imax), a.fixed_min, levels);
+    const ActsUlqElement e = acts_ulq_element(hd_load_float(a.dt, a.x, ix), p, levels);
     // NaN results as the reference's usual NaN (the canonical 0x7FC00000, from NaN operands); x86's default
     // NaN 0xFFC00000 of an invalid operation (Inf clamps) is not reproduced (docs/semantics.md 1.11).
-    d_store(a.dt, a.y, i, hd_canonical_nan(e.y));
-    d_store(a.dt, a.clamp_min_mask, i, e.clamp_min_mask);
-    d_store(a.dt, a.clamp_max_mask, i, e.clamp_max_mask);
-    d_store(a.dt, a.x_clamped_loss, i, hd_canonical_nan(e.x_clamped_loss));
+    hd_store_float(a.dt, a.y, i, hd_canonical_nan(e.y));
+    hd_store_float(a.dt, a.clamp_min_mask, i, e.clamp_min_mask);
+    hd_store_float(a.dt, a.clamp_max_mask, i, e.clamp_max_mask);
+    hd_store_float(a.dt, a.x_clamped_loss, i, hd_canonical_nan(e.x_clamped_loss));
   }
 }
 
@@ -262,13 +262,13 @@ struct UlqGradArgs {
 
 template <UlqGrad G>
 __device__ inline float ulq_term(const UlqGradArgs& a, std::int64_t o) {
-  const float g = d_load(a.dt, a.y_grad, o);
+  const float g = hd_load_float(a.dt, a.y_grad, o);
   if (G == UlqGrad::x)  // (y_grad * min_mask) * max_mask
-    return __fmul_rn(__fmul_rn(g, d_load(a.dt, a.min_mask, o)), d_load(a.dt, a.max_mask, o));
+    return __fmul_rn(__fmul_rn(g, hd_load_float(a.dt, a.min_mask, o)), hd_load_float(a.dt, a.max_mask, o));
   if (G == UlqGrad::clamp_min)  // y_grad * ((1 - min_mask) - x_clamped_loss)
-    return __fmul_rn(g, __fsub_rn(__fsub_rn(1.0f, d_load(a.dt, a.min_mask, o)), d_load(a.dt, a.loss, o)));
+    return __fmul_rn(g, __fsub_rn(__fsub_rn(1.0f, hd_load_float(a.dt, a.min_mask, o)), hd_load_float(a.dt, a.loss, o)));
   // y_grad * (x_clamped_loss + (1 - max_mask))
-  return __fmul_rn(g, __fadd_rn(d_load(a.dt, a.loss, o), __fsub_rn(1.0f, d_load(a.dt, a.max_mask, o))));
+  return __fmul_rn(g, __fadd_rn(hd_load_float(a.dt, a.loss, o), __fsub_rn(1.0f, hd_load_float(a.dt, a.max_mask, o))));
 }
 
 template <UlqGrad G>
@@ -304,8 +304,8 @@ __global__ void ulq_grad_total_kernel(const double* chunk_values, std::int64_t t
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < targets;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     bool zero = false;
-    if (which == UlqGrad::clamp_min) zero = fixed_min || d_load(dt, clamp, t) > 0.0f;
-    if (which == UlqGrad::clamp_max) zero = d_load(dt, clamp, t) < floor_max;
+    if (which == UlqGrad::clamp_min) zero = fixed_min || hd_load_float(dt, clamp, t) > 0.0f;
+    if (which == UlqGrad::clamp_max) zero = hd_load_float(dt, clamp, t) < floor_max;
     float r = 0.0f;
     if (!zero && chunks_per_target > 0) {
       double total = -0.0;
@@ -313,7 +313,7 @@ __global__ void ulq_grad_total_kernel(const double* chunk_values, std::int64_t t
       r = __double2float_rn(total);
       if (hd_isnan(r)) r = hd_qnan();
     }
-    d_store(dt, grad, t, r);
+    hd_store_float(dt, grad, t, r);
   }
 }
 
@@ -325,15 +325,15 @@ __global__ void ulq_grad_single_kernel(UlqGradArgs a, Reduction r, void* grad, b
   for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < r.targets;
        t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     bool zero = false;
-    if (G == UlqGrad::clamp_min) zero = fixed_min || d_load(a.dt, clamp, t) > 0.0f;
-    if (G == UlqGrad::clamp_max) zero = d_load(a.dt, clamp, t) < floor_max;
+    if (G == UlqGrad::clamp_min) zero = fixed_min || hd_load_float(a.dt, clamp, t) > 0.0f;
+    if (G == UlqGrad::clamp_max) zero = hd_load_float(a.dt, clamp, t) < floor_max;
     float v = 0.0f;
     if (!zero) {
       v = ulq_term<G>(a, unravel(t, r.kept_rank, r.kept_extent, r.kept_stride) +
                              unravel(0, r.free_rank, r.free_extent, r.free_stride));
       if (hd_isnan(v)) v = hd_qnan();
     }
-    d_store(a.dt, grad, t, v);
+    hd_store_float(a.dt, grad, t, v);
   }
 }
 
@@ -383,12 +383,12 @@ __global__ void quantize_kernel(DType dt, const void* x, QuantDType q, void* y, 
       std::uint32_t w = 0;
       for (int j = 0; j < 8; ++j) {
         const std::int64_t i = t * 8 + j;
-        const float v = quantize_value(d_load(dt, x, i), params[chan(l, i)], div_mode);
+        const float v = quantize_value(hd_load_float(dt, x, i), params[chan(l, i)], div_mode);
         w |= d_nibble(hd_rint(v)) << (4 * j);
       }
       static_cast<std::uint32_t*>(y)[t] = w;
     } else {
-      const float v = quantize_value(d_load(dt, x, t), params[chan(l, t)], div_mode);
+      const float v = quantize_value(hd_load_float(dt, x, t), params[chan(l, t)], div_mode);
       d_store_q(q, y, t, hd_rint(v));
     }
   }
@@ -437,7 +437,7 @@ __global__ void anti_quant_kernel(QuantDType src, const void* x, DType dt, void*
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int q = src == QuantDType::quint4x2 ? d_load_int4(static_cast<const std::int32_t*>(x), i)
                                               : static_cast<const std::int8_t*>(x)[i];
-    d_store(dt, out, i, anti_quant_value(static_cast<float>(q), params[chan(l, i)]));
+    hd_store_float(dt, out, i, anti_quant_value(static_cast<float>(q), params[chan(l, i)]));
   }
 }
 
@@ -477,9 +477,9 @@ __device__ inline std::int64_t expert_of_row(const std::int64_t* ends, std::int6
 }
 
 __device__ inline float smoothed(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, std::int64_t j) {
-  const float x = d_load(a.dt, a.x, r * a.cols + j);
+  const float x = hd_load_float(a.dt, a.x, r * a.cols + j);
   if (a.smooth == nullptr) return x;
-  return x * d_load(a.smooth_dt, a.smooth, e * a.cols + j);
+  return x * hd_load_float(a.smooth_dt, a.smooth, e * a.cols + j);
 }
 
 // Quantizes row r with p (j over this thread's share of the row).
@@ -542,7 +542,7 @@ __global__ void minmax_partial_kernel(DynamicQuantArgs a, MinMax* partial) {
   MinMax m{0.0f, 0.0f, 0.0f, false};
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    m = MinMaxOp{}(m, mm_of(d_load(a.dt, a.x, i)));
+    m = MinMaxOp{}(m, mm_of(hd_load_float(a.dt, a.x, i)));
   const MinMax total = BlockMinMax(temp).Reduce(m, MinMaxOp{});
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
