@@ -1104,22 +1104,23 @@ NB_MODULE(_core, m) {
   m.def("get_backend", &get_backend);
   m.def("simd_target", &xquant::simd_target);
   // torch tensors without DLPack (see t_fake_tensor_quant): None means "take the full path" (lenient).
+  // strict defaults to False where xquant._torch_fast has a namesake of the same signature (lenient only).
   m.def("init_torch", &init_torch, "api"_a);
   m.def("plain_modes", [] { return g_torch.lenient && plain_eager(false); });
   m.def("t_fake_tensor_quant", &t_fake_tensor_quant, "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a,
-        "is_unsigned"_a, "narrow_range"_a, "strict"_a);
+        "is_unsigned"_a, "narrow_range"_a, "strict"_a = false);
   m.def("t_fake_tensor_quant_inplace", &t_fake_tensor_quant_inplace, "inputs"_a, "amax"_a, "num_bits"_a,
         "is_unsigned"_a, "narrow_range"_a, "strict"_a);
   m.def("t_quantize", &t_quantize, "input"_a, "scales"_a, "zero_points"_a.none(), "dtype"_a, "axis"_a,
-        "div_mode"_a, "strict"_a);
+        "div_mode"_a, "strict"_a = false);
   m.def("t_tile_quant", &t_tile_quant, "out"_a, "src"_a, "scale"_a, "mode"_a, "offset"_a.none(), "strict"_a);
   m.def("t_dynamic_quant_asymmetric", &t_dynamic_quant_asymmetric, "x"_a, "smooth_scales"_a.none(),
-        "group_index"_a.none(), "dst_type"_a.none(), "quant_mode"_a, "strict"_a);
+        "group_index"_a.none(), "dst_type"_a.none(), "quant_mode"_a, "strict"_a = false);
   m.def("t_dynamic_quant", &t_dynamic_quant, "x"_a, "smooth_scales"_a.none(), "group_index"_a.none(),
-        "dst_type"_a.none(), "strict"_a);
+        "dst_type"_a.none(), "strict"_a = false);
   m.def("t_anti_quant", &t_anti_quant, "x"_a, "scale"_a, "offset"_a.none(), "dst_dtype"_a.none(),
-        "src_dtype"_a.none(), "strict"_a);
-  m.def("t_acts_ulq", &t_acts_ulq, "x"_a, "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a, "strict"_a);
+        "src_dtype"_a.none(), "strict"_a = false);
+  m.def("t_acts_ulq", &t_acts_ulq, "x"_a, "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a, "strict"_a = false);
   m.def("acts_ulq_backward", &acts_ulq_backward, "x_grad"_a, "clamp_min_grad"_a, "clamp_max_grad"_a, "y_grad"_a,
         "clamp_min"_a, "clamp_max"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "fixed_min"_a,
         "num_bits"_a);
