@@ -1110,10 +1110,10 @@ NB_MODULE(_core, m) {
   m.def("t_fake_tensor_quant", &t_fake_tensor_quant, "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a,
         "is_unsigned"_a, "narrow_range"_a, "strict"_a = false);
   m.def("t_fake_tensor_quant_inplace", &t_fake_tensor_quant_inplace, "inputs"_a, "amax"_a, "num_bits"_a,
-        "is_unsigned"_a, "narrow_range"_a, "strict"_a);
+        "is_unsigned"_a, "narrow_range"_a, "strict"_a = false);
   m.def("t_quantize", &t_quantize, "input"_a, "scales"_a, "zero_points"_a.none(), "dtype"_a, "axis"_a,
         "div_mode"_a, "strict"_a = false);
-  m.def("t_tile_quant", &t_tile_quant, "out"_a, "src"_a, "scale"_a, "mode"_a, "offset"_a.none(), "strict"_a);
+  m.def("t_tile_quant", &t_tile_quant, "out"_a, "src"_a, "scale"_a, "mode"_a, "offset"_a.none(), "strict"_a = false);
   m.def("t_dynamic_quant_asymmetric", &t_dynamic_quant_asymmetric, "x"_a, "smooth_scales"_a.none(),
         "group_index"_a.none(), "dst_type"_a.none(), "quant_mode"_a, "strict"_a = false);
   m.def("t_dynamic_quant", &t_dynamic_quant, "x"_a, "smooth_scales"_a.none(), "group_index"_a.none(),

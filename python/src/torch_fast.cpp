@@ -19,7 +19,7 @@
 #include <ATen/TracerMode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/functorch/DynamicLayer.h>
-#include <ATen/ops/empty.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
@@ -183,7 +183,9 @@ Out alloc(const Shape& shape, DType dt) {
     o.view = {data, dt, shape};
     return o;
   }
-  o.tensor = at::empty(shape, options);
+  // at::detail::empty_cpu: what at::empty's CPU kernel calls, without the dispatcher round trip (no mode is
+  // active here; every element is written by the operator, so deterministic-fill mode changes nothing).
+  o.tensor = at::Tensor(at::detail::empty_cpu(shape, to_scalar(dt)));
   o.view = {n == 0 ? nullptr : o.tensor.mutable_data_ptr(), dt, shape};
   return o;
 }
@@ -274,6 +276,68 @@ PyObject* t_fake_tensor_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
       else xquant::fake_tensor_quant_out(out.view, xv, av, o);
     });
     return wrap(std::move(out.tensor));
+  });
+}
+
+// A tensor the fast path may write in place (as _core's plain_inplace_target): not an inference tensor,
+// and not a view while grad mode is on (torch refuses some in-place writes to views; the full path lets
+// torch decide).
+bool plain_inplace_target(const at::Tensor& t) {
+  return !t.is_inference() && !(t.is_view() && c10::GradMode::is_enabled());
+}
+
+// t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range)
+PyObject* t_fake_tensor_quant_inplace(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (!nargs_ok("t_fake_tensor_quant_inplace", n, 5)) return nullptr;
+  return guarded([&]() -> PyObject* {
+    xquant::FakeQuantOptions o;
+    XQ_TRY(py_int(args[2], o.num_bits) && py_bool(args[3], o.is_unsigned) && py_bool(args[4], o.narrow_range));
+    TArg x, a;
+    XQ_TRY(targ(args[0], x));
+    float a_value = 0.0f;
+    if (py_number(args[1], a_value)) a.data = &a_value;
+    else XQ_TRY(targ(args[1], a));
+    // A tensor that requires grad is refused by the full path (no autograd for the in-place form).
+    XQ_TRY(!x.requires_grad && plain_inplace_target(*x.t) && modes_plain());
+    if (a.requires_grad) XQ_TRY(!c10::GradMode::is_enabled());
+    const TensorView xv{x.data, x.dtype, x.shape};
+    const ConstTensorView av = a.cview();
+    run_maybe_nogil(x.numel(), [&] { xquant::fake_tensor_quant_inplace(xv, av, o); });
+    x.t->unsafeGetTensorImpl()->bump_version();  // what an in-place torch operator does
+    Py_INCREF(args[0]);
+    return args[0];
+  });
+}
+
+// t_tile_quant(out, src, scale, mode, offset): dense tiles only (padded rows take the full path).
+PyObject* t_tile_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (!nargs_ok("t_tile_quant", n, 5)) return nullptr;
+  return guarded([&]() -> PyObject* {
+    PyObject* mode = args[3];
+    bool asym;
+    if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "SYM") == 0) asym = false;
+    else if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "ASYM") == 0) asym = true;
+    else return none();
+    TArg o, s, sc;
+    std::optional<TArg> off;
+    XQ_TRY(targ(args[0], o) && targ(args[1], s) && targ(args[2], sc) && opt_targ(args[4], off));
+    XQ_TRY(!o.requires_grad && plain_inplace_target(*o.t) && modes_plain());
+    if (s.requires_grad || sc.requires_grad || (off && off->requires_grad)) XQ_TRY(!c10::GradMode::is_enabled());
+    // Not 2-D: the full path reports (with _core's message).
+    XQ_TRY(o.shape.size() == 2 && s.shape.size() == 2 && sc.shape.size() == 2 && (!off || off->shape.size() == 2));
+    auto tile = [](const TArg& t) {
+      return xquant::ConstTileView{t.data, t.dtype, t.shape[0], t.shape[1], t.shape[1]};
+    };
+    const xquant::ConstTileView ov = tile(o), sv = tile(s), scv = tile(sc);
+    std::optional<xquant::ConstTileView> offv;
+    if (off) offv = tile(*off);
+    const xquant::TileView out_tile{o.data, ov.dtype, ov.rows, ov.cols, ov.row_pitch};
+    run_maybe_nogil(o.numel(), [&] {
+      xquant::tile_quant(out_tile, sv, scv, asym ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM, offv);
+    });
+    o.t->unsafeGetTensorImpl()->bump_version();
+    Py_INCREF(args[0]);
+    return args[0];
   });
 }
 
@@ -466,6 +530,9 @@ PyMethodDef g_methods[] = {
     {"plain_modes", plain_modes, METH_NOARGS, "True when no torch mode, transform, trace or profiler is active."},
     {"t_fake_tensor_quant", XQ_FASTCALL(t_fake_tensor_quant), METH_FASTCALL,
      "t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range)"},
+    {"t_fake_tensor_quant_inplace", XQ_FASTCALL(t_fake_tensor_quant_inplace), METH_FASTCALL,
+     "t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range)"},
+    {"t_tile_quant", XQ_FASTCALL(t_tile_quant), METH_FASTCALL, "t_tile_quant(out, src, scale, mode, offset)"},
     {"t_quantize", XQ_FASTCALL(t_quantize), METH_FASTCALL,
      "t_quantize(input, scales, zero_points, dtype, axis, div_mode)"},
     {"t_dynamic_quant_asymmetric", XQ_FASTCALL(t_dynamic_quant_asymmetric), METH_FASTCALL,

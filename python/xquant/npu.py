@@ -147,7 +147,7 @@ def npu_fake_tensor_quant_inplace(inputs, amax, num_bits: int = 8, is_unsigned: 
     npu_fake_tensor_quant.
     """
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
-        out = _core.t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range, False)
+        out = _fast.t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range)
         if out is not None:
             return out
     op = "fake_tensor_quant_inplace"
@@ -217,7 +217,7 @@ def quant(out, src, scale, mode: Any = QuantMode.SYM, offset=None) -> None:
     ``offset`` is required for ASYM and rejected for SYM. Returns None, like pypto.
     """
     if (type(out) is _Tensor or type(out) is _Parameter) and not _is_compiling():
-        if _core.t_tile_quant(out, src, scale, mode, offset, False) is not None:
+        if _fast.t_tile_quant(out, src, scale, mode, offset) is not None:
             return None
     op = "tile_quant"
     b = _backend(op, "out", out)
