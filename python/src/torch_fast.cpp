@@ -94,14 +94,12 @@ bool modes_plain() {
 }
 
 // A plain dense CPU tensor (torch.Tensor or nn.Parameter exactly) of a dtype xquant reads.
+// (The view holds the one copy of the shape that the operator call needs: no further copies per call.)
 struct TArg {
   const at::Tensor* t = nullptr;
-  void* data = nullptr;
-  DType dtype = DType::float32;
-  Shape shape;
+  ConstTensorView v;  // data, dtype, shape
   bool requires_grad = false;
-  std::int64_t numel() const { return xquant::shape_numel(shape); }
-  ConstTensorView cview() const { return {data, dtype, shape}; }
+  std::int64_t numel() const { return xquant::shape_numel(v.shape); }
 };
 
 bool targ(PyObject* o, TArg& a) {
@@ -111,11 +109,11 @@ bool targ(PyObject* o, TArg& a) {
   const std::optional<DType> dt = to_dtype(t.scalar_type());
   if (!dt || !t.is_contiguous() || t.is_neg() || !t.has_storage()) return false;
   a.t = &t;
-  a.dtype = *dt;
+  a.v.dtype = *dt;
   a.requires_grad = t.requires_grad();
   const auto sizes = t.sizes();
-  a.shape.assign(sizes.begin(), sizes.end());
-  a.data = t.numel() == 0 ? nullptr : const_cast<void*>(t.const_data_ptr());
+  a.v.shape.assign(sizes.begin(), sizes.end());
+  a.v.data = t.numel() == 0 ? nullptr : t.const_data_ptr();
   return true;
 }
 
@@ -172,7 +170,7 @@ struct Out {
   TensorView view;
 };
 
-Out alloc(const Shape& shape, DType dt) {
+Out alloc(Shape shape, DType dt) {
   Out o;
   const std::int64_t n = xquant::shape_numel(shape);
   const auto options = at::TensorOptions().dtype(to_scalar(dt)).device(at::kCPU);
@@ -180,13 +178,13 @@ Out alloc(const Shape& shape, DType dt) {
     auto* owner = new xquant::Tensor(dt, shape);
     void* data = owner->data();
     o.tensor = at::from_blob(data, shape, [owner](void*) { delete owner; }, options);
-    o.view = {data, dt, shape};
+    o.view = {data, dt, std::move(shape)};
     return o;
   }
   // at::detail::empty_cpu: what at::empty's CPU kernel calls, without the dispatcher round trip (no mode is
   // active here; every element is written by the operator, so deterministic-fill mode changes nothing).
   o.tensor = at::Tensor(at::detail::empty_cpu(shape, to_scalar(dt)));
-  o.view = {n == 0 ? nullptr : o.tensor.mutable_data_ptr(), dt, shape};
+  o.view = {n == 0 ? nullptr : o.tensor.mutable_data_ptr(), dt, std::move(shape)};
   return o;
 }
 
@@ -265,12 +263,12 @@ PyObject* t_fake_tensor_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     TArg x, a;
     XQ_TRY(targ(args[0], x));
     float a_value = 0.0f;
-    if (py_number(args[1], a_value)) a.data = &a_value;
+    if (py_number(args[1], a_value)) a.v.data = &a_value;
     else XQ_TRY(targ(args[1], a));
     XQ_TRY(modes_plain());
     if ((x.requires_grad || a.requires_grad) && c10::GradMode::is_enabled()) return not_implemented();
-    Out out = alloc(x.shape, x.dtype);
-    const ConstTensorView xv = x.cview(), av = a.cview();
+    Out out = alloc(x.v.shape, x.v.dtype);
+    const ConstTensorView &xv = x.v, &av = a.v;
     run_maybe_nogil(x.numel(), [&] {
       if (has_axis) xquant::fake_tensor_quant_with_axis_out(out.view, xv, av, ax, o);
       else xquant::fake_tensor_quant_out(out.view, xv, av, o);
@@ -286,6 +284,10 @@ bool plain_inplace_target(const at::Tensor& t) {
   return !t.is_inference() && !(t.is_view() && c10::GradMode::is_enabled());
 }
 
+// The data of a tensor written in place: mutable_data_ptr() materializes a lazily copied (copy-on-write)
+// storage first, as torch's in-place operators do (const_data_ptr(), used for inputs, does not).
+void* writable_data(const at::Tensor& t) { return t.numel() == 0 ? nullptr : t.mutable_data_ptr(); }
+
 // t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range)
 PyObject* t_fake_tensor_quant_inplace(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (!nargs_ok("t_fake_tensor_quant_inplace", n, 5)) return nullptr;
@@ -295,13 +297,13 @@ PyObject* t_fake_tensor_quant_inplace(PyObject*, PyObject* const* args, Py_ssize
     TArg x, a;
     XQ_TRY(targ(args[0], x));
     float a_value = 0.0f;
-    if (py_number(args[1], a_value)) a.data = &a_value;
+    if (py_number(args[1], a_value)) a.v.data = &a_value;
     else XQ_TRY(targ(args[1], a));
     // A tensor that requires grad is refused by the full path (no autograd for the in-place form).
     XQ_TRY(!x.requires_grad && plain_inplace_target(*x.t) && modes_plain());
     if (a.requires_grad) XQ_TRY(!c10::GradMode::is_enabled());
-    const TensorView xv{x.data, x.dtype, x.shape};
-    const ConstTensorView av = a.cview();
+    const TensorView xv{writable_data(*x.t), x.v.dtype, x.v.shape};
+    const ConstTensorView& av = a.v;
     run_maybe_nogil(x.numel(), [&] { xquant::fake_tensor_quant_inplace(xv, av, o); });
     x.t->unsafeGetTensorImpl()->bump_version();  // what an in-place torch operator does
     Py_INCREF(args[0]);
@@ -324,14 +326,14 @@ PyObject* t_tile_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     XQ_TRY(!o.requires_grad && plain_inplace_target(*o.t) && modes_plain());
     if (s.requires_grad || sc.requires_grad || (off && off->requires_grad)) XQ_TRY(!c10::GradMode::is_enabled());
     // Not 2-D: the full path reports (with _core's message).
-    XQ_TRY(o.shape.size() == 2 && s.shape.size() == 2 && sc.shape.size() == 2 && (!off || off->shape.size() == 2));
+    XQ_TRY(o.v.shape.size() == 2 && s.v.shape.size() == 2 && sc.v.shape.size() == 2 && (!off || off->v.shape.size() == 2));
     auto tile = [](const TArg& t) {
-      return xquant::ConstTileView{t.data, t.dtype, t.shape[0], t.shape[1], t.shape[1]};
+      return xquant::ConstTileView{t.v.data, t.v.dtype, t.v.shape[0], t.v.shape[1], t.v.shape[1]};
     };
     const xquant::ConstTileView ov = tile(o), sv = tile(s), scv = tile(sc);
     std::optional<xquant::ConstTileView> offv;
     if (off) offv = tile(*off);
-    const xquant::TileView out_tile{o.data, ov.dtype, ov.rows, ov.cols, ov.row_pitch};
+    const xquant::TileView out_tile{writable_data(*o.t), ov.dtype, ov.rows, ov.cols, ov.row_pitch};
     run_maybe_nogil(o.numel(), [&] {
       xquant::tile_quant(out_tile, sv, scv, asym ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM, offv);
     });
@@ -356,12 +358,12 @@ PyObject* t_quantize(PyObject*, PyObject* const* args, Py_ssize_t n) {
     XQ_TRY(modes_plain());
     if (x.requires_grad || s.requires_grad || (zp && zp->requires_grad)) XQ_TRY(!c10::GradMode::is_enabled());
     const auto q = static_cast<xquant::QuantDType>(code);
-    Shape out_shape = x.shape;
+    Shape out_shape = x.v.shape;
     if (q == xquant::QuantDType::quint4x2 && !out_shape.empty()) out_shape.back() /= 8;
     Out out = alloc(out_shape, xquant::storage_dtype(q));
-    const ConstTensorView xv = x.cview(), sv = s.cview();
+    const ConstTensorView &xv = x.v, &sv = s.v;
     std::optional<ConstTensorView> zv;
-    if (zp) zv = zp->cview();
+    if (zp) zv = zp->v;
     run_maybe_nogil(x.numel(), [&] { xquant::quantize_out(out.view, xv, sv, zv, q, ax, div); });
     return wrap(std::move(out.tensor));
   });
@@ -387,17 +389,17 @@ PyObject* t_dynamic_quant_asymmetric(PyObject*, PyObject* const* args, Py_ssize_
     XQ_TRY(modes_plain());
     if (xa.requires_grad || (sm && sm->requires_grad)) XQ_TRY(!c10::GradMode::is_enabled());
     const auto q = static_cast<xquant::QuantDType>(code);
-    Shape y_shape = xa.shape;
+    Shape y_shape = xa.v.shape;
     if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
     const Shape p_shape =
-        per_tensor ? Shape{1} : Shape(xa.shape.begin(), xa.shape.end() - (xa.shape.empty() ? 0 : 1));
+        per_tensor ? Shape{1} : Shape(xa.v.shape.begin(), xa.v.shape.end() - (xa.v.shape.empty() ? 0 : 1));
     Out y = alloc(y_shape, xquant::storage_dtype(q));
     Out sc = alloc(p_shape, DType::float32);
     Out of = alloc(p_shape, DType::float32);
-    const ConstTensorView xv = xa.cview();
+    const ConstTensorView& xv = xa.v;
     std::optional<ConstTensorView> smv, giv;
-    if (sm) smv = sm->cview();
-    if (gi) giv = gi->cview();
+    if (sm) smv = sm->v;
+    if (gi) giv = gi->v;
     run_maybe_nogil(xa.numel(), [&] {
       xquant::dynamic_quant_asymmetric_out(
           y.view, sc.view, of.view, xv, smv, giv, q,
@@ -419,15 +421,15 @@ PyObject* t_dynamic_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     XQ_TRY(modes_plain());
     if (xa.requires_grad || (sm && sm->requires_grad)) XQ_TRY(!c10::GradMode::is_enabled());
     const auto q = static_cast<xquant::QuantDType>(code);
-    Shape y_shape = xa.shape;
+    Shape y_shape = xa.v.shape;
     if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
-    const Shape p_shape(xa.shape.begin(), xa.shape.end() - (xa.shape.empty() ? 0 : 1));
+    const Shape p_shape(xa.v.shape.begin(), xa.v.shape.end() - (xa.v.shape.empty() ? 0 : 1));
     Out y = alloc(y_shape, xquant::storage_dtype(q));
     Out sc = alloc(p_shape, DType::float32);
-    const ConstTensorView xv = xa.cview();
+    const ConstTensorView& xv = xa.v;
     std::optional<ConstTensorView> smv, giv;
-    if (sm) smv = sm->cview();
-    if (gi) giv = gi->cview();
+    if (sm) smv = sm->v;
+    if (gi) giv = gi->v;
     run_maybe_nogil(xa.numel(), [&] { xquant::dynamic_quant_out(y.view, sc.view, xv, smv, giv, q); });
     return wrap_tuple({&y.tensor, &sc.tensor});
   });
@@ -452,13 +454,13 @@ PyObject* t_anti_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     XQ_TRY(modes_plain());
     if (sa.requires_grad || (oa && oa->requires_grad)) XQ_TRY(!c10::GradMode::is_enabled());
     const auto q = static_cast<xquant::QuantDType>(code);
-    Shape out_shape = xa.shape;
+    Shape out_shape = xa.v.shape;
     if (q == xquant::QuantDType::quint4x2 && !out_shape.empty() && out_shape.back() <= INT64_MAX / 8)
       out_shape.back() *= 8;
     Out out = alloc(out_shape, dst);
-    const ConstTensorView xv = xa.cview(), sv = sa.cview();
+    const ConstTensorView &xv = xa.v, &sv = sa.v;
     std::optional<ConstTensorView> ov;
-    if (oa) ov = oa->cview();
+    if (oa) ov = oa->v;
     run_maybe_nogil(xquant::shape_numel(out_shape), [&] { xquant::anti_quant_out(out.view, xv, sv, ov, q); });
     return wrap(std::move(out.tensor));
   });
@@ -475,22 +477,22 @@ PyObject* t_acts_ulq(PyObject*, PyObject* const* args, Py_ssize_t n) {
     XQ_TRY(targ(args[0], xa));
     // Python numbers for the clamps: float32 x only (as in _core).
     float lo_value = 0.0f, hi_value = 0.0f;
-    if (xa.dtype == DType::float32 && py_number(args[1], lo_value)) lo.data = &lo_value;
+    if (xa.v.dtype == DType::float32 && py_number(args[1], lo_value)) lo.v.data = &lo_value;
     else XQ_TRY(targ(args[1], lo));
-    if (xa.dtype == DType::float32 && py_number(args[2], hi_value)) hi.data = &hi_value;
+    if (xa.v.dtype == DType::float32 && py_number(args[2], hi_value)) hi.v.data = &hi_value;
     else XQ_TRY(targ(args[2], hi));
     XQ_TRY(modes_plain());
     if ((xa.requires_grad || lo.requires_grad || hi.requires_grad) && c10::GradMode::is_enabled())
       return not_implemented();
     Shape shape;
     try {
-      shape = xquant::acts_ulq_output_shape(xa.shape, lo.shape, hi.shape);
+      shape = xquant::acts_ulq_output_shape(xa.v.shape, lo.v.shape, hi.v.shape);
     } catch (const xquant::Error&) {
-      shape = xa.shape;  // the operator reports the mismatch below, naming the argument
+      shape = xa.v.shape;  // the operator reports the mismatch below, naming the argument
     }
-    Out y = alloc(shape, xa.dtype), m0 = alloc(shape, xa.dtype), m1 = alloc(shape, xa.dtype),
-        loss = alloc(shape, xa.dtype);
-    const ConstTensorView xv = xa.cview(), lov = lo.cview(), hiv = hi.cview();
+    Out y = alloc(shape, xa.v.dtype), m0 = alloc(shape, xa.v.dtype), m1 = alloc(shape, xa.v.dtype),
+        loss = alloc(shape, xa.v.dtype);
+    const ConstTensorView &xv = xa.v, &lov = lo.v, &hiv = hi.v;
     run_maybe_nogil(xquant::shape_numel(shape), [&] {
       xquant::acts_ulq_out(y.view, m0.view, m1.view, loss.view, xv, lov, hiv, fixed, nbits);
     });

@@ -125,6 +125,15 @@ def test_fast_path_in_place_forms(m, monkeypatch):
     assert xquant.quant(o1, src, scale, xquant.QuantMode.ASYM, offset) is None
     ops.tile_quant(o2, src, scale, "ASYM", offset)
     assert torch.equal(o1, o2) and o1._version > v
+    # a lazily copied (copy-on-write) tensor written in place: the write materializes its own storage
+    if hasattr(torch, "_lazy_clone"):
+        c = torch._lazy_clone(x)
+        assert xquant.npu_fake_tensor_quant_inplace(c, torch.tensor([2.0]), 6) is c
+        assert _same(c, b) and _same(x, _data(torch.float32, 8, 16))  # the original is untouched
+        oc = torch._lazy_clone(torch.zeros(8, 16, dtype=torch.uint8))
+        oc_base = torch._lazy_clone(oc)
+        xquant.quant(oc, src, scale, xquant.QuantMode.ASYM, offset)
+        assert torch.equal(oc, o2) and not oc_base.any()
 
 
 @pytest.mark.parametrize("m", LENIENT, ids=LENIENT_IDS)
