@@ -94,12 +94,17 @@ def cases():
     yield ("npu_quantize quint4x2 (div_mode=False)",
            lambda: npu.npu_quantize(x, s_c, None, torch.quint4x2, -1, False),
            "quantize_per_tensor quint4x2", lambda: torch.quantize_per_tensor(x, 0.05, 8, torch.quint4x2))
+    yield ("npu_quantize quint4x2 (div_mode=False), one scale",
+           lambda: npu.npu_quantize(x, scale_t, None, torch.quint4x2, -1, False),
+           "quantize_per_tensor quint4x2", lambda: torch.quantize_per_tensor(x, 0.05, 8, torch.quint4x2))
     yield ("npu_dynamic_quant_asymmetric", lambda: npu.npu_dynamic_quant_asymmetric(x),
            "quantize_per_tensor_dynamic", lambda: torch.quantize_per_tensor_dynamic(x, torch_qint8, False))
     yield ("npu_dynamic_quant", lambda: npu.npu_dynamic_quant(x),
            "quantize_per_tensor_dynamic", lambda: torch.quantize_per_tensor_dynamic(x, torch_qint8, False))
     yield ("npu_anti_quant int8 -> float16", lambda: npu.npu_anti_quant(w8, scale_c),
            "int8 * scale -> float16", lambda: (w8.float() * scale_c).half())
+    yield ("npu_anti_quant int8 -> float16, one scale", lambda: npu.npu_anti_quant(w8, scale_t),
+           "int8 * scale -> float16", lambda: (w8.float() * scale_t).half())
     yield ("npu_anti_quant quint4x2 -> bfloat16",
            lambda: npu.npu_anti_quant(w4, scale_c, dst_dtype=torch.bfloat16, src_dtype=torch.quint4x2),
            "dequantize (quint4x2)", lambda: torch.dequantize(q4))
