@@ -35,8 +35,8 @@
 #include <utility>
 #include <vector>
 
-#include "xquant/runtime.hpp"
-#include "xquant/xquant.hpp"
+#include "core_api.hpp"
+#include "xquant/version.hpp"
 
 #ifndef XQUANT_TORCH_VERSION
 #error "XQUANT_TORCH_VERSION (the build-time torch.__version__) must be defined"
@@ -48,6 +48,10 @@ using xquant::ConstTensorView;
 using xquant::DType;
 using xquant::Shape;
 using xquant::TensorView;
+using xquant_py::Status;
+
+// The xquant library, as xquant._core holds it (core_api.hpp): set by init().
+const xquant_py::CoreApi* g_api = nullptr;
 
 // torch dtype objects -> QuantDType code (npu_quantize's dtype, the dynamic quantizers' dst_type, anti
 // quant's src_dtype): the same table as _core's, handed over by init().
@@ -85,6 +89,44 @@ at::ScalarType to_scalar(DType d) {
   return at::kFloat;
 }
 
+std::size_t bytes_per(DType d) {
+  switch (d) {
+    case DType::float32: case DType::int32: return 4;
+    case DType::float16: case DType::bfloat16: return 2;
+    case DType::int8: case DType::uint8: return 1;
+    case DType::int64: return 8;
+  }
+  return 4;
+}
+
+DType storage_of(xquant::QuantDType q) {
+  switch (q) {
+    case xquant::QuantDType::qint8: return DType::int8;
+    case xquant::QuantDType::quint8: return DType::uint8;
+    case xquant::QuantDType::qint32: case xquant::QuantDType::quint4x2: return DType::int32;
+  }
+  return DType::int8;
+}
+
+// The element count, or -1 where it overflows (the operator, reached through the full path, reports).
+std::int64_t numel_of(const Shape& shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+  return n;
+}
+
+// A failed Status as the Python exception _core raises for it; nullptr for the caller to return.
+PyObject* raise(const Status& st) {
+  switch (st.code) {
+    case Status::type_error: PyErr_SetString(PyExc_TypeError, st.message.c_str()); break;
+    case Status::value_error: PyErr_SetString(PyExc_ValueError, st.message.c_str()); break;
+    case Status::no_memory: PyErr_NoMemory(); break;
+    default: PyErr_SetString(PyExc_RuntimeError, st.message.c_str()); break;
+  }
+  return nullptr;
+}
+
 // No torch dispatch / function mode, functorch transform, JIT trace or RecordFunction callback (profiler)
 // is active: what _core's five Python probes check, read from torch's thread-local state.
 bool modes_plain() {
@@ -99,7 +141,7 @@ struct TArg {
   const at::Tensor* t = nullptr;
   ConstTensorView v;  // data, dtype, shape
   bool requires_grad = false;
-  std::int64_t numel() const { return xquant::shape_numel(v.shape); }
+  std::int64_t numel() const { return numel_of(v.shape); }
 };
 
 bool targ(PyObject* o, TArg& a) {
@@ -170,22 +212,28 @@ struct Out {
   TensorView view;
 };
 
-Out alloc(Shape shape, DType dt) {
-  Out o;
-  const std::int64_t n = xquant::shape_numel(shape);
-  const auto options = at::TensorOptions().dtype(to_scalar(dt)).device(at::kCPU);
-  if (static_cast<std::size_t>(n) * xquant::dtype_size(dt) >= kXqAllocMinBytes) {
-    auto* owner = new xquant::Tensor(dt, shape);
-    void* data = owner->data();
-    o.tensor = at::from_blob(data, shape, [owner](void*) { delete owner; }, options);
+// false (with a Python error set) where the allocation fails; the shape has been checked by numel_of.
+bool alloc(Out& o, Shape shape, DType dt) {
+  const std::int64_t n = numel_of(shape);
+  if (static_cast<std::size_t>(n) * bytes_per(dt) >= kXqAllocMinBytes) {
+    Status st;
+    void* data = nullptr;
+    void* owner = g_api->new_tensor(st, dt, shape, &data);
+    if (!owner) {
+      raise(st);
+      return false;
+    }
+    const xquant_py::CoreApi* api = g_api;
+    o.tensor = at::from_blob(data, shape, [api, owner](void*) { api->free_tensor(owner); },
+                             at::TensorOptions().dtype(to_scalar(dt)).device(at::kCPU));
     o.view = {data, dt, std::move(shape)};
-    return o;
+    return true;
   }
   // at::detail::empty_cpu: what at::empty's CPU kernel calls, without the dispatcher round trip (no mode is
   // active here; every element is written by the operator, so deterministic-fill mode changes nothing).
   o.tensor = at::Tensor(at::detail::empty_cpu(shape, to_scalar(dt)));
   o.view = {n == 0 ? nullptr : o.tensor.mutable_data_ptr(), dt, std::move(shape)};
-  return o;
+  return true;
 }
 
 template <class F>
@@ -250,6 +298,9 @@ bool nargs_ok(const char* name, Py_ssize_t n, Py_ssize_t want) {
   do {                          \
     if (!(cond)) return none(); \
   } while (0)
+#define XQ_ALLOC(name, shape, dtype)            \
+  Out name;                                     \
+  if (!alloc(name, shape, dtype)) return nullptr
 
 // t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
 PyObject* t_fake_tensor_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
@@ -267,12 +318,11 @@ PyObject* t_fake_tensor_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     else XQ_TRY(targ(args[1], a));
     XQ_TRY(modes_plain());
     if ((x.requires_grad || a.requires_grad) && c10::GradMode::is_enabled()) return not_implemented();
-    Out out = alloc(x.v.shape, x.v.dtype);
-    const ConstTensorView &xv = x.v, &av = a.v;
-    run_maybe_nogil(x.numel(), [&] {
-      if (has_axis) xquant::fake_tensor_quant_with_axis_out(out.view, xv, av, ax, o);
-      else xquant::fake_tensor_quant_out(out.view, xv, av, o);
-    });
+    XQ_TRY(x.numel() >= 0);
+    XQ_ALLOC(out, x.v.shape, x.v.dtype);
+    Status st;
+    run_maybe_nogil(x.numel(), [&] { g_api->fake_tensor_quant(st, out.view, x.v, a.v, has_axis ? &ax : nullptr, o); });
+    if (st.code != Status::ok) return raise(st);
     return wrap(std::move(out.tensor));
   });
 }
@@ -304,7 +354,10 @@ PyObject* t_fake_tensor_quant_inplace(PyObject*, PyObject* const* args, Py_ssize
     if (a.requires_grad) XQ_TRY(!c10::GradMode::is_enabled());
     const TensorView xv{writable_data(*x.t), x.v.dtype, x.v.shape};
     const ConstTensorView& av = a.v;
-    run_maybe_nogil(x.numel(), [&] { xquant::fake_tensor_quant_inplace(xv, av, o); });
+    XQ_TRY(x.numel() >= 0);
+    Status st;
+    run_maybe_nogil(x.numel(), [&] { g_api->fake_tensor_quant_inplace(st, xv, av, o); });
+    if (st.code != Status::ok) return raise(st);
     x.t->unsafeGetTensorImpl()->bump_version();  // what an in-place torch operator does
     Py_INCREF(args[0]);
     return args[0];
@@ -334,9 +387,12 @@ PyObject* t_tile_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     std::optional<xquant::ConstTileView> offv;
     if (off) offv = tile(*off);
     const xquant::TileView out_tile{writable_data(*o.t), ov.dtype, ov.rows, ov.cols, ov.row_pitch};
+    XQ_TRY(o.numel() >= 0);
+    Status st;
     run_maybe_nogil(o.numel(), [&] {
-      xquant::tile_quant(out_tile, sv, scv, asym ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM, offv);
+      g_api->tile_quant(st, out_tile, sv, scv, asym ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM, offv);
     });
+    if (st.code != Status::ok) return raise(st);
     o.t->unsafeGetTensorImpl()->bump_version();
     Py_INCREF(args[0]);
     return args[0];
@@ -360,11 +416,14 @@ PyObject* t_quantize(PyObject*, PyObject* const* args, Py_ssize_t n) {
     const auto q = static_cast<xquant::QuantDType>(code);
     Shape out_shape = x.v.shape;
     if (q == xquant::QuantDType::quint4x2 && !out_shape.empty()) out_shape.back() /= 8;
-    Out out = alloc(out_shape, xquant::storage_dtype(q));
+    XQ_TRY(x.numel() >= 0 && numel_of(out_shape) >= 0);
+    XQ_ALLOC(out, out_shape, storage_of(q));
     const ConstTensorView &xv = x.v, &sv = s.v;
     std::optional<ConstTensorView> zv;
     if (zp) zv = zp->v;
-    run_maybe_nogil(x.numel(), [&] { xquant::quantize_out(out.view, xv, sv, zv, q, ax, div); });
+    Status st;
+    run_maybe_nogil(x.numel(), [&] { g_api->quantize(st, out.view, xv, sv, zv, q, ax, div); });
+    if (st.code != Status::ok) return raise(st);
     return wrap(std::move(out.tensor));
   });
 }
@@ -393,18 +452,19 @@ PyObject* t_dynamic_quant_asymmetric(PyObject*, PyObject* const* args, Py_ssize_
     if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
     const Shape p_shape =
         per_tensor ? Shape{1} : Shape(xa.v.shape.begin(), xa.v.shape.end() - (xa.v.shape.empty() ? 0 : 1));
-    Out y = alloc(y_shape, xquant::storage_dtype(q));
-    Out sc = alloc(p_shape, DType::float32);
-    Out of = alloc(p_shape, DType::float32);
+    XQ_TRY(xa.numel() >= 0 && numel_of(y_shape) >= 0 && numel_of(p_shape) >= 0);
+    XQ_ALLOC(y, y_shape, storage_of(q));
+    XQ_ALLOC(sc, p_shape, DType::float32);
+    XQ_ALLOC(of, p_shape, DType::float32);
     const ConstTensorView& xv = xa.v;
     std::optional<ConstTensorView> smv, giv;
     if (sm) smv = sm->v;
     if (gi) giv = gi->v;
+    Status st;
     run_maybe_nogil(xa.numel(), [&] {
-      xquant::dynamic_quant_asymmetric_out(
-          y.view, sc.view, of.view, xv, smv, giv, q,
-          per_tensor ? xquant::DynamicQuantMode::pertensor : xquant::DynamicQuantMode::pertoken);
+      g_api->dynamic_quant_asymmetric(st, y.view, sc.view, of.view, xv, smv, giv, q, per_tensor);
     });
+    if (st.code != Status::ok) return raise(st);
     return wrap_tuple({&y.tensor, &sc.tensor, &of.tensor});
   });
 }
@@ -424,13 +484,16 @@ PyObject* t_dynamic_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     Shape y_shape = xa.v.shape;
     if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
     const Shape p_shape(xa.v.shape.begin(), xa.v.shape.end() - (xa.v.shape.empty() ? 0 : 1));
-    Out y = alloc(y_shape, xquant::storage_dtype(q));
-    Out sc = alloc(p_shape, DType::float32);
+    XQ_TRY(xa.numel() >= 0 && numel_of(y_shape) >= 0 && numel_of(p_shape) >= 0);
+    XQ_ALLOC(y, y_shape, storage_of(q));
+    XQ_ALLOC(sc, p_shape, DType::float32);
     const ConstTensorView& xv = xa.v;
     std::optional<ConstTensorView> smv, giv;
     if (sm) smv = sm->v;
     if (gi) giv = gi->v;
-    run_maybe_nogil(xa.numel(), [&] { xquant::dynamic_quant_out(y.view, sc.view, xv, smv, giv, q); });
+    Status st;
+    run_maybe_nogil(xa.numel(), [&] { g_api->dynamic_quant(st, y.view, sc.view, xv, smv, giv, q); });
+    if (st.code != Status::ok) return raise(st);
     return wrap_tuple({&y.tensor, &sc.tensor});
   });
 }
@@ -457,11 +520,14 @@ PyObject* t_anti_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
     Shape out_shape = xa.v.shape;
     if (q == xquant::QuantDType::quint4x2 && !out_shape.empty() && out_shape.back() <= INT64_MAX / 8)
       out_shape.back() *= 8;
-    Out out = alloc(out_shape, dst);
+    XQ_TRY(numel_of(out_shape) >= 0);
+    XQ_ALLOC(out, out_shape, dst);
     const ConstTensorView &xv = xa.v, &sv = sa.v;
     std::optional<ConstTensorView> ov;
     if (oa) ov = oa->v;
-    run_maybe_nogil(xquant::shape_numel(out_shape), [&] { xquant::anti_quant_out(out.view, xv, sv, ov, q); });
+    Status st;
+    run_maybe_nogil(numel_of(out_shape), [&] { g_api->anti_quant(st, out.view, xv, sv, ov, q); });
+    if (st.code != Status::ok) return raise(st);
     return wrap(std::move(out.tensor));
   });
 }
@@ -485,22 +551,25 @@ PyObject* t_acts_ulq(PyObject*, PyObject* const* args, Py_ssize_t n) {
     if ((xa.requires_grad || lo.requires_grad || hi.requires_grad) && c10::GradMode::is_enabled())
       return not_implemented();
     Shape shape;
-    try {
-      shape = xquant::acts_ulq_output_shape(xa.v.shape, lo.v.shape, hi.v.shape);
-    } catch (const xquant::Error&) {
+    if (!g_api->acts_ulq_output_shape(xa.v.shape, lo.v.shape, hi.v.shape, shape))
       shape = xa.v.shape;  // the operator reports the mismatch below, naming the argument
-    }
-    Out y = alloc(shape, xa.v.dtype), m0 = alloc(shape, xa.v.dtype), m1 = alloc(shape, xa.v.dtype),
-        loss = alloc(shape, xa.v.dtype);
+    XQ_TRY(numel_of(shape) >= 0);
+    XQ_ALLOC(y, shape, xa.v.dtype);
+    XQ_ALLOC(m0, shape, xa.v.dtype);
+    XQ_ALLOC(m1, shape, xa.v.dtype);
+    XQ_ALLOC(loss, shape, xa.v.dtype);
     const ConstTensorView &xv = xa.v, &lov = lo.v, &hiv = hi.v;
-    run_maybe_nogil(xquant::shape_numel(shape), [&] {
-      xquant::acts_ulq_out(y.view, m0.view, m1.view, loss.view, xv, lov, hiv, fixed, nbits);
+    Status st;
+    run_maybe_nogil(numel_of(shape), [&] {
+      g_api->acts_ulq(st, y.view, m0.view, m1.view, loss.view, xv, lov, hiv, fixed, nbits);
     });
+    if (st.code != Status::ok) return raise(st);
     return wrap_tuple({&y.tensor, &m0.tensor, &m1.tensor, &loss.tensor});
   });
 }
 
 #undef XQ_TRY
+#undef XQ_ALLOC
 
 // init(qdtypes): the {torch dtype: QuantDType code} table of xquant._torch_ops.
 PyObject* init(PyObject*, PyObject* arg) {
@@ -553,6 +622,14 @@ PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_torch_fast",
 }  // namespace
 
 PyMODINIT_FUNC PyInit__torch_fast() {
+  // The library through xquant._core (imported here if need be): one copy of its state per process.
+  const auto* api = static_cast<const xquant_py::CoreApi*>(PyCapsule_Import(xquant_py::kCoreApiCapsule, 0));
+  if (!api) return nullptr;
+  if (api->version != xquant_py::kCoreApiVersion || api->size != sizeof(xquant_py::CoreApi)) {
+    PyErr_SetString(PyExc_ImportError, "xquant._torch_fast was built with another xquant._core");
+    return nullptr;
+  }
+  g_api = api;
   PyObject* m = PyModule_Create(&g_module);
   if (!m) return nullptr;
   if (PyModule_AddStringConstant(m, "TORCH_VERSION", XQUANT_TORCH_VERSION) < 0 ||

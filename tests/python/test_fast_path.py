@@ -3,6 +3,7 @@ the torch.library dispatch): it gives bit for bit the results of the custom oper
 plain eager mode, and everything else (autograd recording, tracing, modes, unusual tensors and arguments)
 takes the full path."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -21,9 +22,11 @@ import xquant
 from xquant import _core, _torch_ops, npu
 
 try:
-    from xquant import _torch_fast
+    from xquant._torch_fast_info import TORCH_VERSION as _TORCH_FAST_BUILT_FOR
 except ImportError:  # built without torch at build time: only _core's path exists
-    _torch_fast = None
+    _TORCH_FAST_BUILT_FOR = None
+# Built for this torch: it must import (an unresolved symbol or a bad capsule fails here, not silently).
+_torch_fast = importlib.import_module("xquant._torch_fast") if _TORCH_FAST_BUILT_FOR == torch.__version__ else None
 
 # The modules whose lenient t_* functions the fast path may call: _core always, _torch_fast when built.
 LENIENT = [_core] + ([_torch_fast] if _torch_fast is not None else [])
@@ -328,6 +331,27 @@ def test_torch_fast_large_outputs_and_released_gil():
     y8 = _torch_fast.t_quantize(x.view(-1, 8), torch.tensor([0.05]), None, torch.qint8, 1, True)
     assert y8.dtype == torch.int8 and _same(y8, ops.quantize(x.view(-1, 8), torch.tensor([0.05]), None,
                                                             torch.qint8, 1, True))
+
+
+@needs_torch_fast
+def test_torch_fast_shares_the_library_state_of_core():
+    """One xquant library per process (_torch_fast calls it through _core's capsule): a block _torch_fast
+    frees is reused by _core's next allocation of that size from the library's cache, and the other way
+    round; a second, linked-in copy of the library would have a cache (and threads, backend) of its own."""
+    x, amax = _data(torch.float32, 1024, 1024), torch.tensor([2.5])  # 4 MiB outputs: the library's allocator
+    limit = xquant.get_memory_cache_limit()
+    try:
+        xquant.set_memory_cache_limit(0)  # empty the cache
+        xquant.set_memory_cache_limit(limit)
+        y = _torch_fast.t_fake_tensor_quant(x, amax, None, 8, False, True)
+        p = y.data_ptr()
+        del y
+        z = _core.empty_torch([1024, 1024], "float32")
+        assert z.data_ptr() == p
+        del z
+        assert _torch_fast.t_fake_tensor_quant(x, amax, None, 8, False, True).data_ptr() == p
+    finally:
+        xquant.set_memory_cache_limit(limit)
 
 
 @needs_torch_fast
