@@ -8,8 +8,10 @@
 // None otherwise (the caller then takes the full path, which validates and reports), or NotImplemented for
 // the operators with autograd when autograd recording is the only obstacle. What makes it cheaper than
 // _core.t_*: tensors are read as at::Tensor (THPVariable_Unpack: no Python attribute calls), outputs are
-// allocated by at::empty in C++ (torch.empty from C costs 0.7-0.9 us, at::empty about 0.2 us), and the
-// mode / grad probes read torch's thread-local state directly instead of calling five Python functions.
+// allocated in C++ by at::detail::empty_cpu (torch.empty from C costs 0.7-0.9 us, this about 0.15 us), and
+// the mode / grad probes read torch's thread-local state directly instead of calling five Python
+// functions. The xquant library itself is the one inside xquant._core, reached through the function table
+// of core_api.hpp (one copy of its state per process).
 //
 // Raw CPython entry points (METH_FASTCALL), no pybind11: one translation unit with only the ATen / c10
 // headers it needs keeps the build short.
@@ -50,7 +52,7 @@ using xquant::Shape;
 using xquant::TensorView;
 using xquant_py::Status;
 
-// The xquant library, as xquant._core holds it (core_api.hpp): set by init().
+// The xquant library, as xquant._core holds it (core_api.hpp): set when the module is imported.
 const xquant_py::CoreApi* g_api = nullptr;
 
 // torch dtype objects -> QuantDType code (npu_quantize's dtype, the dynamic quantizers' dst_type, anti
@@ -271,13 +273,11 @@ PyObject* wrap_tuple(std::initializer_list<at::Tensor*> ts) {
   return tup;
 }
 
-// Exceptions -> Python errors, as _core translates them: xquant::Error -> TypeError (dtype) / ValueError.
+// C++ exceptions (torch's, allocation) -> Python errors. (The library's own errors arrive as a Status.)
 template <class F>
 PyObject* guarded(F&& f) noexcept {
   try {
     return f();
-  } catch (const xquant::Error& e) {
-    PyErr_SetString(e.code() == xquant::ErrorCode::dtype_mismatch ? PyExc_TypeError : PyExc_ValueError, e.what());
   } catch (const c10::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
   } catch (const std::bad_alloc&) {
