@@ -23,11 +23,11 @@
 #include <ATen/functorch/DynamicLayer.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <climits>
 #include <cstdint>
@@ -129,12 +129,13 @@ PyObject* raise(const Status& st) {
   return nullptr;
 }
 
-// No torch dispatch / function mode, functorch transform, JIT trace or RecordFunction callback (profiler)
-// is active: what _core's five Python probes check, read from torch's thread-local state.
+// No torch dispatch / function mode, functorch transform, JIT trace or profiler is active: what _core's five
+// Python probes check (torch._C._len_torch_dispatch_stack, _is_torch_function_mode_enabled,
+// _are_functorch_transforms_active, _get_tracing_state, _autograd._profiler_enabled), read directly.
 bool modes_plain() {
   return c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !at::impl::torch_function_mode_enabled() &&
          at::functorch::getDynamicLayerStack().empty() && !at::tracer::impl::is_dispatch_enabled() &&
-         !at::hasCallbacks();
+         !torch::profiler::impl::profilerEnabled();
 }
 
 // A plain dense CPU tensor (torch.Tensor or nn.Parameter exactly) of a dtype xquant reads.
