@@ -7,7 +7,9 @@ Each round times a batch of --calls calls of the xquant function, then a batch o
 --calls, and the table reports the median over --rounds rounds, in microseconds of this thread's CPU time
 (time.thread_time_ns: on a shared, loaded machine the wall clock also counts the slices other processes
 get; --wall uses it anyway). torch and xquant run on
-one thread (torch.set_num_threads(1), xquant.set_num_threads(1)). Prints a Markdown table.
+one thread (torch.set_num_threads(1), xquant.set_num_threads(1)). Prints a Markdown table. Where
+xquant._torch_fast is in use, a third batch per round times the same xquant call through xquant._core's
+fast path (what runs without _torch_fast), for the column "through _core".
 
     PYTHONPATH=.pyinstall python3 bench/py_overhead.py [--rounds 31] [--calls 200] [--only fake]
 """
@@ -25,6 +27,9 @@ def parse_args():
     ap.add_argument("--rounds", type=int, default=31, help="interleaved rounds (median over rounds)")
     ap.add_argument("--calls", type=int, default=200, help="calls per timed batch")
     ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--no-core-column", action="store_true",
+                    help="do not also time the xquant calls through xquant._core's fast path (the one used when "
+                         "xquant._torch_fast is not built or does not match the running torch)")
     ap.add_argument("--wall", action="store_true",
                     help="time with the wall clock (default: this thread's CPU time, which time slices given to "
                          "other processes on a loaded machine do not inflate)")
@@ -36,7 +41,7 @@ ARGS = parse_args()
 import torch  # noqa: E402
 
 import xquant  # noqa: E402
-from xquant import npu  # noqa: E402
+from xquant import _core, _torch_ops, npu  # noqa: E402
 
 torch.set_num_threads(1)
 xquant.set_num_threads(1)
@@ -89,12 +94,17 @@ def cases():
     yield ("npu_quantize quint4x2 (div_mode=False)",
            lambda: npu.npu_quantize(x, s_c, None, torch.quint4x2, -1, False),
            "quantize_per_tensor quint4x2", lambda: torch.quantize_per_tensor(x, 0.05, 8, torch.quint4x2))
+    yield ("npu_quantize quint4x2 (div_mode=False), one scale",
+           lambda: npu.npu_quantize(x, scale_t, None, torch.quint4x2, -1, False),
+           "quantize_per_tensor quint4x2", lambda: torch.quantize_per_tensor(x, 0.05, 8, torch.quint4x2))
     yield ("npu_dynamic_quant_asymmetric", lambda: npu.npu_dynamic_quant_asymmetric(x),
            "quantize_per_tensor_dynamic", lambda: torch.quantize_per_tensor_dynamic(x, torch_qint8, False))
     yield ("npu_dynamic_quant", lambda: npu.npu_dynamic_quant(x),
            "quantize_per_tensor_dynamic", lambda: torch.quantize_per_tensor_dynamic(x, torch_qint8, False))
     yield ("npu_anti_quant int8 -> float16", lambda: npu.npu_anti_quant(w8, scale_c),
            "int8 * scale -> float16", lambda: (w8.float() * scale_c).half())
+    yield ("npu_anti_quant int8 -> float16, one scale", lambda: npu.npu_anti_quant(w8, scale_t),
+           "int8 * scale -> float16", lambda: (w8.float() * scale_t).half())
     yield ("npu_anti_quant quint4x2 -> bfloat16",
            lambda: npu.npu_anti_quant(w4, scale_c, dst_dtype=torch.bfloat16, src_dtype=torch.quint4x2),
            "dequantize (quint4x2)", lambda: torch.dequantize(q4))
@@ -133,26 +143,38 @@ def cpu_model() -> str:
 
 def main():
     rows = []
+    core_column = _torch_ops.FAST is not _core and not ARGS.no_core_column
     for name, fx, native_name, fn in cases():
         if ARGS.only and ARGS.only not in name:
             continue
         for _ in range(max(ARGS.calls // 4, 20)):  # warm-up: registration, caches, allocator
             fx()
             fn()
-        tx, tn = [], []
+        tx, tc, tn = [], [], []
         for _ in range(ARGS.rounds):
             tx.append(per_call_us(fx, ARGS.calls))
             tn.append(per_call_us(fn, ARGS.calls))
-        rows.append((name, statistics.median(tx), native_name, statistics.median(tn)))
+            if core_column:  # (the switch is outside the timed calls: one batch with _core as the module)
+                fast = _torch_ops.FAST
+                npu._fast = _torch_ops.FAST = _core
+                try:
+                    tc.append(per_call_us(fx, ARGS.calls))
+                finally:
+                    npu._fast = _torch_ops.FAST = fast
+        rows.append((name, statistics.median(tx), statistics.median(tc) if tc else None, native_name,
+                     statistics.median(tn)))
 
+    fast = _torch_ops.FAST.__name__
     print(f"machine: {cpu_model()}; torch {torch.__version__}, xquant {xquant.__version__} "
-          f"({xquant.simd_target()}); 1 thread; median of {ARGS.rounds} rounds x {ARGS.calls} calls, "
-          f"{'wall-clock' if ARGS.wall else 'thread CPU'} time\n")
-    print("| xquant.npu call (1 Ki elements, float32 unless noted) | us | closest native PyTorch operator | us | "
-          "xquant / native |")
-    print("|---|---:|---|---:|---:|")
-    for name, mx, native_name, mn in rows:
-        print(f"| `{name}` | {mx:.2f} | `{native_name}` | {mn:.2f} | {mx / mn:.2f} |")
+          f"({xquant.simd_target()}); fast path through {fast}; 1 thread; median of {ARGS.rounds} rounds x "
+          f"{ARGS.calls} calls, {'wall-clock' if ARGS.wall else 'thread CPU'} time\n")
+    core_head = " through _core us |" if core_column else ""
+    print(f"| xquant.npu call (1 Ki elements, float32 unless noted) | us |{core_head} closest native PyTorch "
+          "operator | us | xquant / native |")
+    print("|---|---:|" + ("---:|" if core_column else "") + "---|---:|---:|")
+    for name, mx, mc, native_name, mn in rows:
+        core_cell = f" {mc:.2f} |" if core_column else ""
+        print(f"| `{name}` | {mx:.2f} |{core_cell} `{native_name}` | {mn:.2f} | {mx / mn:.2f} |")
 
 
 if __name__ == "__main__":

@@ -17,11 +17,14 @@
 
 #include <climits>
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core_api.hpp"
 #include "xquant/runtime.hpp"
 #include "xquant/xquant.hpp"
 
@@ -1061,6 +1064,102 @@ nb::ndarray<nb::pytorch, nb::device::cpu> empty_torch(const std::vector<std::int
   return xq_torch_tensor(Shape(shape.begin(), shape.end()), dt, &data);
 }
 
+
+// ---- the library for xquant._torch_fast (core_api.hpp) ------------------------------------------------------
+
+namespace api {
+using xquant_py::OptView;
+using xquant_py::Status;
+
+template <class F>
+void guarded(Status& st, F&& f) noexcept {
+  try {
+    f();
+    st.code = Status::ok;
+  } catch (const xquant::Error& e) {
+    st.code = e.code() == xquant::ErrorCode::dtype_mismatch ? Status::type_error : Status::value_error;
+    st.message = e.what();
+  } catch (const std::bad_alloc&) {
+    st.code = Status::no_memory;
+  } catch (const std::exception& e) {
+    st.code = Status::runtime_error;
+    st.message = e.what();
+  }
+}
+
+void fake_tensor_quant(Status& st, const TensorView& out, const ConstTensorView& x, const ConstTensorView& amax,
+                       const std::int64_t* axis, const xquant::FakeQuantOptions& o) {
+  guarded(st, [&] {
+    if (axis) xquant::fake_tensor_quant_with_axis_out(out, x, amax, *axis, o);
+    else xquant::fake_tensor_quant_out(out, x, amax, o);
+  });
+}
+void fake_tensor_quant_inplace(Status& st, const TensorView& x, const ConstTensorView& amax,
+                               const xquant::FakeQuantOptions& o) {
+  guarded(st, [&] { xquant::fake_tensor_quant_inplace(x, amax, o); });
+}
+void quantize(Status& st, const TensorView& out, const ConstTensorView& x, const ConstTensorView& scales,
+              const OptView& zp, xquant::QuantDType q, std::int64_t axis, bool div_mode) {
+  guarded(st, [&] { xquant::quantize_out(out, x, scales, zp, q, axis, div_mode); });
+}
+void tile_quant(Status& st, const xquant::TileView& out, const xquant::ConstTileView& src,
+                const xquant::ConstTileView& scale, xquant::QuantMode mode,
+                const std::optional<xquant::ConstTileView>& offset) {
+  guarded(st, [&] { xquant::tile_quant(out, src, scale, mode, offset); });
+}
+void dynamic_quant_asymmetric(Status& st, const TensorView& y, const TensorView& scale, const TensorView& offset,
+                              const ConstTensorView& x, const OptView& sm, const OptView& gi, xquant::QuantDType q,
+                              bool per_tensor) {
+  guarded(st, [&] {
+    xquant::dynamic_quant_asymmetric_out(
+        y, scale, offset, x, sm, gi, q,
+        per_tensor ? xquant::DynamicQuantMode::pertensor : xquant::DynamicQuantMode::pertoken);
+  });
+}
+void dynamic_quant(Status& st, const TensorView& y, const TensorView& scale, const ConstTensorView& x,
+                   const OptView& sm, const OptView& gi, xquant::QuantDType q) {
+  guarded(st, [&] { xquant::dynamic_quant_out(y, scale, x, sm, gi, q); });
+}
+void anti_quant(Status& st, const TensorView& out, const ConstTensorView& x, const ConstTensorView& scale,
+                const OptView& offset, xquant::QuantDType q) {
+  guarded(st, [&] { xquant::anti_quant_out(out, x, scale, offset, q); });
+}
+void acts_ulq(Status& st, const TensorView& y, const TensorView& m0, const TensorView& m1, const TensorView& loss,
+              const ConstTensorView& x, const ConstTensorView& lo, const ConstTensorView& hi, bool fixed_min,
+              int num_bits) {
+  guarded(st, [&] { xquant::acts_ulq_out(y, m0, m1, loss, x, lo, hi, fixed_min, num_bits); });
+}
+bool acts_ulq_output_shape(const Shape& x, const Shape& lo, const Shape& hi, Shape& out) noexcept {
+  try {
+    out = xquant::acts_ulq_output_shape(x, lo, hi);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+void* new_tensor(Status& st, DType dt, const Shape& shape, void** data) {
+  xquant::Tensor* t = nullptr;
+  guarded(st, [&] { t = new xquant::Tensor(dt, shape); });
+  if (t) *data = t->data();
+  return t;
+}
+void free_tensor(void* owner) noexcept { delete static_cast<xquant::Tensor*>(owner); }
+
+const xquant_py::CoreApi kApi = {xquant_py::kCoreApiVersion,
+                                 sizeof(xquant_py::CoreApi),
+                                 &fake_tensor_quant,
+                                 &fake_tensor_quant_inplace,
+                                 &quantize,
+                                 &tile_quant,
+                                 &dynamic_quant_asymmetric,
+                                 &dynamic_quant,
+                                 &anti_quant,
+                                 &acts_ulq,
+                                 &acts_ulq_output_shape,
+                                 &new_tensor,
+                                 &free_tensor};
+}  // namespace api
+
 NB_MODULE(_core, m) {
   m.doc() = "xquant's compiled core: thin out-variant bindings used by xquant.npu (not a public API).";
   m.attr("__version__") = xquant::kVersion;
@@ -1068,6 +1167,8 @@ NB_MODULE(_core, m) {
   m.attr("QUINT8") = static_cast<int>(xquant::QuantDType::quint8);
   m.attr("QINT32") = static_cast<int>(xquant::QuantDType::qint32);
   m.attr("QUINT4X2") = static_cast<int>(xquant::QuantDType::quint4x2);
+  // The library for xquant._torch_fast (core_api.hpp; PyCapsule_Import("xquant._core._api")).
+  m.attr("_api") = nb::capsule(static_cast<const void*>(&api::kApi), xquant_py::kCoreApiCapsule);
 
   // xquant::Error -> TypeError (dtype_mismatch) or ValueError (everything else), same message.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -1104,22 +1205,23 @@ NB_MODULE(_core, m) {
   m.def("get_backend", &get_backend);
   m.def("simd_target", &xquant::simd_target);
   // torch tensors without DLPack (see t_fake_tensor_quant): None means "take the full path" (lenient).
+  // strict defaults to False where xquant._torch_fast has a namesake of the same signature (lenient only).
   m.def("init_torch", &init_torch, "api"_a);
   m.def("plain_modes", [] { return g_torch.lenient && plain_eager(false); });
   m.def("t_fake_tensor_quant", &t_fake_tensor_quant, "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a,
-        "is_unsigned"_a, "narrow_range"_a, "strict"_a);
+        "is_unsigned"_a, "narrow_range"_a, "strict"_a = false);
   m.def("t_fake_tensor_quant_inplace", &t_fake_tensor_quant_inplace, "inputs"_a, "amax"_a, "num_bits"_a,
-        "is_unsigned"_a, "narrow_range"_a, "strict"_a);
+        "is_unsigned"_a, "narrow_range"_a, "strict"_a = false);
   m.def("t_quantize", &t_quantize, "input"_a, "scales"_a, "zero_points"_a.none(), "dtype"_a, "axis"_a,
-        "div_mode"_a, "strict"_a);
-  m.def("t_tile_quant", &t_tile_quant, "out"_a, "src"_a, "scale"_a, "mode"_a, "offset"_a.none(), "strict"_a);
+        "div_mode"_a, "strict"_a = false);
+  m.def("t_tile_quant", &t_tile_quant, "out"_a, "src"_a, "scale"_a, "mode"_a, "offset"_a.none(), "strict"_a = false);
   m.def("t_dynamic_quant_asymmetric", &t_dynamic_quant_asymmetric, "x"_a, "smooth_scales"_a.none(),
-        "group_index"_a.none(), "dst_type"_a.none(), "quant_mode"_a, "strict"_a);
+        "group_index"_a.none(), "dst_type"_a.none(), "quant_mode"_a, "strict"_a = false);
   m.def("t_dynamic_quant", &t_dynamic_quant, "x"_a, "smooth_scales"_a.none(), "group_index"_a.none(),
-        "dst_type"_a.none(), "strict"_a);
+        "dst_type"_a.none(), "strict"_a = false);
   m.def("t_anti_quant", &t_anti_quant, "x"_a, "scale"_a, "offset"_a.none(), "dst_dtype"_a.none(),
-        "src_dtype"_a.none(), "strict"_a);
-  m.def("t_acts_ulq", &t_acts_ulq, "x"_a, "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a, "strict"_a);
+        "src_dtype"_a.none(), "strict"_a = false);
+  m.def("t_acts_ulq", &t_acts_ulq, "x"_a, "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a, "strict"_a = false);
   m.def("acts_ulq_backward", &acts_ulq_backward, "x_grad"_a, "clamp_min_grad"_a, "clamp_max_grad"_a, "y_grad"_a,
         "clamp_min"_a, "clamp_max"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "fixed_min"_a,
         "num_bits"_a);

@@ -28,6 +28,7 @@ path: xquant.npu, _core.t_*), and eager autograd uses autograd.Functions over th
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -290,7 +291,7 @@ class _FakeQuantFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inputs, amax, axis, num_bits, is_unsigned, narrow_range):
         # (grad mode is off inside forward: plain tensors take the lenient call, the others are densified)
-        out = _core.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range, False)
+        out = FAST.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
         if out is None:
             op = "fake_tensor_quant" if axis is None else "fake_tensor_quant_with_axis"
             out = _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), axis, num_bits,
@@ -697,3 +698,29 @@ _core.init_torch({
     "qdtypes": dict(_QDTYPES),
 })
 FAST_PATH: bool = _PROBES is not None
+
+
+def _load_torch_fast(torch_version: str) -> Optional[Any]:
+    """xquant._torch_fast (the fast path compiled against PyTorch's C++ API) when it was built (pip install
+    with torch importable) for exactly this torch version and XQUANT_TORCH_FAST is not 0; else None. The
+    version is read from a Python file installed beside the module before the binary is loaded: a module
+    built for another torch is never imported (its C++ ABI may differ)."""
+    if os.environ.get("XQUANT_TORCH_FAST", "1") == "0":
+        return None
+    try:
+        from ._torch_fast_info import TORCH_VERSION
+        if TORCH_VERSION != torch_version:
+            return None
+        from . import _torch_fast
+    except ImportError:
+        return None
+    if getattr(_torch_fast, "TORCH_VERSION", None) != torch_version:
+        return None
+    _torch_fast.init(dict(_QDTYPES))
+    return _torch_fast
+
+
+TORCH_FAST = _load_torch_fast(torch.__version__) if FAST_PATH else None
+FAST: Any = TORCH_FAST if TORCH_FAST is not None else _core
+"""The module whose t_* functions the eager fast path calls (xquant._torch_fast or xquant._core): the same
+signatures (lenient mode), the same results."""

@@ -54,7 +54,7 @@ class _NoTensor:  # the fast-path types until torch is in use: nothing is of thi
 
 # The eager fast path: when the main input is a plain torch.Tensor (or nn.Parameter) and torch is not
 # tracing (torch.compile / torch.export constant-fold torch.compiler.is_compiling() to True), each function
-# first calls the compiled core directly (_core.t_*, lenient): it computes when nothing else is needed
+# first calls the compiled core directly (_fast.t_*: xquant._torch_fast or _core, lenient): it computes when nothing else is needed
 # (no autograd recording, no dispatch / function mode, functorch transform, JIT trace or profiler, dense
 # CPU tensors of supported dtypes, Python values of the expected types) and otherwise returns None, and
 # the call takes the full path (validation, then the torch.ops.xquant custom operators). Where autograd
@@ -70,11 +70,15 @@ def _never() -> bool:
 
 
 _is_compiling = _never  # -> torch.compiler.is_compiling once torch is in use
+# The module whose t_* functions the fast path calls: xquant._torch_fast (compiled against this torch's C++
+# API: at::Tensor arguments, at::empty outputs) where it was built and matches the running torch, else
+# xquant._core (the CPython API, torch.empty outputs). Same arguments, same results; see _torch_ops.FAST.
+_fast: Any = _core
 
 
 def _load_torch_backend():
     """xquant._torch_ops (registering the custom operators) if torch has been imported, else None."""
-    global _torch_backend, _Tensor, _Parameter, _is_compiling
+    global _torch_backend, _Tensor, _Parameter, _is_compiling, _fast
     if _torch_backend is None and "torch" in sys.modules:
         from . import _torch_ops
 
@@ -83,6 +87,7 @@ def _load_torch_backend():
             import torch
 
             _is_compiling = torch.compiler.is_compiling
+            _fast = _torch_ops.FAST
             _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
     return _torch_backend
 
@@ -124,7 +129,7 @@ def npu_fake_tensor_quant(inputs, amax, num_bits: int = 8, is_unsigned: bool = F
     ``sum(grad_out * (x > max_bound/scale ? 1 : x < min_bound/scale ? min_bound/max_bound : 0))``.
     """
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
-        out = _core.t_fake_tensor_quant(inputs, amax, None, num_bits, is_unsigned, narrow_range, False)
+        out = _fast.t_fake_tensor_quant(inputs, amax, None, num_bits, is_unsigned, narrow_range)
         if out is not None:
             return out if out is not NotImplemented else \
                 _torch_backend.fake_quant_autograd(inputs, amax, None, num_bits, is_unsigned, narrow_range)
@@ -142,7 +147,7 @@ def npu_fake_tensor_quant_inplace(inputs, amax, num_bits: int = 8, is_unsigned: 
     npu_fake_tensor_quant.
     """
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
-        out = _core.t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range, False)
+        out = _fast.t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range)
         if out is not None:
             return out
     op = "fake_tensor_quant_inplace"
@@ -159,7 +164,7 @@ def npu_fake_tensor_quant_with_axis(inputs, amax, axis: int, num_bits: int = 8, 
     reduced per channel.
     """
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
-        out = _core.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range, False)
+        out = _fast.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
         if out is not None:
             return out if out is not NotImplemented else \
                 _torch_backend.fake_quant_autograd(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
@@ -189,7 +194,7 @@ def npu_quantize(input, scales, zero_points, dtype, axis: int = 1, div_mode: boo
     last one; ``scales`` 1-D or of input's rank with 1s except on that axis; ``zero_points`` matches scales.
     """
     if (type(input) is _Tensor or type(input) is _Parameter) and not _is_compiling():
-        out = _core.t_quantize(input, scales, zero_points, dtype, axis, div_mode, False)
+        out = _fast.t_quantize(input, scales, zero_points, dtype, axis, div_mode)
         if out is not None:
             return out
     op = "quantize"
@@ -212,7 +217,7 @@ def quant(out, src, scale, mode: Any = QuantMode.SYM, offset=None) -> None:
     ``offset`` is required for ASYM and rejected for SYM. Returns None, like pypto.
     """
     if (type(out) is _Tensor or type(out) is _Parameter) and not _is_compiling():
-        if _core.t_tile_quant(out, src, scale, mode, offset, False) is not None:
+        if _fast.t_tile_quant(out, src, scale, mode, offset) is not None:
             return None
     op = "tile_quant"
     b = _backend(op, "out", out)
@@ -238,7 +243,7 @@ def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst
     ("pertensor"; not with smooth_scales). A row containing NaN gets NaN scale / offset and y = 0.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _core.t_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode, False)
+        out = _fast.t_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode)
         if out is not None:
             return out
     op = "dynamic_quant_asymmetric"
@@ -262,7 +267,7 @@ def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None)
     scale 0 and y = 0; a row containing NaN gets a NaN scale and y = 0.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _core.t_dynamic_quant(x, smooth_scales, group_index, dst_type, False)
+        out = _fast.t_dynamic_quant(x, smooth_scales, group_index, dst_type)
         if out is not None:
             return out
     op = "dynamic_quant"
@@ -283,7 +288,7 @@ def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     the result is narrowed once, round to nearest even.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _core.t_anti_quant(x, scale, offset, dst_dtype, src_dtype, False)
+        out = _fast.t_anti_quant(x, scale, offset, dst_dtype, src_dtype)
         if out is not None:
             return out
     op = "anti_quant"
@@ -318,7 +323,7 @@ def acts_ulq(x, clamp_min, clamp_max, fixed_min: bool = False, num_bits: int = 8
     each summed down to the shape of its input.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _core.t_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits, False)
+        out = _fast.t_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits)
         if out is not None:
             return out if out is not NotImplemented else \
                 _torch_backend.acts_ulq_autograd(x, clamp_min, clamp_max, fixed_min, num_bits)
