@@ -234,21 +234,44 @@ XQCT_CLONES void widen(const std::byte* x, StDType dt, std::int64_t n, float* ou
   }
 }
 
+// Eight float32 / int32 lanes (GCC / clang vector extensions; each clone of the callers gets its own
+// instructions, two SSE halves on the baseline). Lane j holds element offset mod 8, exactly as a scalar
+// loop over j would: the same operations per lane in the same order, so the results do not change.
+// The helpers below are always inlined, so the ABI of passing a 32-byte vector never applies.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+using v8f = float __attribute__((vector_size(32)));
+using v8i = std::int32_t __attribute__((vector_size(32)));
+using v8u = std::uint32_t __attribute__((vector_size(32)));
+
+[[gnu::always_inline]] inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline v8f select8(v8i mask, v8f a, v8f b) {  // mask ? a : b, lane by lane
+  return reinterpret_cast<v8f>((reinterpret_cast<v8i>(a) & mask) | (reinterpret_cast<v8i>(b) & ~mask));
+}
+[[gnu::always_inline]] inline v8f abs8(v8f x) {
+  return reinterpret_cast<v8f>(reinterpret_cast<v8i>(x) & 0x7FFFFFFF);
+}
+
 // Largest finite |v| of each group of G (a multiple of 8) and the count of non-finite values, with eight
 // lanes (max is exact, so the lane layout does not change the result).
 XQCT_CLONES std::int64_t group_amax(const float* v, std::int64_t groups, std::int64_t G, float* amax) {
   std::int64_t bad = 0;
+  const v8f fmax = v8f{} + FLT_MAX;
   for (std::int64_t g = 0; g < groups; ++g) {
-    float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::int32_t b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    v8f m = {};
+    v8i b = {};
     const float* r = v + g * G;
-    for (std::int64_t i = 0; i < G; i += 8)
-      for (int j = 0; j < 8; ++j) {
-        const float a = __builtin_fabsf(r[i + j]);
-        const bool ok = a <= FLT_MAX;  // false for NaN and +-Inf
-        m[j] = ok && a > m[j] ? a : m[j];
-        b[j] += ok ? 0 : 1;
-      }
+    for (std::int64_t i = 0; i < G; i += 8) {
+      const v8f a = abs8(load8(r + i));
+      const v8i ok = a <= fmax;  // false for NaN and +-Inf
+      m = select8(ok & (a > m), a, m);
+      b += ~ok & 1;
+    }
     float mm = 0.0f;
     for (int j = 0; j < 8; ++j) {
       mm = std::max(mm, m[j]);
@@ -266,30 +289,33 @@ template <int BITS>
 [[gnu::always_inline]] inline ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G,
                                                       const float* sw) {
   double sig[8] = {}, noi[8] = {};
-  float mx[8] = {};
+  v8f mx = {};
+  const v8f fmax = v8f{} + FLT_MAX;
+  const v8u shifts = {0, 4, 8, 12, 16, 20, 24, 28};
   for (std::int64_t g = 0; g < groups; ++g) {
-    const float s = sw[g];
-    float gs[8] = {}, gn[8] = {};
+    const v8f s = v8f{} + sw[g];
+    v8f gs = {}, gn = {};
     for (std::int64_t i = g * G; i < (g + 1) * G; i += 8) {
-      std::int32_t qv[8];
+      v8i qv;
       if constexpr (BITS == 8) {
-        for (int j = 0; j < 8; ++j) qv[j] = static_cast<std::int8_t>(q[i + j]);
+        using v8c = std::int8_t __attribute__((vector_size(8)));
+        v8c c;
+        std::memcpy(&c, q + i, sizeof c);
+        qv = __builtin_convertvector(c, v8i);
       } else {
         std::uint32_t w;
         std::memcpy(&w, q + i / 2, 4);
-        for (int j = 0; j < 8; ++j) qv[j] = (static_cast<std::int32_t>((w >> (4 * j)) & 0xFu) ^ 8) - 8;
+        qv = (reinterpret_cast<v8i>(((v8u{} + w) >> shifts) & 0xFu) ^ 8) - 8;
       }
-      for (int j = 0; j < 8; ++j) {
-        const float x = v[i + j];
-        const bool ok = __builtin_fabsf(x) <= FLT_MAX;  // non-finite inputs add nothing
-        const float r = static_cast<float>(qv[j]) * s;  // dequantize_value(q, s, 0)
-        const float xs = ok ? x : 0.0f;
-        const float e = ok ? x - r : 0.0f;
-        gs[j] += xs * xs;
-        gn[j] += e * e;
-        const float ae = __builtin_fabsf(e);
-        mx[j] = ae > mx[j] ? ae : mx[j];
-      }
+      const v8f x = load8(v + i);
+      const v8i ok = abs8(x) <= fmax;                      // non-finite inputs add nothing
+      const v8f r = __builtin_convertvector(qv, v8f) * s;  // dequantize_value(q, s, 0)
+      const v8f xs = select8(ok, x, v8f{});
+      const v8f e = select8(ok, x - r, v8f{});
+      gs += xs * xs;
+      gn += e * e;
+      const v8f ae = abs8(e);
+      mx = select8(ae > mx, ae, mx);
     }
     for (int j = 0; j < 8; ++j) {
       sig[j] += static_cast<double>(gs[j]);
@@ -333,11 +359,14 @@ ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, s
   // not be, then they run on a padded copy). Thread-local scratch, reused from call to call.
   const std::int64_t Gp = (G + 7) / 8 * 8;
   static thread_local std::vector<float> scratch;
-  scratch.assign(static_cast<std::size_t>(groups * Gp), 0.0f);
+  if (scratch.size() < static_cast<std::size_t>(groups * Gp)) scratch.resize(static_cast<std::size_t>(groups * Gp));
   if (Gp == G) {
-    widen(x, dt, n, scratch.data());
+    widen(x, dt, n, scratch.data());  // every element written: no zero fill first
   } else {
-    for (std::int64_t g = 0; g < groups; ++g) widen(x + g * G * esize, dt, G, scratch.data() + g * Gp);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      widen(x + g * G * esize, dt, G, scratch.data() + g * Gp);
+      std::fill(scratch.data() + g * Gp + G, scratch.data() + (g + 1) * Gp, 0.0f);  // padding: x = 0
+    }
   }
 
   // 1. Scales: symmetric absmax over the finite values of each group.
