@@ -25,41 +25,15 @@ import tempfile
 
 try:
     import numpy as np
-    import safetensors
+    import safetensors  # noqa: F401 (checked here for the message; used by _safetensors_writer)
 except ImportError as e:  # pragma: no cover
     sys.exit(f"make_sample_checkpoint.py needs numpy and safetensors (pip install numpy safetensors): {e}")
+from _safetensors_writer import Gen, encode, linear, read, save
 
 SEED = 20261129
 VOCAB, HIDDEN, HEADS, FFN, LAYERS, POSITIONS = 512, 256, 4, 512, 2, 128
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "data", "sample.safetensors")
-
-
-def to_bf16_bits(x32):
-    """float32 -> bfloat16 bit patterns, round to nearest even (no NaN occurs here)."""
-    u = x32.view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-class Gen:
-    def __init__(self, seed):
-        self.rs = np.random.RandomState(seed)
-
-    def normal(self, shape):
-        """Approximately standard normal (Irwin-Hall, n = 12), in float64, exactly reproducible."""
-        u = self.rs.random_sample((12,) + tuple(shape))
-        return u.sum(axis=0) - 6.0
-
-    def uniform(self, shape, lo, hi):
-        return lo + (hi - lo) * self.rs.random_sample(shape)
-
-
-def linear(g, out_f, in_f, std, outlier_cols=(), outlier_gain=6.0):
-    w = g.normal((out_f, in_f)) * std
-    w *= g.uniform((out_f, 1), 0.5, 2.0)          # per-output-channel magnitudes differ
-    for c in outlier_cols:                           # outlier input features (residual stream)
-        w[:, c] *= outlier_gain
-    return w
 
 
 def build():
@@ -87,38 +61,7 @@ def build():
     return t
 
 
-def encode(t):
-    """name -> (safetensors dtype name for the Python API, shape, little-endian bytes)."""
-    out = {}
-    for name, (dt, a) in t.items():
-        if dt == "F32":
-            arr, api = a.astype("<f4"), "float32"
-        elif dt == "F16":
-            arr, api = a.astype("<f4").astype("<f2"), "float16"
-        elif dt == "BF16":
-            arr, api = to_bf16_bits(a.astype("<f4")).astype("<u2"), "bfloat16"
-        elif dt == "I64":
-            arr, api = a.astype("<i8"), "int64"
-        else:
-            raise ValueError(dt)
-        arr = np.ascontiguousarray(arr)
-        out[name] = (api, list(a.shape), arr)
-    return out
-
-
-def save(encoded, path, metadata):
-    """Writes with the official library, through whichever API this safetensors version has."""
-    if hasattr(safetensors, "TensorSpec"):   # safetensors >= 0.8
-        specs = {n: safetensors.TensorSpec(dtype=api, shape=shape, data_ptr=arr.ctypes.data, data_len=arr.nbytes)
-                 for n, (api, shape, arr) in encoded.items()}
-        safetensors.serialize_file(specs, path, metadata=metadata)
-    else:                                    # older versions take dicts with the bytes
-        specs = {n: {"dtype": api, "shape": shape, "data": arr.tobytes()} for n, (api, shape, arr) in encoded.items()}
-        safetensors.serialize_file(specs, path, metadata=metadata)
-
-
-# One entry only: the official writer keeps metadata in a hash map, whose order (and so the bytes of
-# the header) would change from run to run with several entries.
+# One entry only (see _safetensors_writer.save).
 METADATA = {"format": "pt"}
 
 
@@ -140,16 +83,6 @@ def write(path):
     return encoded
 
 
-def content(path):
-    """(metadata, {name: (dtype, shape, bytes)}) as the official library reads it."""
-    with open(path, "rb") as f:
-        data = f.read()
-    tensors = {n: (v["dtype"], list(v["shape"]), bytes(v["data"])) for n, v in safetensors.deserialize(data)}
-    with safetensors.safe_open(path, framework="numpy") as f:
-        meta = f.metadata()
-    return meta, tensors
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--output", default=DEFAULT_OUT, help="where to write (default: data/sample.safetensors)")
@@ -160,7 +93,7 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             fresh = os.path.join(d, "sample.safetensors")
             write(fresh)
-            if content(fresh) != content(args.output):
+            if read(fresh) != read(args.output):
                 sys.exit(f"{args.output} differs from what {os.path.basename(__file__)} writes")
         print(f"{args.output}: matches the generator")
         return

@@ -23,10 +23,11 @@ import sys
 import tempfile
 
 try:
-    import numpy as np
-    import safetensors
+    import numpy  # noqa: F401 (checked here for the message; used by _safetensors_writer)
+    import safetensors  # noqa: F401
 except ImportError as e:  # pragma: no cover
     sys.exit(f"make_sample_model.py needs numpy and safetensors (pip install numpy safetensors): {e}")
+from _safetensors_writer import Gen, encode, linear, read, save
 
 SEED = 20261201
 VOCAB, HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 512, 256, 4, 2, 512, 2
@@ -63,32 +64,6 @@ CONFIG = {
 GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}
 
 
-def to_bf16_bits(x32):
-    """float32 -> bfloat16 bit patterns, round to nearest even (no NaN occurs here)."""
-    u = x32.view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-class Gen:
-    def __init__(self, seed):
-        self.rs = np.random.RandomState(seed)
-
-    def normal(self, shape):
-        """Approximately standard normal (Irwin-Hall, n = 12), float64, exactly reproducible."""
-        return self.rs.random_sample((12,) + tuple(shape)).sum(axis=0) - 6.0
-
-    def uniform(self, shape, lo, hi):
-        return lo + (hi - lo) * self.rs.random_sample(shape)
-
-
-def linear(g, out_f, in_f, std, outlier_cols=()):
-    w = g.normal((out_f, in_f)) * std
-    w *= g.uniform((out_f, 1), 0.5, 2.0)  # per-output-channel magnitudes differ
-    for c in outlier_cols:                # outlier input features (residual stream)
-        w[:, c] *= 6.0
-    return w
-
-
 def build():
     g = Gen(SEED)
     t = {}
@@ -107,17 +82,7 @@ def build():
         t[p + "mlp.down_proj.weight"] = linear(g, HIDDEN, FFN, 0.015)
     t["model.norm.weight"] = 1.0 + 0.05 * g.normal((HIDDEN,))
     t["lm_head.weight"] = g.normal((VOCAB, HIDDEN)) * 0.02
-    return {n: (list(a.shape), np.ascontiguousarray(to_bf16_bits(a.astype("<f4")).astype("<u2"))) for n, a in t.items()}
-
-
-def save(encoded, path):
-    """Writes with the official library, through whichever API this safetensors version has."""
-    if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.8
-        specs = {n: safetensors.TensorSpec(dtype="bfloat16", shape=shape, data_ptr=arr.ctypes.data, data_len=arr.nbytes)
-                 for n, (shape, arr) in encoded.items()}
-    else:
-        specs = {n: {"dtype": "bfloat16", "shape": shape, "data": arr.tobytes()} for n, (shape, arr) in encoded.items()}
-    safetensors.serialize_file(specs, path, metadata={"format": "pt"})
+    return encode({n: ("BF16", a) for n, a in t.items()})
 
 
 def write(out_dir):
@@ -130,7 +95,7 @@ def write(out_dir):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
-        save(build(), os.path.join(tmp, "model.safetensors"))
+        save(build(), os.path.join(tmp, "model.safetensors"), {"format": "pt"})
         for name, obj in (("config.json", CONFIG), ("generation_config.json", GENERATION_CONFIG)):
             with open(os.path.join(tmp, name), "w") as f:
                 f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -153,11 +118,7 @@ def content(d):
             with open(p) as f:
                 out[name] = json.load(f)
         else:
-            with open(p, "rb") as f:
-                data = f.read()
-            tensors = {n: (v["dtype"], list(v["shape"]), bytes(v["data"])) for n, v in safetensors.deserialize(data)}
-            with safetensors.safe_open(p, framework="numpy") as f:
-                out[name] = (f.metadata(), tensors)
+            out[name] = read(p)
     return out
 
 

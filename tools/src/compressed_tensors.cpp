@@ -14,15 +14,11 @@
 #include <cfloat>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +27,7 @@
 #include "passes.hpp"
 #include "plan.hpp"
 #include "progress.hpp"
+#include "writer.hpp"
 #include "xquant/half.hpp"
 #include "xquant/quantize.hpp"
 #include "xquant/version.hpp"
@@ -216,15 +213,6 @@ CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bo
 
 namespace {
 
-const float* f16_table() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (std::uint32_t h = 0; h < 65536; ++h) t[h] = xquant::half_to_float(static_cast<std::uint16_t>(h));
-    return t;
-  }();
-  return table.data();
-}
-
 // x[0, n) widened exactly to float32.
 XQCT_CLONES void widen(const std::byte* x, StDType dt, std::int64_t n, float* out) {
   if (dt == StDType::F32) {
@@ -237,7 +225,7 @@ XQCT_CLONES void widen(const std::byte* x, StDType dt, std::int64_t n, float* ou
       std::memcpy(out + i, &u, 4);
     }
   } else {
-    const float* t = f16_table();
+    const float* t = half_table();
     for (std::int64_t i = 0; i < n; ++i) {
       std::uint16_t h;
       std::memcpy(&h, x + i * 2, 2);
@@ -246,21 +234,44 @@ XQCT_CLONES void widen(const std::byte* x, StDType dt, std::int64_t n, float* ou
   }
 }
 
+// Eight float32 / int32 lanes (GCC / clang vector extensions; each clone of the callers gets its own
+// instructions, two SSE halves on the baseline). Lane j holds element offset mod 8, exactly as a scalar
+// loop over j would: the same operations per lane in the same order, so the results do not change.
+// The helpers below are always inlined, so the ABI of passing a 32-byte vector never applies.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+using v8f = float __attribute__((vector_size(32)));
+using v8i = std::int32_t __attribute__((vector_size(32)));
+using v8u = std::uint32_t __attribute__((vector_size(32)));
+
+[[gnu::always_inline]] inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline v8f select8(v8i mask, v8f a, v8f b) {  // mask ? a : b, lane by lane
+  return reinterpret_cast<v8f>((reinterpret_cast<v8i>(a) & mask) | (reinterpret_cast<v8i>(b) & ~mask));
+}
+[[gnu::always_inline]] inline v8f abs8(v8f x) {
+  return reinterpret_cast<v8f>(reinterpret_cast<v8i>(x) & 0x7FFFFFFF);
+}
+
 // Largest finite |v| of each group of G (a multiple of 8) and the count of non-finite values, with eight
 // lanes (max is exact, so the lane layout does not change the result).
 XQCT_CLONES std::int64_t group_amax(const float* v, std::int64_t groups, std::int64_t G, float* amax) {
   std::int64_t bad = 0;
+  const v8f fmax = v8f{} + FLT_MAX;
   for (std::int64_t g = 0; g < groups; ++g) {
-    float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::int32_t b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    v8f m = {};
+    v8i b = {};
     const float* r = v + g * G;
-    for (std::int64_t i = 0; i < G; i += 8)
-      for (int j = 0; j < 8; ++j) {
-        const float a = __builtin_fabsf(r[i + j]);
-        const bool ok = a <= FLT_MAX;  // false for NaN and +-Inf
-        m[j] = ok && a > m[j] ? a : m[j];
-        b[j] += ok ? 0 : 1;
-      }
+    for (std::int64_t i = 0; i < G; i += 8) {
+      const v8f a = abs8(load8(r + i));
+      const v8i ok = a <= fmax;  // false for NaN and +-Inf
+      m = select8(ok & (a > m), a, m);
+      b += ~ok & 1;
+    }
     float mm = 0.0f;
     for (int j = 0; j < 8; ++j) {
       mm = std::max(mm, m[j]);
@@ -278,30 +289,33 @@ template <int BITS>
 [[gnu::always_inline]] inline ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G,
                                                       const float* sw) {
   double sig[8] = {}, noi[8] = {};
-  float mx[8] = {};
+  v8f mx = {};
+  const v8f fmax = v8f{} + FLT_MAX;
+  const v8u shifts = {0, 4, 8, 12, 16, 20, 24, 28};
   for (std::int64_t g = 0; g < groups; ++g) {
-    const float s = sw[g];
-    float gs[8] = {}, gn[8] = {};
+    const v8f s = v8f{} + sw[g];
+    v8f gs = {}, gn = {};
     for (std::int64_t i = g * G; i < (g + 1) * G; i += 8) {
-      std::int32_t qv[8];
+      v8i qv;
       if constexpr (BITS == 8) {
-        for (int j = 0; j < 8; ++j) qv[j] = static_cast<std::int8_t>(q[i + j]);
+        using v8c = std::int8_t __attribute__((vector_size(8)));
+        v8c c;
+        std::memcpy(&c, q + i, sizeof c);
+        qv = __builtin_convertvector(c, v8i);
       } else {
         std::uint32_t w;
         std::memcpy(&w, q + i / 2, 4);
-        for (int j = 0; j < 8; ++j) qv[j] = (static_cast<std::int32_t>((w >> (4 * j)) & 0xFu) ^ 8) - 8;
+        qv = (reinterpret_cast<v8i>(((v8u{} + w) >> shifts) & 0xFu) ^ 8) - 8;
       }
-      for (int j = 0; j < 8; ++j) {
-        const float x = v[i + j];
-        const bool ok = __builtin_fabsf(x) <= FLT_MAX;  // non-finite inputs add nothing
-        const float r = static_cast<float>(qv[j]) * s;  // dequantize_value(q, s, 0)
-        const float xs = ok ? x : 0.0f;
-        const float e = ok ? x - r : 0.0f;
-        gs[j] += xs * xs;
-        gn[j] += e * e;
-        const float ae = __builtin_fabsf(e);
-        mx[j] = ae > mx[j] ? ae : mx[j];
-      }
+      const v8f x = load8(v + i);
+      const v8i ok = abs8(x) <= fmax;                      // non-finite inputs add nothing
+      const v8f r = __builtin_convertvector(qv, v8f) * s;  // dequantize_value(q, s, 0)
+      const v8f xs = select8(ok, x, v8f{});
+      const v8f e = select8(ok, x - r, v8f{});
+      gs += xs * xs;
+      gn += e * e;
+      const v8f ae = abs8(e);
+      mx = select8(ae > mx, ae, mx);
     }
     for (int j = 0; j < 8; ++j) {
       sig[j] += static_cast<double>(gs[j]);
@@ -345,11 +359,14 @@ ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, s
   // not be, then they run on a padded copy). Thread-local scratch, reused from call to call.
   const std::int64_t Gp = (G + 7) / 8 * 8;
   static thread_local std::vector<float> scratch;
-  scratch.assign(static_cast<std::size_t>(groups * Gp), 0.0f);
+  if (scratch.size() < static_cast<std::size_t>(groups * Gp)) scratch.resize(static_cast<std::size_t>(groups * Gp));
   if (Gp == G) {
-    widen(x, dt, n, scratch.data());
+    widen(x, dt, n, scratch.data());  // every element written: no zero fill first
   } else {
-    for (std::int64_t g = 0; g < groups; ++g) widen(x + g * G * esize, dt, G, scratch.data() + g * Gp);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      widen(x + g * G * esize, dt, G, scratch.data() + g * Gp);
+      std::fill(scratch.data() + g * Gp + G, scratch.data() + (g + 1) * Gp, 0.0f);  // padding: x = 0
+    }
   }
 
   // 1. Scales: symmetric absmax over the finite values of each group.
@@ -475,12 +492,6 @@ OJ quantization_config(const Preset& p, const std::set<std::string>& ignore) {
   return c;
 }
 
-std::string gbs(std::uint64_t bytes, double seconds) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0);
-  return buf;
-}
-
 // Writes the index of a sharded output.
 std::string index_json(const std::vector<OutPlan>& outs) {
   std::map<std::string, std::string> wmap;
@@ -526,113 +537,6 @@ std::vector<std::string> assign_files(std::vector<Item>& items, const ModelDir& 
   for (std::size_t i = 0; i < n; ++i) names.push_back(shard_name(i, n));
   return names;
 }
-
-}  // namespace
-
-namespace {
-
-// Writes into the output directory's files on a background thread, so that quantizing the next block
-// overlaps writing the previous one. At most two writes are pending (bounded memory); the first write
-// error is rethrown by the next submit() or by finish(). Destroyed (joined) before the files are closed.
-class DirWriter {
- public:
-  explicit DirWriter(OutputDir& out) : out_(out), thread_([this] { loop(); }) {}
-  ~DirWriter() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  DirWriter(const DirWriter&) = delete;
-  DirWriter& operator=(const DirWriter&) = delete;
-
-  std::vector<std::byte> buffer() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (spare_.empty()) return {};
-    std::vector<std::byte> b = std::move(spare_.back());
-    spare_.pop_back();
-    return b;
-  }
-  // Writes `data` (owned) at `offset` of file `fd` (named `rel`, which must outlive the writer).
-  void submit(int fd, const std::string& rel, std::vector<std::byte> data, std::uint64_t offset) {
-    Job j{fd, &rel, std::move(data), nullptr, 0, offset, nullptr, 0};
-    j.len = j.owned.size();
-    push(std::move(j));
-  }
-  // Writes `len` bytes of the mapped input `map` at `ptr` (map offset `map_offset`), then drops those pages.
-  void submit_view(int fd, const std::string& rel, const void* ptr, std::size_t len, std::uint64_t offset,
-                   const MappedFile* map, std::uint64_t map_offset) {
-    push(Job{fd, &rel, {}, ptr, len, offset, map, map_offset});
-  }
-  void finish() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return (jobs_.empty() && !busy_) || error_; });
-    rethrow_locked();
-  }
-
- private:
-  struct Job {
-    int fd;
-    const std::string* rel;
-    std::vector<std::byte> owned;
-    const void* ptr;
-    std::size_t len;
-    std::uint64_t offset;
-    const MappedFile* map;
-    std::uint64_t map_offset;
-  };
-  void rethrow_locked() {
-    if (error_) {
-      std::exception_ptr e = error_;
-      error_ = nullptr;
-      stop_ = true;
-      std::rethrow_exception(e);
-    }
-  }
-  void push(Job job) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return jobs_.size() < 2 || error_; });
-    rethrow_locked();
-    jobs_.push_back(std::move(job));
-    cv_.notify_all();
-  }
-  void loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return !jobs_.empty() || stop_; });
-      if (stop_) return;
-      Job job = std::move(jobs_.front());
-      jobs_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      std::exception_ptr err;
-      try {
-        out_.write_at(job.fd, job.owned.empty() ? job.ptr : job.owned.data(), job.len, job.offset, *job.rel);
-        if (job.map) job.map->release(job.map_offset, job.len);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      lock.lock();
-      busy_ = false;
-      if (err && !error_) error_ = err;
-      if (err) jobs_.clear();
-      if (!job.owned.empty() && spare_.size() < 2) spare_.push_back(std::move(job.owned));
-      cv_.notify_all();
-    }
-  }
-
-  OutputDir& out_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  std::vector<std::vector<std::byte>> spare_;
-  std::exception_ptr error_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 }  // namespace
 
@@ -758,20 +662,21 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
       out.write_at(fds[i], outs[i].header.data(), outs[i].header.size(), 0, outs[i].name);
       for (const auto& t : outs[i].tensors) offset_of[i][t.name] = outs[i].header.size() + t.offset;
     }
-    DirWriter writer(out);  // in the try block: joined before the catch closes the files
+    // In the try block: joined before the catch closes the files.
+    AsyncWriter writer([&](std::size_t file, const void* data, std::size_t len, std::uint64_t offset) {
+      out.write_at(fds[file], data, len, offset, outs[file].name);
+    });
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
       const WeightFile& wf = m.files[it.file];
       const MappedFile& in = *wf.map;
       const std::uint64_t src_off = wf.header.data_start + it.t->begin;
       const std::byte* src = in.data() + src_off;
-      const int fd = fds[it.out];
-      const std::string& fname = outs[it.out].name;
       if (!it.d.quantize) {
         const std::uint64_t dst = offset_of[it.out].at(it.t->name);
         for (std::uint64_t off = 0; off < it.t->nbytes(); off += kCopyChunk) {
           const std::uint64_t len = std::min(kCopyChunk, it.t->nbytes() - off);
-          writer.submit_view(fd, fname, src + off, static_cast<std::size_t>(len), dst + off, &in, src_off + off);
+          writer.submit_view(src + off, static_cast<std::size_t>(len), dst + off, &in, src_off + off, it.out);
           done += len;
           progress.update(done, tensors_done);
         }
@@ -809,17 +714,17 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
           }
           if (!failure.empty()) bad_input("tensor '" + it.t->name + "': " + failure);
           for (const auto& er : errs) res.error.merge(er);
-          writer.submit(fd, fname, std::move(qbuf), qdst + static_cast<std::uint64_t>(r0 * K * p.bits / 8));
+          writer.submit(std::move(qbuf), qdst + static_cast<std::uint64_t>(r0 * K * p.bits / 8), it.out);
           in.release(src_off + static_cast<std::uint64_t>(r0 * K * esize), static_cast<std::uint64_t>((r1 - r0) * K * esize));
           done += static_cast<std::uint64_t>((r1 - r0) * K * esize);
           progress.update(done, tensors_done);
         }
-        writer.submit(fd, fname, std::move(sbuf), sdst);
+        writer.submit(std::move(sbuf), sdst, it.out);
         if (p.packed) {
           const std::int64_t shape[2] = {N, K};
           std::vector<std::byte> sb(sizeof shape);
           std::memcpy(sb.data(), shape, sizeof shape);
-          writer.submit(fd, fname, std::move(sb), offset_of[it.out].at(it.d.module + ".weight_shape"));
+          writer.submit(std::move(sb), offset_of[it.out].at(it.d.module + ".weight_shape"), it.out);
         }
         result.total.merge(res.error);
       }
@@ -871,44 +776,7 @@ void print_export_report(std::FILE* out, const QuantizeOptions& o, const ExportO
                p.packed ? "pack-quantized" : "int-quantized", p.bits,
                p.group == 0 ? "one scale per output channel" : ("groups of " + std::to_string(p.group)).c_str(),
                p.act8 ? ", dynamic per-token int8 activations" : "");
-  std::size_t w = 6;
-  for (const auto& t : r.tensors)
-    if (t.quantized) w = std::max(w, std::min<std::size_t>(t.name.size(), 64));
-  std::size_t quantized = 0;
-  std::map<std::string, std::size_t> kept;
-  for (const auto& t : r.tensors) {
-    if (!t.quantized) {
-      ++kept[t.warned ? "warning: " + t.reason : t.reason];
-      continue;
-    }
-    if (quantized++ == 0)
-      std::fprintf(out, "\n%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), "tensor", "dtype", "shape", "stored",
-                   "SQNR dB", "max abs err");
-    const double sq = t.error.sqnr_db();
-    char sqs[32], mx[32];
-    std::snprintf(sqs, sizeof sqs, std::isfinite(sq) ? "%.2f" : "inf", sq);
-    std::snprintf(mx, sizeof mx, "%.3e", t.error.max_abs);
-    std::fprintf(out, "%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), t.name.c_str(),
-                 std::string(st_dtype_name(t.dtype)).c_str(), dims_str(t.shape).c_str(),
-                 p.packed ? (p.bits == 4 ? "int4" : "int8p") : "int8", sqs, mx);
-    if (t.error.nonfinite)
-      std::fprintf(out, "%-*s  (%lld NaN/Inf values: excluded from the scales, NaN -> 0, +-Inf saturate)\n",
-                   static_cast<int>(w), "", static_cast<long long>(t.error.nonfinite));
-  }
-  if (!kept.empty()) {
-    std::fprintf(out, "\nkept dense (%zu):\n", r.tensors.size() - quantized);
-    for (const auto& [reason, n] : kept) std::fprintf(out, "  %zu x %s\n", n, reason.c_str());
-  }
-  const double ratio = r.file_bytes_out ? static_cast<double>(r.file_bytes_in) / static_cast<double>(r.file_bytes_out) : 0.0;
-  const double sq = r.total.sqnr_db();
-  char sqs[32];
-  std::snprintf(sqs, sizeof sqs, quantized == 0 ? "-" : (std::isfinite(sq) ? "%.2f" : "inf"), sq);
-  std::fprintf(out, "\ntotal: %zu of %zu tensors quantized, SQNR %s dB, max abs err %.3e\n", quantized, r.tensors.size(),
-               sqs, r.total.max_abs);
-  std::fprintf(out, "size:  %s -> %s of weights (%.2fx %s)\n", Progress::bytes_str(static_cast<double>(r.file_bytes_in)).c_str(),
-               Progress::bytes_str(static_cast<double>(r.file_bytes_out)).c_str(), ratio >= 1.0 || ratio == 0.0 ? ratio : 1.0 / ratio,
-               ratio >= 1.0 || ratio == 0.0 ? "smaller" : "larger");
-  std::fprintf(out, "time:  %.3f s, %s GB/s\n", r.seconds, gbs(r.file_bytes_in, r.seconds).c_str());
+  print_summary(out, r, p.packed ? (p.bits == 4 ? "int4" : "int8p") : "int8", "kept dense", " of weights");
   if (!o.report_path.empty()) std::fprintf(out, "report: %s\n", o.report_path.c_str());
 }
 

@@ -52,6 +52,12 @@ struct QuantizeResult {
 
 QuantizeResult run_quantize(const QuantizeOptions& o);
 void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult& r);
+// The part of the printed report after its heading lines, shared with the compressed-tensors export:
+// the table of quantized tensors (their stored type named `stored`, or each one's stored_dtype when
+// null), the kept ones under `kept_heading` grouped by reason, the totals, the sizes (`size_what`
+// after them) and the time.
+void print_summary(std::FILE* out, const QuantizeResult& r, const char* stored, const char* kept_heading,
+                   const char* size_what);
 std::string report_json(const QuantizeOptions& o, const QuantizeResult& r);
 
 struct DequantizeOptions {

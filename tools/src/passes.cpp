@@ -12,9 +12,6 @@
 
 namespace xqcli {
 
-namespace {
-
-// float16 -> float32 for all 65,536 bit patterns (exact; built once from the library's conversion).
 const float* half_table() {
   static const std::vector<float> table = [] {
     std::vector<float> t(65536);
@@ -23,6 +20,8 @@ const float* half_table() {
   }();
   return table.data();
 }
+
+namespace {
 
 inline float ld_f32(const std::byte* b, std::int64_t i) noexcept {
   float v;

@@ -10,6 +10,9 @@
 
 namespace xqcli {
 
+// float16 -> float32 for all 65,536 bit patterns (exact; built once from the library's conversion).
+const float* half_table();
+
 // Element i of a F32 / F16 / BF16 array, widened to float32 exactly.
 float load_element(const std::byte* base, StDType dt, std::int64_t i) noexcept;
 

@@ -464,10 +464,8 @@ std::string report_json(const QuantizeOptions& o, const QuantizeResult& r) {
   return j.dump(2);
 }
 
-void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult& r) {
-  std::fprintf(out, "xquant %s quantize: %s -> %s\n", xquant::kVersion, utf8_safe(o.input).c_str(),
-               utf8_safe(o.output).c_str());
-  std::fprintf(out, "scheme: %s\n", scheme_str(o.scheme).c_str());
+void print_summary(std::FILE* out, const QuantizeResult& r, const char* stored, const char* kept_heading,
+                   const char* size_what) {
   std::size_t w = 6;
   for (const auto& t : r.tensors)
     if (t.quantized) w = std::max(w, std::min<std::size_t>(t.name.size(), 64));
@@ -481,8 +479,8 @@ void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult
       const double sq = t.error.sqnr_db();
       std::fprintf(out, "%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), t.name.c_str(),
                    std::string(st_dtype_name(t.dtype)).c_str(), dims_str(t.shape).c_str(),
-                   std::string(st_dtype_name(t.stored_dtype)).c_str(), std::isfinite(sq) ? fmt("%.2f", sq).c_str() : "inf",
-                   fmt("%.3e", t.error.max_abs).c_str());
+                   stored ? stored : std::string(st_dtype_name(t.stored_dtype)).c_str(),
+                   std::isfinite(sq) ? fmt("%.2f", sq).c_str() : "inf", fmt("%.3e", t.error.max_abs).c_str());
       if (t.error.nonfinite)
         std::fprintf(out, "%-*s  (%lld NaN/Inf values: excluded from the scales, NaN -> 0, +-Inf saturate)\n",
                      static_cast<int>(w), "", static_cast<long long>(t.error.nonfinite));
@@ -491,7 +489,7 @@ void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult
     }
   }
   if (!kept.empty()) {
-    std::fprintf(out, "\nkept as is (%zu):\n", r.tensors.size() - quantized);
+    std::fprintf(out, "\n%s (%zu):\n", kept_heading, r.tensors.size() - quantized);
     for (const auto& [reason, n] : kept) std::fprintf(out, "  %zu x %s\n", n, reason.c_str());
   }
   const double ratio =
@@ -499,10 +497,17 @@ void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult
   const double sq = r.total.sqnr_db();
   std::fprintf(out, "\ntotal: %zu of %zu tensors quantized, SQNR %s dB, max abs err %.3e\n", quantized, r.tensors.size(),
                quantized == 0 ? "-" : (std::isfinite(sq) ? fmt("%.2f", sq).c_str() : "inf"), r.total.max_abs);
-  std::fprintf(out, "size:  %s -> %s (%.2fx %s)\n", Progress::bytes_str(static_cast<double>(r.file_bytes_in)).c_str(),
-               Progress::bytes_str(static_cast<double>(r.file_bytes_out)).c_str(), ratio >= 1.0 || ratio == 0.0 ? ratio : 1.0 / ratio,
-               ratio >= 1.0 || ratio == 0.0 ? "smaller" : "larger");
+  std::fprintf(out, "size:  %s -> %s%s (%.2fx %s)\n", Progress::bytes_str(static_cast<double>(r.file_bytes_in)).c_str(),
+               Progress::bytes_str(static_cast<double>(r.file_bytes_out)).c_str(), size_what,
+               ratio >= 1.0 || ratio == 0.0 ? ratio : 1.0 / ratio, ratio >= 1.0 || ratio == 0.0 ? "smaller" : "larger");
   std::fprintf(out, "time:  %.3f s, %s GB/s\n", r.seconds, gb_per_s(r.file_bytes_in, r.seconds).c_str());
+}
+
+void print_report(std::FILE* out, const QuantizeOptions& o, const QuantizeResult& r) {
+  std::fprintf(out, "xquant %s quantize: %s -> %s\n", xquant::kVersion, utf8_safe(o.input).c_str(),
+               utf8_safe(o.output).c_str());
+  std::fprintf(out, "scheme: %s\n", scheme_str(o.scheme).c_str());
+  print_summary(out, r, nullptr, "kept as is", "");
   if (!o.report_path.empty()) std::fprintf(out, "report: %s\n", utf8_safe(o.report_path).c_str());
 }
 

@@ -16,7 +16,12 @@ constexpr std::size_t kWakeBytes = std::size_t{1} << 20;
 constexpr std::size_t kWakeJobs = 256;
 }
 
-AsyncWriter::AsyncWriter(AtomicOutput& out) : out_(out), thread_([this] { loop(); }) {}
+AsyncWriter::AsyncWriter(AtomicOutput& out)
+    : AsyncWriter([&out](std::size_t, const void* data, std::size_t len, std::uint64_t offset) {
+        out.write_at(data, len, offset);
+      }) {}
+
+AsyncWriter::AsyncWriter(WriteSink sink) : sink_(std::move(sink)), thread_([this] { loop(); }) {}
 
 AsyncWriter::~AsyncWriter() {
   {
@@ -66,8 +71,9 @@ void AsyncWriter::push(Job job) {
     cv_.notify_all();
 }
 
-void AsyncWriter::submit(std::vector<std::byte> data, std::uint64_t offset) {
+void AsyncWriter::submit(std::vector<std::byte> data, std::uint64_t offset, std::size_t file) {
   Job j;
+  j.file = file;
   j.len = data.size();
   j.owned = std::move(data);
   j.offset = offset;
@@ -75,8 +81,9 @@ void AsyncWriter::submit(std::vector<std::byte> data, std::uint64_t offset) {
 }
 
 void AsyncWriter::submit_view(const void* ptr, std::size_t len, std::uint64_t offset, const MappedFile* map,
-                              std::uint64_t map_offset) {
+                              std::uint64_t map_offset, std::size_t file) {
   Job j;
+  j.file = file;
   j.ptr = ptr;
   j.len = len;
   j.offset = offset;
@@ -114,7 +121,7 @@ void AsyncWriter::loop() {
     for (Job& job : batch) {
       try {
         if (!err) {
-          out_.write_at(job.owned.empty() ? job.ptr : job.owned.data(), job.len, job.offset);
+          sink_(job.file, job.owned.empty() ? job.ptr : job.owned.data(), job.len, job.offset);
           if (job.map) job.map->release(job.map_offset, job.len);
         }
       } catch (...) {
