@@ -283,17 +283,19 @@ struct FqCall {
       : walk(layout) {
     const std::int64_t channels = layout.channels;
     bool any_zero = false;
-    float s_min = std::numeric_limits<float>::infinity(), s_max = 0.0f;
-    for (std::int64_t c = 0; c < channels; ++c) {
-      any_zero = any_zero || params[c].zero;
-      if (!params[c].zero) {  // degenerate channels' quotients are replaced: their scales do not matter
-        s_min = std::min(s_min, params[c].scale);
-        s_max = std::max(s_max, params[c].scale);
+    for (std::int64_t c = 0; c < channels; ++c) any_zero |= params[c].zero;
+    int div_steps = 0;  // the backward pass divides nothing
+    if (!backward && fast_div_wanted()) {  // the scan only where the FMA division may be used
+      float s_min = std::numeric_limits<float>::infinity(), s_max = 0.0f;
+      for (std::int64_t c = 0; c < channels; ++c) {
+        if (!params[c].zero) {  // degenerate channels' quotients are replaced: their scales do not matter
+          s_min = std::min(s_min, params[c].scale);
+          s_max = std::max(s_max, params[c].scale);
+        }
       }
+      const float q_max = channels > 0 ? std::max(std::abs(params[0].min_bound), std::abs(params[0].max_bound)) : 0.0f;
+      if (s_max > 0.0f) div_steps = fast_div_integral_steps(s_min, s_max, q_max);
     }
-    const float q_max = channels > 0 ? std::max(std::abs(params[0].min_bound), std::abs(params[0].max_bound)) : 0.0f;
-    const int div_steps =
-        !backward && s_max > 0.0f && fast_div_wanted() ? fast_div_integral_steps(s_min, s_max, q_max) : 0;
     const float *scale = nullptr, *zero = nullptr, *glo = nullptr, *ghi = nullptr, *ratio = nullptr, *rscale = nullptr;
     if (walk.period > 0) {
       const auto P = static_cast<std::size_t>(walk.period);

@@ -212,15 +212,20 @@ void cpu_quantize(const QuantizeArgs& a) {
   const std::int64_t n = a.layout.numel();
   const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
   bool has_zero_point = false;
-  float s_min = std::numeric_limits<float>::infinity(), s_max = -s_min, z_max = 0.0f;
-  for (std::int64_t c = 0; c < channels; ++c) {
-    has_zero_point = has_zero_point || params[c].zero_point != 0.0f;
-    s_min = std::min(s_min, params[c].scale);  // NaN scales: fast_div_int below refuses (comparisons false)
-    s_max = std::max(s_max, params[c].scale);
-    z_max = std::max(z_max, std::abs(params[c].zero_point));
-    if (std::isnan(params[c].scale) || std::isnan(params[c].zero_point)) s_min = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t c = 0; c < channels; ++c) has_zero_point |= params[c].zero_point != 0.0f;
+  FastDivInt fd{};
+  if (a.div_mode && channels > 0 && fast_div_wanted()) {  // the scan only where the FMA division may be used
+    float s_min = std::numeric_limits<float>::infinity(), s_max = -s_min, z_max = 0.0f;
+    bool any_nan = false;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      s_min = std::min(s_min, params[c].scale);
+      s_max = std::max(s_max, params[c].scale);
+      z_max = std::max(z_max, std::abs(params[c].zero_point));
+      any_nan |= std::isnan(params[c].scale) || std::isnan(params[c].zero_point);
+    }
+    // NaN scales or zero points: fast_div_int refuses (comparisons with NaN are false)
+    fd = fast_div_int(any_nan ? std::numeric_limits<float>::quiet_NaN() : s_min, s_max, z_max);
   }
-  const FastDivInt fd = a.div_mode && channels > 0 && fast_div_wanted() ? fast_div_int(s_min, s_max, z_max) : FastDivInt{};
   // Periodic walk: only the arrays the kernel reads (zero points when some is not 0, 1 / scale for the
   // FMA division), in a ParamStore (no allocation for small problems).
   ParamStore store;

@@ -45,9 +45,13 @@ struct ChannelWalk {
   template <class T, class Value>
   void expand_into(T* dst, Value&& value) const {
     std::int64_t k = 0;
-    for (std::int64_t c = 0; c < C; ++c) {
-      const T v = value(c);
-      for (std::int64_t i = 0; i < inner; ++i) dst[k++] = v;
+    if (inner == 1) {  // the last axis: one value per channel
+      for (; k < C; ++k) dst[k] = value(k);
+    } else {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const T v = value(c);
+        for (std::int64_t i = 0; i < inner; ++i) dst[k++] = v;
+      }
     }
     for (; k < period; k += C * inner) std::copy(dst, dst + C * inner, dst + k);  // replicas of the first
   }
