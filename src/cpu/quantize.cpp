@@ -7,6 +7,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -211,8 +212,10 @@ void cpu_quantize(const QuantizeArgs& a) {
   const ChannelWalk walk(a.layout);
   const std::int64_t n = a.layout.numel();
   const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
-  bool has_zero_point = false;
-  for (std::int64_t c = 0; c < channels; ++c) has_zero_point |= params[c].zero_point != 0.0f;
+  // Some zero point is not +-0 (NaN included): an OR of the magnitude bits, a loop without a compare chain.
+  std::uint32_t zp_bits = 0;
+  for (std::int64_t c = 0; c < channels; ++c) zp_bits |= std::bit_cast<std::uint32_t>(params[c].zero_point) & 0x7FFFFFFFu;
+  const bool has_zero_point = zp_bits != 0;
   FastDivInt fd{};
   if (a.div_mode && channels > 0 && fast_div_wanted()) {  // the scan only where the FMA division may be used
     float s_min = std::numeric_limits<float>::infinity(), s_max = -s_min, z_max = 0.0f;
