@@ -159,6 +159,52 @@ void BM_tile_quant(benchmark::State& st) {
   set_bytes(st, 5.0 * 64 * 128);
 }
 
+// ---- small calls: [8, 128] float32, per-tensor against per-channel (the per-call setup cost) ----
+// Each operator's per-tensor case is its reference: docs/performance.md, "Small per-channel calls".
+constexpr std::int64_t kSmallRows = 8, kSmallCols = 128;
+
+// axis < 0: per-tensor; otherwise per-channel on that axis.
+void BM_small_fake_quant(benchmark::State& st, std::int64_t axis) {
+  const xq::Shape shape = {kSmallRows, kSmallCols};
+  xq::Tensor x = random_tensor(xq::DType::float32, shape), y(xq::DType::float32, shape);
+  xq::Tensor amax = filled({axis < 0 ? 1 : shape[static_cast<std::size_t>(axis)]}, 3.f);
+  auto call = [&] {
+    if (axis < 0) xq::fake_tensor_quant_out(y, x, amax);
+    else xq::fake_tensor_quant_with_axis_out(y, x, amax, axis);
+  };
+  call();  // warm-up
+  for (auto _ : st) call();
+  set_bytes(st, 8.0 * static_cast<double>(x.numel()));
+}
+
+// axis < 0: per-tensor (one scale); otherwise per-channel on that axis. int8: div mode; quint4x2: mul mode.
+void BM_small_quantize(benchmark::State& st, xq::QuantDType q, std::int64_t axis) {
+  const xq::Shape shape = {kSmallRows, kSmallCols};
+  const bool div = q != xq::QuantDType::quint4x2;
+  xq::Tensor x = random_tensor(xq::DType::float32, shape);
+  xq::Tensor scales = filled({axis < 0 ? 1 : shape[static_cast<std::size_t>(axis)]}, div ? 0.03f : 2.f);
+  xq::Tensor y(xq::storage_dtype(q), xq::quantize_output_shape(shape, q));
+  const std::int64_t ax = axis < 0 ? -1 : axis;
+  xq::quantize_out(y, x, scales, std::nullopt, q, ax, div);  // warm-up
+  for (auto _ : st) xq::quantize_out(y, x, scales, std::nullopt, q, ax, div);
+  set_bytes(st, static_cast<double>(x.nbytes() + y.nbytes()));
+}
+
+// per_channel: scale / offset of length 128 (the last axis), else one scale and offset.
+void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_channel) {
+  const bool int4 = src == xq::QuantDType::quint4x2;
+  xq::Tensor x(int4 ? xq::DType::int32 : xq::DType::int8, {kSmallRows, int4 ? kSmallCols / 8 : kSmallCols});
+  std::mt19937 rng(1);
+  auto* bytes = static_cast<unsigned char*>(x.data());
+  for (std::size_t i = 0; i < x.nbytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+  const std::int64_t h = per_channel ? kSmallCols : 1;
+  xq::Tensor scale = filled({h}, 0.5f), offset = filled({h}, 1.f);
+  xq::Tensor out(xq::DType::float32, {kSmallRows, kSmallCols});
+  xq::anti_quant_out(out, x, scale, offset.view(), src);  // warm-up
+  for (auto _ : st) xq::anti_quant_out(out, x, scale, offset.view(), src);
+  set_bytes(st, static_cast<double>(x.nbytes() + out.nbytes()));
+}
+
 constexpr std::int64_t kBig = 100663296;  // the seed's global fake-quant shape
 const auto f32 = static_cast<std::int64_t>(xq::DType::float32);
 const auto bf16 = static_cast<std::int64_t>(xq::DType::bfloat16);
@@ -178,6 +224,21 @@ BENCHMARK(BM_dynamic_quant)
 BENCHMARK(BM_acts_ulq)->Arg(kBig)->Arg(4096)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_tile_quant)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_fake_quant, per_tensor, -1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_fake_quant, axis0, 0)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_fake_quant, axis1, 1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int8_per_tensor, xq::QuantDType::qint8, -1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int8_axis0, xq::QuantDType::qint8, 0)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int8_axis1, xq::QuantDType::qint8, 1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int4_per_tensor, xq::QuantDType::quint4x2, -1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int4_last_axis, xq::QuantDType::quint4x2, 1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_tensor, xq::QuantDType::qint8, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_channel, xq::QuantDType::qint8, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor, xq::QuantDType::quint4x2, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel, xq::QuantDType::quint4x2, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_dynamic_quant)->Name("BM_small_dynamic_quant")->Args({f32, i8, 0, kSmallRows, kSmallCols})
+    ->Args({bf16, i8, 0, kSmallRows, kSmallCols})->Args({f32, i4, 0, kSmallRows, kSmallCols})
+    ->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // ---- ratio mode: each out-variant interleaved with the memcpy probe ----
 // This machine's memory bandwidth drifts by 2x within minutes (it is shared), so a probe measured once

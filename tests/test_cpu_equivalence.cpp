@@ -148,7 +148,10 @@ TEST(CpuEquivalence, FakeQuantPerTensor) {
 TEST(CpuEquivalence, FakeQuantPerAxisLayouts) {
   const std::vector<std::pair<Shape, std::int64_t>> cases = {
       {{5, 7, 70}, 1}, {{5, 7, 70}, 0}, {{5, 7, 70}, -1}, {{300, 37}, 1}, {{3000, 13}, -1}, {{64, 20, 9}, 0},
-      {{4, 3, 5000}, 1}, {{2, 9, 65}, 1}, {{1, 1}, 0}, {{1200, 1}, 1}};
+      {{4, 3, 5000}, 1}, {{2, 9, 65}, 1}, {{1, 1}, 0}, {{1200, 1}, 1},
+      // periodic walk (cpu/walk.hpp): one row per piece (the last axis, few rows; inner 8), replicated
+      // short periods capped by the rows
+      {{8, 128}, 1}, {{9, 200}, -1}, {{6, 10, 8}, 1}, {{2, 5}, 1}, {{40, 64}, 1}, {{3, 3, 3}, 1}};
   for (DType dt : kFloatTypes)
     for (const auto& [shape, axis] : cases) {
       const std::int64_t n = xquant::shape_numel(shape);
@@ -166,7 +169,8 @@ TEST(CpuEquivalence, FakeQuantPerAxisLayouts) {
 TEST(CpuEquivalence, FakeQuantBackward) {
   const std::vector<std::pair<Shape, std::optional<std::int64_t>>> cases = {
       {{70001}, std::nullopt}, {{1025}, std::nullopt}, {{17}, std::nullopt}, {{5, 7, 700}, 1}, {{3000, 13}, 1},
-      {{2100, 5}, -1}, {{64, 20, 9}, 0}, {{3, 2500}, 0}, {{1030, 3}, 1}};
+      {{2100, 5}, -1}, {{64, 20, 9}, 0}, {{3, 2500}, 0}, {{1030, 3}, 1}, {{8, 128}, 1}, {{9, 200}, 1},
+      {{2, 5}, 1}, {{6, 10, 8}, 1}};
   for (DType dt : kFloatTypes)
     for (const auto& [shape, axis] : cases) {
       const std::int64_t n = xquant::shape_numel(shape);
@@ -203,6 +207,8 @@ TEST(CpuEquivalence, Quantize) {
       cases.push_back({{300, 37}, -1, true, q, per_tensor});
       cases.push_back({{64, 20, 9}, 0, true, q, per_tensor});
       cases.push_back({{3000, 13}, 1, true, q, per_tensor});
+      cases.push_back({{8, 128}, 1, true, q, per_tensor});  // last axis, one row per piece
+      cases.push_back({{2, 5}, -1, true, q, per_tensor});
     }
     for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2}) {
       cases.push_back({{70000, 8}, -1, false, q, per_tensor});
@@ -210,6 +216,8 @@ TEST(CpuEquivalence, Quantize) {
       cases.push_back({{4, 9, 1032}, 1, false, q, per_tensor});
       cases.push_back({{3, 40, 24}, -2, false, q, per_tensor});
       cases.push_back({{2, 8}, -1, false, q, per_tensor});
+      cases.push_back({{8, 128}, -1, false, q, per_tensor});
+      cases.push_back({{3, 8, 8}, -2, false, q, per_tensor});
     }
   }
   for (DType dt : kFloatTypes)

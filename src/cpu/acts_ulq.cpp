@@ -266,16 +266,18 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
     params[static_cast<std::size_t>(c)] = init_acts_ulq_params(load_float(a.dt, a.clamp_min, omin),
                                                                load_float(a.dt, a.clamp_max, omax), a.fixed_min, levels);
   }
-  const ChannelWalk walk(ChannelLayout{1, C, inner});
-  std::vector<float> arr[4];
+  const ChannelWalk walk(ChannelLayout{n / (C * inner), C, inner});
+  ParamStore store;  // the periodic walk's arrays (on the stack for small problems)
+  float* arr[4] = {nullptr, nullptr, nullptr, nullptr};
   if (walk.period > 0) {
-    std::vector<float> col(static_cast<std::size_t>(C));
+    const auto P = static_cast<std::size_t>(walk.period);
+    float* s = store.allocate(4 * P);
     for (int k = 0; k < 4; ++k) {
-      for (std::int64_t c = 0; c < C; ++c) {
+      arr[k] = s + static_cast<std::size_t>(k) * P;
+      walk.expand_into(arr[k], [&](std::int64_t c) {
         const auto& q = params[static_cast<std::size_t>(c)];
-        col[static_cast<std::size_t>(c)] = k == 0 ? q.s : k == 1 ? q.clip_lo : k == 2 ? q.clip_hi : q.loss_m;
-      }
-      arr[k] = walk.expand(col.data());
+        return k == 0 ? q.s : k == 1 ? q.clip_lo : k == 2 ? q.clip_hi : q.loss_m;
+      });
     }
   }
   const auto mod64 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 64; };
@@ -292,7 +294,7 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
   if (fast_div_forced() && fast_div_domain(levels, levels).ok) dom = fast_div_domain(s_min, s_max, -100);
   std::vector<float> rs;
   if (dom.ok && walk.period > 0) {
-    rs = arr[0];
+    rs.assign(arr[0], arr[0] + walk.period);
     for (float& v : rs) v = 1.0f / v;
   }
   const UlqJob j{a.dt,
@@ -301,7 +303,7 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
                  levels,
                  &walk,
                  params.data(),
-                 {arr[0].data(), arr[1].data(), arr[2].data(), arr[3].data()},
+                 {arr[0], arr[1], arr[2], arr[3]},
                  stream,
                  dom.ok,
                  dom,

@@ -3,9 +3,9 @@
 // Elementwise over the logical elements: int8 values are loaded and widened in registers; packed int4
 // words are first unpacked into a small int8 staging buffer (unpack_int4_bytes, the inverse of the
 // packing the quantizers use). Parameters follow the [outer, C, inner] channel walk shared with
-// npu_quantize (cpu/walk.hpp): scale / offset of length H are expanded to a period, a single scale is
-// broadcast. Outputs of at least stream_min_bytes() use non-temporal stores. Any thread partition gives
-// the same bits.
+// npu_quantize (cpu/walk.hpp): scale / offset of length H are loaded along each row of H elements (or
+// expanded to a replicated period when H is short), a single scale is broadcast. Outputs of at least
+// stream_min_bytes() use non-temporal stores. Any thread partition gives the same bits.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/anti_quant.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -125,19 +124,18 @@ HWY_EXPORT(AntiQuantRange);
 
 void cpu_anti_quant(const AntiQuantArgs& a) {
   const ChannelWalk walk(a.layout);
-  std::vector<float> scale, offset;
+  ParamStore store;  // the periodic walk's arrays (on the stack for small problems)
+  const float *scale = nullptr, *offset = nullptr;
   if (walk.period > 0) {
-    const std::int64_t C = a.layout.channels;
-    std::vector<float> s(static_cast<std::size_t>(C)), o(s.size());
-    for (std::int64_t c = 0; c < C; ++c) {
-      s[static_cast<std::size_t>(c)] = a.params[c].scale;
-      o[static_cast<std::size_t>(c)] = a.params[c].offset;
-    }
-    scale = walk.expand(s.data());
-    offset = walk.expand(o.data());
+    const auto P = static_cast<std::size_t>(walk.period);
+    float* s = store.allocate(2 * P);
+    walk.expand_into(s, [&](std::int64_t c) { return a.params[c].scale; });
+    walk.expand_into(s + P, [&](std::int64_t c) { return a.params[c].offset; });
+    scale = s;
+    offset = s + P;
   }
   const std::int64_t n = a.layout.numel();
-  const AqJob j{&a, &walk, scale.data(), offset.data(), use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
+  const AqJob j{&a, &walk, scale, offset, use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(AntiQuantRange)(j, b0, b1); });

@@ -41,7 +41,7 @@ struct FqJob {
   int div_steps;               // q / scale without the divider: fast_div_integral_steps (0: divide)
   const ChannelWalk* walk;
   const FakeQuantParams* params;  // per channel (runs walk)
-  // periodic walk: expanded per-phase arrays
+  // periodic walk: expanded per-phase arrays, null where the pass does not read them
   const float* scale;
   const float* zero;  // 1.0f for degenerate channels
   const float* glo;
@@ -180,9 +180,10 @@ SpanParams RunParams(const FqJob& j, std::int64_t c) {
   const FakeQuantParams& p = j.params[c];
   return SpanParams{p.scale, p.zero ? 1.0f : 0.0f, p.grad_lo, p.grad_hi, p.ratio, 1.0f / p.scale};
 }
+// The periodic walk's arrays from phase ph on (arrays the pass does not read are null).
 SpanParams PhaseParams(const FqJob& j, std::int64_t ph) {
-  return SpanParams{0, 0, 0, 0, 0, 0, j.scale + ph, j.zero + ph, j.glo + ph, j.ghi + ph, j.ratio + ph,
-                    j.rscale ? j.rscale + ph : j.scale + ph};
+  auto at = [ph](const float* a) { return a ? a + ph : nullptr; };
+  return SpanParams{0, 0, 0, 0, 0, 0, at(j.scale), at(j.zero), at(j.glo), at(j.ghi), at(j.ratio), at(j.rscale)};
 }
 
 template <DType DT>
@@ -269,38 +270,52 @@ namespace {
 
 constexpr std::int64_t kGrain = std::int64_t{1} << 16;
 
-// Per-call state: the job plus the expanded parameter arrays it points into.
+// Per-call state: the job plus the expanded parameter arrays it points into. Only the arrays the pass
+// reads are built: forward scale (zero when a channel is degenerate, 1 / scale for the FMA division),
+// backward glo / ghi (ratio with grad_amax).
 struct FqCall {
   ChannelWalk walk;
-  std::vector<float> scale, zero, glo, ghi, ratio, rscale;
+  ParamStore store;
   FqJob job{};
 
-  FqCall(DType dt, const void* x, void* y, const void* g, const ChannelLayout& layout, const FakeQuantParams* params)
+  FqCall(DType dt, const void* x, void* y, const void* g, const ChannelLayout& layout, const FakeQuantParams* params,
+         bool backward, bool with_ratio)
       : walk(layout) {
     const std::int64_t channels = layout.channels;
     bool any_zero = false;
-    float s_min = std::numeric_limits<float>::infinity(), s_max = 0.0f;
-    for (std::int64_t c = 0; c < channels; ++c) {
-      any_zero = any_zero || params[c].zero;
-      if (!params[c].zero) {  // degenerate channels' quotients are replaced: their scales do not matter
-        s_min = std::min(s_min, params[c].scale);
-        s_max = std::max(s_max, params[c].scale);
+    for (std::int64_t c = 0; c < channels; ++c) any_zero |= params[c].zero;
+    int div_steps = 0;  // the backward pass divides nothing
+    if (!backward && fast_div_wanted()) {  // the scan only where the FMA division may be used
+      float s_min = std::numeric_limits<float>::infinity(), s_max = 0.0f;
+      for (std::int64_t c = 0; c < channels; ++c) {
+        if (!params[c].zero) {  // degenerate channels' quotients are replaced: their scales do not matter
+          s_min = std::min(s_min, params[c].scale);
+          s_max = std::max(s_max, params[c].scale);
+        }
       }
+      const float q_max = channels > 0 ? std::max(std::abs(params[0].min_bound), std::abs(params[0].max_bound)) : 0.0f;
+      if (s_max > 0.0f) div_steps = fast_div_integral_steps(s_min, s_max, q_max);
     }
-    const float q_max = channels > 0 ? std::max(std::abs(params[0].min_bound), std::abs(params[0].max_bound)) : 0.0f;
-    const int div_steps = s_max > 0.0f && fast_div_wanted() ? fast_div_integral_steps(s_min, s_max, q_max) : 0;
+    const float *scale = nullptr, *zero = nullptr, *glo = nullptr, *ghi = nullptr, *ratio = nullptr, *rscale = nullptr;
     if (walk.period > 0) {
-      std::vector<float> col(static_cast<std::size_t>(channels));
+      const auto P = static_cast<std::size_t>(walk.period);
+      const std::size_t count = backward ? 2 + (with_ratio ? 1 : 0) : 1 + (any_zero ? 1 : 0) + (div_steps > 0 ? 1 : 0);
+      float* next = store.allocate(count * P);
       auto expand = [&](auto field) {
-        for (std::int64_t c = 0; c < channels; ++c) col[static_cast<std::size_t>(c)] = field(params[c]);
-        return walk.expand(col.data());
+        float* dst = next;
+        walk.expand_into(dst, [&](std::int64_t c) { return field(params[c]); });
+        next += P;
+        return dst;
       };
-      scale = expand([](const FakeQuantParams& p) { return p.scale; });
-      zero = expand([](const FakeQuantParams& p) { return p.zero ? 1.0f : 0.0f; });
-      glo = expand([](const FakeQuantParams& p) { return p.grad_lo; });
-      ghi = expand([](const FakeQuantParams& p) { return p.grad_hi; });
-      ratio = expand([](const FakeQuantParams& p) { return p.ratio; });
-      if (div_steps > 0) rscale = expand([](const FakeQuantParams& p) { return 1.0f / p.scale; });
+      if (!backward) {
+        scale = expand([](const FakeQuantParams& p) { return p.scale; });
+        if (any_zero) zero = expand([](const FakeQuantParams& p) { return p.zero ? 1.0f : 0.0f; });
+        if (div_steps > 0) rscale = expand([](const FakeQuantParams& p) { return 1.0f / p.scale; });
+      } else {
+        glo = expand([](const FakeQuantParams& p) { return p.grad_lo; });
+        ghi = expand([](const FakeQuantParams& p) { return p.grad_hi; });
+        if (with_ratio) ratio = expand([](const FakeQuantParams& p) { return p.ratio; });
+      }
     }
     const std::int64_t n = layout.numel();
     job = FqJob{dt,
@@ -314,12 +329,12 @@ struct FqCall {
                 div_steps,
                 &walk,
                 params,
-                scale.data(),
-                zero.data(),
-                glo.data(),
-                ghi.data(),
-                ratio.data(),
-                rscale.empty() ? nullptr : rscale.data()};
+                scale,
+                zero,
+                glo,
+                ghi,
+                ratio,
+                rscale};
   }
 };
 
@@ -331,13 +346,13 @@ void run_elementwise(const FqJob& j, std::int64_t n, bool backward) {
 }  // namespace
 
 void cpu_fake_quant(const FakeQuantArgs& a) {
-  const FqCall call(a.dt, a.x, a.y, nullptr, a.layout, a.params);
+  const FqCall call(a.dt, a.x, a.y, nullptr, a.layout, a.params, false, false);
   run_elementwise(call.job, a.layout.numel(), false);
 }
 
 void cpu_fake_quant_backward(const FakeQuantBackwardArgs& a) {
   // Every element is read (x, grad_out) before its grad_in is written, so grad_in may alias either.
-  const FqCall call(a.dt, a.x, a.grad_in, a.grad_out, a.layout, a.params);
+  const FqCall call(a.dt, a.x, a.grad_in, a.grad_out, a.layout, a.params, true, a.grad_amax != nullptr);
   const FqJob& j = call.job;
   const DType dt = a.dt;
   const std::int64_t outer = a.layout.outer, inner = a.layout.inner;
@@ -349,12 +364,10 @@ void cpu_fake_quant_backward(const FakeQuantBackwardArgs& a) {
   const int t = threads_for(len * C * static_cast<std::int64_t>(dtype_size(dt)) * 3);
   if (inner == 1 && C > 1 && call.walk.period > 0) {
     // Last axis: chunk k = rows [1024 k, 1024 (k + 1)), independent of the other chunks.
-#pragma omp parallel num_threads(t)
-    {
+    auto chunks_of = [&](std::int64_t k0, std::int64_t k1, bool parallel) {
       std::vector<double> lanes(static_cast<std::size_t>(kSumLanes * C));
       std::vector<float> terms(static_cast<std::size_t>(C));
-#pragma omp for schedule(static)
-      for (std::int64_t k = 0; k < chunks; ++k) {
+      auto one = [&](std::int64_t k) {
         std::fill(lanes.begin(), lanes.end(), -0.0);
         HWY_DYNAMIC_DISPATCH(LastAxisRows)(j, k * kSumChunk, std::min(outer, (k + 1) * kSumChunk), lanes.data(), terms.data());
         for (std::int64_t c = 0; c < C; ++c) {  // fold channel c's 16 lanes by halving
@@ -364,19 +377,41 @@ void cpu_fake_quant_backward(const FakeQuantBackwardArgs& a) {
             for (std::int64_t i = 0; i < w; ++i) l[i] += l[i + w];
           vals[static_cast<std::size_t>(c * chunks + k)] = l[0];
         }
+      };
+      if (!parallel) {
+        for (std::int64_t k = k0; k < k1; ++k) one(k);
+        return;
       }
+#pragma omp for schedule(static)
+      for (std::int64_t k = k0; k < k1; ++k) one(k);
+    };
+    if (t <= 1 || chunks <= 1) {
+      chunks_of(0, chunks, false);  // on the calling thread: no OpenMP region
+    } else {
+#pragma omp parallel num_threads(t)
+      chunks_of(0, chunks, true);
     }
   } else {
     // Chunk k of channel c: terms [1024 k, 1024 (k + 1)) of its sequence, in runs of `inner` elements.
-#pragma omp parallel num_threads(t)
-    {
-      std::vector<float> terms(static_cast<std::size_t>(kSumChunk));
-#pragma omp for schedule(static)
-      for (std::int64_t ck = 0; ck < chunks * C; ++ck) {
+    auto chunks_of = [&](bool parallel) {
+      std::vector<float> terms(static_cast<std::size_t>(std::min(kSumChunk, len)));
+      auto one = [&](std::int64_t ck) {
         const std::int64_t c = ck / chunks, k = ck % chunks;
         vals[static_cast<std::size_t>(ck)] =
             HWY_DYNAMIC_DISPATCH(Chunk)(j, c, k * kSumChunk, std::min(len, (k + 1) * kSumChunk), terms.data());
+      };
+      if (!parallel) {
+        for (std::int64_t ck = 0; ck < chunks * C; ++ck) one(ck);
+        return;
       }
+#pragma omp for schedule(static)
+      for (std::int64_t ck = 0; ck < chunks * C; ++ck) one(ck);
+    };
+    if (t <= 1 || chunks * C <= 1) {
+      chunks_of(false);  // on the calling thread: no OpenMP region
+    } else {
+#pragma omp parallel num_threads(t)
+      chunks_of(true);
     }
   }
   for (std::int64_t c = 0; c < C; ++c) grad_amax[c] = finish_chunk_sum(vals.data() + c * chunks, chunks);

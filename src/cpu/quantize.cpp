@@ -7,6 +7,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -33,7 +34,7 @@ struct QJob {
   const ChannelWalk* walk;
   const QuantizeParams* params;  // runs walk
   const float* scale;            // periodic walk: expanded arrays
-  const float* zero_point;
+  const float* zero_point;       // null when every zero point is 0
   bool stream;  // non-temporal stores for y (not int4)
   bool has_zero_point;  // some zero point is not 0
   bool fast_div;        // div_mode without the divider (fast_div_int: every scale and zero point allows it)
@@ -140,7 +141,8 @@ void RangeT(const QJob& j, std::int64_t a, std::int64_t b) {
         SpanT<DT, Q, kMode>(j, pos, n, nullptr, nullptr, s, j.params[c].zero_point, nullptr, 1.0f / s);
       },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        SpanT<DT, Q, kMode>(j, pos, n, j.scale + ph, j.zero_point + ph, 0.f, 0.f, j.rscale ? j.rscale + ph : nullptr, 1.0f);
+        SpanT<DT, Q, kMode>(j, pos, n, j.scale + ph, j.zero_point ? j.zero_point + ph : nullptr, 0.f, 0.f,
+                            j.rscale ? j.rscale + ph : nullptr, 1.0f);
       });
 }
 
@@ -208,35 +210,44 @@ void cpu_quantize(const QuantizeArgs& a) {
   const std::int64_t channels = a.layout.channels;
   const QuantizeParams* params = a.params;
   const ChannelWalk walk(a.layout);
-  std::vector<float> scale, zero_point;
-  if (walk.period > 0) {
-    std::vector<float> s(static_cast<std::size_t>(channels)), z(s.size());
-    for (std::int64_t c = 0; c < channels; ++c) {
-      s[static_cast<std::size_t>(c)] = params[c].scale;
-      z[static_cast<std::size_t>(c)] = params[c].zero_point;
-    }
-    scale = walk.expand(s.data());
-    zero_point = walk.expand(z.data());
-  }
   const std::int64_t n = a.layout.numel();
   const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
-  bool has_zero_point = false;
-  float s_min = std::numeric_limits<float>::infinity(), s_max = -s_min, z_max = 0.0f;
-  for (std::int64_t c = 0; c < channels; ++c) {
-    has_zero_point = has_zero_point || params[c].zero_point != 0.0f;
-    s_min = std::min(s_min, params[c].scale);  // NaN scales: fast_div_int below refuses (comparisons false)
-    s_max = std::max(s_max, params[c].scale);
-    z_max = std::max(z_max, std::abs(params[c].zero_point));
-    if (std::isnan(params[c].scale) || std::isnan(params[c].zero_point)) s_min = std::numeric_limits<float>::quiet_NaN();
+  // Some zero point is not +-0 (NaN included): an OR of the magnitude bits, a loop without a compare chain.
+  std::uint32_t zp_bits = 0;
+  for (std::int64_t c = 0; c < channels; ++c) zp_bits |= std::bit_cast<std::uint32_t>(params[c].zero_point) & 0x7FFFFFFFu;
+  const bool has_zero_point = zp_bits != 0;
+  FastDivInt fd{};
+  if (a.div_mode && channels > 0 && fast_div_wanted()) {  // the scan only where the FMA division may be used
+    float s_min = std::numeric_limits<float>::infinity(), s_max = -s_min, z_max = 0.0f;
+    bool any_nan = false;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      s_min = std::min(s_min, params[c].scale);
+      s_max = std::max(s_max, params[c].scale);
+      z_max = std::max(z_max, std::abs(params[c].zero_point));
+      any_nan |= std::isnan(params[c].scale) || std::isnan(params[c].zero_point);
+    }
+    // NaN scales or zero points: fast_div_int refuses (comparisons with NaN are false)
+    fd = fast_div_int(any_nan ? std::numeric_limits<float>::quiet_NaN() : s_min, s_max, z_max);
   }
-  const FastDivInt fd = a.div_mode && channels > 0 && fast_div_wanted() ? fast_div_int(s_min, s_max, z_max) : FastDivInt{};
-  std::vector<float> rscale;
-  if (fd.ok && walk.period > 0) {
-    rscale = scale;
-    for (float& v : rscale) v = 1.0f / v;
+  // Periodic walk: only the arrays the kernel reads (zero points when some is not 0, 1 / scale for the
+  // FMA division), in a ParamStore (no allocation for small problems).
+  ParamStore store;
+  const float *scale = nullptr, *zero_point = nullptr, *rscale = nullptr;
+  if (walk.period > 0) {
+    const auto P = static_cast<std::size_t>(walk.period);
+    float* next = store.allocate(P * (1 + (has_zero_point ? 1 : 0) + (fd.ok ? 1 : 0)));
+    auto expand = [&](auto field) {
+      float* dst = next;
+      walk.expand_into(dst, [&](std::int64_t c) { return field(params[c]); });
+      next += P;
+      return dst;
+    };
+    scale = expand([](const QuantizeParams& p) { return p.scale; });
+    if (has_zero_point) zero_point = expand([](const QuantizeParams& p) { return p.zero_point; });
+    if (fd.ok) rscale = expand([](const QuantizeParams& p) { return 1.0f / p.scale; });
   }
-  const QJob j{dt, q, a.div_mode, a.x, a.y, &walk, params, scale.data(), zero_point.data(), stream, has_zero_point,
-               fd.ok, fd.x_max, rscale.empty() ? nullptr : rscale.data()};
+  const QJob j{dt, q, a.div_mode, a.x, a.y, &walk, params, scale, zero_point, stream, has_zero_point,
+               fd.ok, fd.x_max, rscale};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, b0, b1); });
