@@ -111,9 +111,17 @@ void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, st
   std::optional<detail::HostCopy> offset_host;
   if (offset) offset_host.emplace(*offset);
   const ConstTensorView& sh = scale_host.view();
-  std::vector<detail::AntiQuantParams> params(static_cast<std::size_t>(p.layout.channels));
+  // Small calls keep their parameters on the stack (no allocation per call).
+  constexpr std::int64_t kStackChannels = 512;
+  detail::AntiQuantParams stack_params[kStackChannels];
+  std::vector<detail::AntiQuantParams> heap_params;
+  detail::AntiQuantParams* params = stack_params;
+  if (p.layout.channels > kStackChannels) {
+    heap_params.resize(static_cast<std::size_t>(p.layout.channels));
+    params = heap_params.data();
+  }
   for (std::int64_t c = 0; c < p.layout.channels; ++c)
-    params[static_cast<std::size_t>(c)] = detail::init_anti_quant_params(
+    params[c] = detail::init_anti_quant_params(
         detail::load_float(sh.dtype, sh.data, c),
         offset_host ? detail::load_float(offset_host->view().dtype, offset_host->view().data, c) : 0.0f);
   detail::AntiQuantArgs args{};
@@ -122,7 +130,7 @@ void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, st
   args.dt = out.dtype;
   args.out = out.data;
   args.layout = p.layout;
-  args.params = params.data();
+  args.params = params;
   kernel(args);
 }
 
