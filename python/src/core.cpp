@@ -714,6 +714,25 @@ bool py_number(PyObject* o, float& v) {
   return true;
 }
 
+// The fake-quant options (num_bits, is_unsigned, narrow_range) shared by the per-tensor, per-axis and
+// in-place forms; false: hand over to the full path (or, strict, an error was set).
+bool fq_parse_options(nb::handle num_bits, nb::handle is_unsigned, nb::handle narrow_range, bool strict, const char* op,
+                xquant::FakeQuantOptions& o) {
+  return py_int(num_bits.ptr(), o.num_bits, strict, op, "num_bits") &&
+         py_bool(is_unsigned.ptr(), o.is_unsigned, strict, op, "is_unsigned") &&
+         py_bool(narrow_range.ptr(), o.narrow_range, strict, op, "narrow_range");
+}
+
+// amax: a tensor, or (fast path only) a Python number read into `value` as a 0-d float32 parameter.
+bool fq_amax(nb::handle amax, bool strict, const char* op, TArg& a, float& value) {
+  if (!strict && py_number(amax.ptr(), value)) {
+    a.data = &value;
+    a.dtype = DType::float32;
+    return true;
+  }
+  return targ(amax.ptr(), a, strict, op, "amax");
+}
+
 #define XQ_TRY(cond) \
   do {               \
     if (!(cond)) return nb::none(); \
@@ -724,20 +743,13 @@ nb::object t_fake_tensor_quant(nb::handle inputs, nb::handle amax, nb::handle ax
   const char* op = axis.is_none() ? "fake_tensor_quant" : "fake_tensor_quant_with_axis";
   xquant::FakeQuantOptions o;
   std::int64_t ax = 0;
-  XQ_TRY(py_int(num_bits.ptr(), o.num_bits, strict, op, "num_bits"));
-  XQ_TRY(py_bool(is_unsigned.ptr(), o.is_unsigned, strict, op, "is_unsigned"));
-  XQ_TRY(py_bool(narrow_range.ptr(), o.narrow_range, strict, op, "narrow_range"));
+  XQ_TRY(fq_parse_options(num_bits, is_unsigned, narrow_range, strict, op, o));
   if (!axis.is_none()) XQ_TRY(py_int64(axis.ptr(), ax, strict, op, "axis"));
   TArg x;
   XQ_TRY(targ(inputs.ptr(), x, strict, op, "inputs"));
   TArg a;
   float a_value = 0.0f;
-  if (!strict && py_number(amax.ptr(), a_value)) {
-    a.data = &a_value;
-    a.dtype = DType::float32;
-  } else {
-    XQ_TRY(targ(amax.ptr(), a, strict, op, "amax"));
-  }
+  XQ_TRY(fq_amax(amax, strict, op, a, a_value));
   if (!strict) {
     nb::object v = autograd_verdict(x.requires_grad || a.requires_grad);
     if (v.ptr() != Py_True) return v;
@@ -755,19 +767,12 @@ nb::object t_fake_tensor_quant_inplace(nb::handle inputs, nb::handle amax, nb::h
                                        nb::handle is_unsigned, nb::handle narrow_range, bool strict) {
   const char* op = "fake_tensor_quant_inplace";
   xquant::FakeQuantOptions o;
-  XQ_TRY(py_int(num_bits.ptr(), o.num_bits, strict, op, "num_bits"));
-  XQ_TRY(py_bool(is_unsigned.ptr(), o.is_unsigned, strict, op, "is_unsigned"));
-  XQ_TRY(py_bool(narrow_range.ptr(), o.narrow_range, strict, op, "narrow_range"));
+  XQ_TRY(fq_parse_options(num_bits, is_unsigned, narrow_range, strict, op, o));
   TArg x;
   XQ_TRY(targ(inputs.ptr(), x, strict, op, "inputs"));
   TArg a;
   float a_value = 0.0f;
-  if (!strict && py_number(amax.ptr(), a_value)) {
-    a.data = &a_value;
-    a.dtype = DType::float32;
-  } else {
-    XQ_TRY(targ(amax.ptr(), a, strict, op, "amax"));
-  }
+  XQ_TRY(fq_amax(amax, strict, op, a, a_value));
   if (!strict) {
     // A tensor that requires grad is refused by the full path (no autograd for the in-place form), and an
     // inference tensor may only be modified inside inference mode: both take the full path.
