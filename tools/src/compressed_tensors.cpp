@@ -237,8 +237,9 @@ XQCT_CLONES void widen(const std::byte* x, StDType dt, std::int64_t n, float* ou
 // Eight float32 / int32 lanes (GCC / clang vector extensions; each clone of the callers gets its own
 // instructions, two SSE halves on the baseline). Lane j holds element offset mod 8, exactly as a scalar
 // loop over j would: the same operations per lane in the same order, so the results do not change.
-// The helpers below are always inlined, so the ABI of passing a 32-byte vector never applies.
-#if defined(__GNUC__) && !defined(__clang__)
+// The helpers below are always inlined, so the ABI of passing a 32-byte vector never applies (gcc and
+// clang both warn about it all the same).
+#if defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 using v8f = float __attribute__((vector_size(32)));
