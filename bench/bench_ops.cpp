@@ -220,6 +220,9 @@ BENCHMARK(BM_quantize_per_channel)->Arg(i8)->Arg(i4)->UseRealTime()->Unit(benchm
 BENCHMARK(BM_dynamic_quant)
     ->Args({bf16, i8, 0, 8192, 4096})->Args({f32, i8, 0, 8192, 4096})->Args({bf16, i4, 0, 8192, 4096})
     ->Args({bf16, i8, 1, 8192, 4096})->Args({f32, i4, 1, 8192, 4096})->Args({f32, i8, 0, 1, 1024})->Args({f32, i8, 0, 1, 4096})
+    // in cache (L2): the kernels' compute speed, without DRAM
+    ->Args({bf16, i8, 0, 64, 4096})->Args({bf16, i4, 0, 64, 4096})->Args({bf16, i8, 1, 64, 4096})->Args({f32, i8, 0, 32, 4096})
+    ->Args({f32, i4, 1, 32, 4096})
     ->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq)->Arg(kBig)->Arg(4096)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -261,7 +264,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int run_ratios(const char* json_path) {
+int run_ratios(const char* json_path, const char* filter) {
   const std::int64_t n = kBig;
   xq::Tensor src = random_tensor(xq::DType::float32, {n}), dst(xq::DType::float32, {n});
   std::memset(dst.data(), 0, dst.nbytes());
@@ -322,8 +325,10 @@ int run_ratios(const char* json_path) {
   std::printf("%-58s %9s %8s %9s %7s\n", "operator (out-variant)", "ms", "GB/s", "copy GB/s", "ratio");
   std::FILE* js = json_path ? std::fopen(json_path, "w") : nullptr;
   if (js) std::fprintf(js, "{\"threads\": %d, \"simd_target\": \"%s\", \"rows\": [\n", threads, xq::simd_target().c_str());
+  bool first = true;
   for (std::size_t k = 0; k < cases.size(); ++k) {
     const RatioCase& c = cases[k];
+    if (filter != nullptr && std::strstr(c.name, filter) == nullptr) continue;
     c.run();  // warm-up
     probe();
     std::vector<double> top, tprobe;
@@ -335,11 +340,12 @@ int run_ratios(const char* json_path) {
     const double gbs = c.bytes / to / 1e9, pgbs = probe_bytes / tp / 1e9;
     std::printf("%-58s %9.3f %8.1f %9.1f %6.0f%%\n", c.name, to * 1e3, gbs, pgbs, 100 * gbs / pgbs);
     if (js)
-      std::fprintf(js, "  {\"case\": \"%s\", \"ms\": %.4f, \"gbs\": %.2f, \"memcpy_gbs\": %.2f, \"ratio\": %.3f}%s\n", c.name,
-                   to * 1e3, gbs, pgbs, gbs / pgbs, k + 1 < cases.size() ? "," : "");
+      std::fprintf(js, "%s  {\"case\": \"%s\", \"ms\": %.4f, \"gbs\": %.2f, \"memcpy_gbs\": %.2f, \"ratio\": %.3f}", first ? "" : ",\n",
+                   c.name, to * 1e3, gbs, pgbs, gbs / pgbs);
+    first = false;
   }
   if (js) {
-    std::fprintf(js, "]}\n");
+    std::fprintf(js, "\n]}\n");
     std::fclose(js);
   }
   return 0;
@@ -348,8 +354,17 @@ int run_ratios(const char* json_path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // bench_ops --ratios [FILE.json]: the interleaved operator / memcpy table (docs/performance.md).
-  if (argc >= 2 && std::strcmp(argv[1], "--ratios") == 0) return run_ratios(argc >= 3 ? argv[2] : nullptr);
+  // bench_ops --ratios [FILE.json] [--filter SUBSTRING]: the interleaved operator / memcpy table
+  // (docs/performance.md), optionally only the cases whose name contains SUBSTRING.
+  if (argc >= 2 && std::strcmp(argv[1], "--ratios") == 0) {
+    const char* json = nullptr;
+    const char* filter = nullptr;
+    for (int i = 2; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) filter = argv[++i];
+      else json = argv[i];
+    }
+    return run_ratios(json, filter);
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

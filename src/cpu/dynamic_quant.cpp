@@ -89,50 +89,147 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
   return r;
 }
 
-// y = sat(rint(src / scale + offset)) for n float32 values of src. int8 output may be streamed
-// (non-temporal); int4 is packed. kFinite: the caller proved every src / scale + offset finite or +-Inf
-// (finite row min / max, scale, offset, rowMin / scale and rowMax / scale), so the NaN -> 0 step is
-// skipped: x / s is monotonic in x, and finite + finite cannot be NaN.
-// kFast: x' / scale by the FMA sequence (fast_div_int for this row's scale and offset, every |x'| <=
-// x_max: no clamp needed).
-template <bool kFinite, bool kFast>
-HWY_INLINE void QuantizeRow(const float* src, std::int64_t n, float scale, float offset, bool int4, bool stream,
-                            std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
+// min / max / NaN of n float16 or bfloat16 values, in the integer domain: both formats are sign-magnitude,
+// so key(b) = b ^ ((b >> 15) & 0x7FFF) (int16) orders the non-NaN values as floats, and twice as many lanes
+// as float32 fit a vector. NaNs map beyond both infinities (positive NaN above key(+Inf), negative NaN
+// below key(-Inf)), so the row has a NaN iff its max key or min key lies beyond them. The min / max are
+// exact (widening is exact); -0 sorts below +0, which no output depends on (rowMax - rowMin and
+// rowMax / scale give the same results for either zero).
+template <DType DT>
+RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
+  static_assert(DT == DType::float16 || DT == DType::bfloat16);
+  if (n == 0) return {0.f, 0.f, false, true};
+  const hn::ScalableTag<std::int16_t> d16;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d16));
+  const std::int16_t* p = static_cast<const std::int16_t*>(x) + pos;
+  const auto m7 = hn::Set(d16, std::int16_t{0x7FFF});
+  auto kmin = hn::Set(d16, std::numeric_limits<std::int16_t>::max());
+  auto kmax = hn::Set(d16, std::numeric_limits<std::int16_t>::min());
+  std::int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto b = hn::LoadU(d16, p + i);
+    const auto k = hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
+    kmin = hn::Min(kmin, k);
+    kmax = hn::Max(kmax, k);
+  }
+  auto key = [](std::int16_t b) {
+    return static_cast<std::int16_t>(b ^ ((b < 0 ? 0xFFFF : 0) & 0x7FFF));
+  };
+  std::int16_t kmn = std::numeric_limits<std::int16_t>::max(), kmx = std::numeric_limits<std::int16_t>::min();
+  if (i > 0) {
+    kmn = hn::GetLane(hn::MinOfLanes(d16, kmin));
+    kmx = hn::GetLane(hn::MaxOfLanes(d16, kmax));
+  }
+  for (; i < n; ++i) {
+    const std::int16_t k = key(p[i]);
+    kmn = std::min(kmn, k);
+    kmx = std::max(kmx, k);
+  }
+  constexpr std::uint16_t kInf = DT == DType::bfloat16 ? 0x7F80 : 0x7C00;
+  const std::int16_t pos_inf = static_cast<std::int16_t>(kInf);
+  const std::int16_t neg_inf = key(static_cast<std::int16_t>(kInf | 0x8000));
+  RowMinMax r{};
+  r.empty = false;
+  r.nan = kmx > pos_inf || kmn < neg_inf;
+  const auto value = [&](std::int16_t k) {  // key is an involution
+    const auto b = static_cast<std::uint16_t>(key(k));
+    return DT == DType::bfloat16 ? hd_bfloat16_to_float(b) : hd_half_to_float(b);
+  };
+  r.min = value(kmn);
+  r.max = value(kmx);
+  return r;
+}
+
+// y = sat(rint(x' / scale + offset)) for n values of src (dtype DT, widened; float32 rows come from
+// the caller's row or the smooth buffer). int8 output may be streamed (non-temporal); int4 is packed.
+// kFinite: the caller proved every x' / scale + offset finite or +-Inf (finite row min / max, scale,
+// offset, rowMin / scale and rowMax / scale), so the NaN -> 0 step is skipped: x / s is monotonic in x,
+// and finite + finite cannot be NaN. kMode: how x' / scale is computed:
+//   kDivide: the divider;
+//   kFma:    the FMA sequence (fast_div_int for this row's scale and offset, every |x'| <= x_max);
+//   kRint:   the rounding check (rint_check for this row): y = RN(x' * (1 / scale) + offset) and its
+//            nearest integer, for vectors whose every lane is farther than the row's delta from a
+//            half-integer; the other vectors divide. (kFinite holds.)
+enum class DivMode { kDivide, kFma, kRint };
+
+// Where a row's results go, and what to prefetch meanwhile: the next row's input (pf, pf_es bytes per
+// element of this row; the row itself when there is none), so that its DRAM reads overlap this row's
+// arithmetic instead of following it.
+struct RowOut {
+  std::int8_t* y8;
+  std::int32_t* y4;
+  std::int8_t* qtmp;
+  bool stream;
+  const unsigned char* pf;
+  std::int64_t pf_es;
+};
+
+template <DType DT, bool kFinite, DivMode kMode, bool kInt4>
+HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float offset, float threshold,
+                            const RowOut& out) {
+  std::int8_t* y8 = out.y8;
+  std::int32_t* y4 = out.y4;
+  std::int8_t* qtmp = out.qtmp;
+  const unsigned char* pf = out.pf;
+  const std::int64_t pf_es = out.pf_es;
   const DF df;
   const VF s = hn::Set(df, scale), o = hn::Set(df, offset), rs = hn::Set(df, 1.0f / scale);
-  const VF lo = hn::Set(df, int4 ? -8.0f : -128.0f), hi = hn::Set(df, int4 ? 7.0f : 127.0f);
-  auto value = [&](const float* p) XQUANT_LAMBDA_INLINE {
-    const VF x = hn::LoadU(df, p);
-    const VF q = kFast ? DivForInteger<false>(x, s, rs, s) : hn::Div(x, s);
-    return RoundSaturateToI32Range<kFinite>(hn::Add(q, o), lo, hi);  // sat(rint(x' / scale + offset))
+  const VF thr = hn::Set(df, threshold);
+  const VF lo = hn::Set(df, kInt4 ? -8.0f : -128.0f), hi = hn::Set(df, kInt4 ? 7.0f : 127.0f);
+  // Captured by value: the int8 stores may alias anything, so values behind references would be
+  // reloaded from memory for every vector.
+  auto value = [df, s, o, rs, thr, lo, hi](const void* base, std::int64_t i) XQUANT_LAMBDA_INLINE {
+    const VF x = LoadF<DT>(base, i);
+    if constexpr (kMode == DivMode::kRint) {
+      const VF yv = hn::MulAdd(x, rs, o);
+      const VF t = RoundEven(yv);
+      if (HWY_LIKELY(hn::AllTrue(df, hn::Lt(hn::Abs(hn::Sub(yv, t)), thr)))) {
+        // |t| < 2^19: the conversion is exact; the int8 and int4 stores saturate / clamp (StoreI8,
+        // StoreInt4Words), except int4 through qtmp on targets without vector packing
+        return ConvertInRange(kInt4 && !XQUANT_HAVE_VECTOR_INT4 ? hn::Min(hn::Max(t, lo), hi) : t);
+      }
+      return RoundSaturateToI32Range<true>(hn::Add(hn::Div(x, s), o), lo, hi);
+    } else {
+      const VF q = kMode == DivMode::kFma ? DivForInteger<false>(x, s, rs, s) : hn::Div(x, s);
+      return RoundSaturateToI32Range<kFinite>(hn::Add(q, o), lo, hi);  // sat(rint(x' / scale + offset))
+    }
   };
+  constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
   // Fewer than a vector of values at i: staged through a padded copy (src need not be padded).
   auto staged = [&](std::int64_t i, std::int64_t count) {
-    HWY_ALIGN float f[kMaxLanes] = {};
-    std::memcpy(f, src + i, static_cast<std::size_t>(count) * sizeof(float));
-    return value(f);
+    alignas(64) unsigned char f[kMaxLanes * 4] = {};
+    std::memcpy(f, static_cast<const unsigned char*>(src) + i * static_cast<std::int64_t>(es),
+                static_cast<std::size_t>(count) * es);
+    return value(f, 0);
   };
 #if XQUANT_HAVE_VECTOR_INT4
-  if (int4) {  // n % 8 == 0: whole vectors pack in registers, a last part vector through qtmp
+  if constexpr (kInt4) {  // n % 8 == 0: whole vectors pack in registers, a last part vector through qtmp
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     std::int64_t i = 0;
-    for (; i + N <= n; i += N) StoreInt4Words(value(src + i), y4 + i / 8);
+    for (; i + N <= n; i += N) {
+      hwy::Prefetch(pf + i * pf_es);
+      StoreInt4Words(value(src, i), y4 + i / 8);
+    }
     if (i < n) {
-      StoreI8(staged(i, n - i), qtmp);
+      const DI di;
+      StoreI8(hn::Min(hn::Max(staged(i, n - i), hn::Set(di, -8)), hn::Set(di, 7)), qtmp);
       pack_int4_bytes(qtmp, n - i, y4 + i / 8);
     }
     return;
   }
 #endif
-  std::int8_t* dst = int4 ? qtmp : y8;
-  auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE { StoreI8<kStream>(value(src + i), dst + i); };
+  std::int8_t* dst = kInt4 ? qtmp : y8;
+  auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+    hwy::Prefetch(pf + i * pf_es);
+    StoreI8<kStream>(value(src, i), dst + i);
+  };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     std::int8_t tmp[kMaxLanes] = {};
     StoreI8(staged(i, count), tmp);
     std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
   };
-  DriveSpan(n, stream && !int4, dst, 0, 1, step, stage);
-  if (int4) pack_int4_bytes(qtmp, n, y4);
+  DriveSpan(n, out.stream && !kInt4, dst, 0, 1, step, stage);
+  if (kInt4) pack_int4_bytes(qtmp, n, y4);
 }
 
 // Whether every x' / scale + offset of a row with these min / max is finite or +-Inf (see QuantizeRow).
@@ -141,20 +238,34 @@ inline bool finite_row(float rmin, float rmax, float scale, float offset) {
          std::isfinite(rmin / scale) && std::isfinite(rmax / scale);
 }
 
-HWY_INLINE void QuantizeAny(const float* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
-                            bool int4, bool stream, std::int8_t* y8, std::int32_t* y4, std::int8_t* qtmp) {
+template <DType DT, bool kInt4>
+HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
+                             const RowOut& out) {
   if (finite_row(rmin, rmax, scale, offset)) {
+    const float x_absmax = std::max(std::abs(rmin), std::abs(rmax));
+    if (rint_check_wanted()) {
+      const RintCheck rc = rint_check(scale, offset, x_absmax);
+      if (rc.ok)
+        return QuantizeRow<DT, true, DivMode::kRint, kInt4>(src, n, scale, offset, rc.threshold, out);
+    }
 #if XQUANT_HAVE_FAST_DIV
     if (fast_div_wanted()) {
       const FastDivInt fd = fast_div_int(scale, scale, std::abs(offset));
-      if (fd.ok && std::max(std::abs(rmin), std::abs(rmax)) <= fd.x_max)
-        return QuantizeRow<true, true>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+      if (fd.ok && x_absmax <= fd.x_max)
+        return QuantizeRow<DT, true, DivMode::kFma, kInt4>(src, n, scale, offset, 0.f, out);
     }
 #endif
-    QuantizeRow<true, false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+    QuantizeRow<DT, true, DivMode::kDivide, kInt4>(src, n, scale, offset, 0.f, out);
   } else {
-    QuantizeRow<false, false>(src, n, scale, offset, int4, stream, y8, y4, qtmp);
+    QuantizeRow<DT, false, DivMode::kDivide, kInt4>(src, n, scale, offset, 0.f, out);
   }
+}
+
+template <DType DT>
+HWY_INLINE void QuantizeAny(const void* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
+                            bool int4, const RowOut& out) {
+  if (int4) return QuantizeAnyT<DT, true>(src, n, rmin, rmax, scale, offset, out);
+  QuantizeAnyT<DT, false>(src, n, rmin, rmax, scale, offset, out);
 }
 
 template <DType DT>
@@ -182,9 +293,15 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
         while (e < a.num_groups - 1 && a.group_ends[e] <= r) ++e;  // first e with group_ends[e] > r
       smooth = smooth_f32 + (a.group_ends ? e : 0) * H;
     }
-    // float32 without smooth scales: x' is x itself, quantized straight from the row (in cache).
-    const bool direct = DT == DType::float32 && smooth == nullptr;
-    const RowMinMax mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth, direct ? nullptr : buf.data());
+    // Without smooth scales x' is x itself: quantized straight from the row (in cache); 16-bit rows are
+    // reduced on their bits (ReduceHalfKeys).
+    const bool direct = smooth == nullptr;
+    RowMinMax mm;
+    if constexpr (DT == DType::float32) {
+      mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth, direct ? nullptr : buf.data());
+    } else {
+      mm = direct ? ReduceHalfKeys<DT>(a.x, r * H, H) : SmoothAndReduce<DT>(a.x, r * H, H, smooth, buf.data());
+    }
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = mm.empty ? 0.f : (mm.nan ? nan : mm.max);
     const float rmin = mm.empty ? 0.f : (mm.nan ? nan : mm.min);
@@ -192,9 +309,12 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                                : init_dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[r] = p.scale;
     if (!a.symmetric) a.offset[r] = p.offset;
-    const float* src = direct ? static_cast<const float*>(a.x) + r * H : buf.data();
-    QuantizeAny(src, H, rmin, rmax, p.scale, p.offset, int4, stream, static_cast<std::int8_t*>(a.y) + r * H,
-                static_cast<std::int32_t*>(a.y) + r * (H / 8), qtmp.data());
+    constexpr std::int64_t es = DT == DType::float32 ? 4 : 2;
+    const unsigned char* row = static_cast<const unsigned char*>(a.x) + r * H * es;
+    const RowOut out{static_cast<std::int8_t*>(a.y) + r * H, static_cast<std::int32_t*>(a.y) + r * (H / 8), qtmp.data(),
+                     stream, r + 1 < r1 ? row + H * es : row, es};
+    if (direct) QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
+    else QuantizeAny<DType::float32>(buf.data(), H, rmin, rmax, p.scale, p.offset, int4, out);
   }
 }
 
@@ -213,7 +333,10 @@ RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t 
   constexpr std::int64_t kPiece = 4096;
   RowMinMax acc{0.f, 0.f, false, true};
   for (std::int64_t p = b0; p < b1; p += kPiece) {
-    const RowMinMax m = SmoothAndReduce<DT>(a.x, p, std::min(kPiece, b1 - p), nullptr, nullptr);
+    const std::int64_t n = std::min(kPiece, b1 - p);
+    RowMinMax m;
+    if constexpr (DT == DType::float32) m = SmoothAndReduce<DT>(a.x, p, n, nullptr, nullptr);
+    else m = ReduceHalfKeys<DT>(a.x, p, n);
     if (m.empty) continue;
     if (acc.empty) {
       acc = m;
@@ -238,18 +361,14 @@ RowMinMax RangeMinMax(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b
 template <DType DT>
 void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, const RangeParams& rp, bool stream) {
   constexpr std::int64_t kPiece = 4096;
-  thread_local std::vector<float> buf(static_cast<std::size_t>(kPiece) + kMaxLanes);
   thread_local std::vector<std::int8_t> qtmp(static_cast<std::size_t>(kPiece) + kMaxLanes);
   const bool int4 = a.dst == QuantDType::quint4x2;
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const std::int64_t n = std::min(kPiece, b1 - p);
-    const float* src = static_cast<const float*>(a.x) + p;
-    if constexpr (DT != DType::float32) {
-      SmoothAndReduce<DT>(a.x, p, n, nullptr, buf.data());  // widen into buf (min / max unused)
-      src = buf.data();
-    }
-    QuantizeAny(src, n, rp.min, rp.max, rp.scale, rp.offset, int4, stream, static_cast<std::int8_t*>(a.y) + p,
-                static_cast<std::int32_t*>(a.y) + p / 8, qtmp.data());
+    const void* src = static_cast<const unsigned char*>(a.x) + p * static_cast<std::int64_t>(dtype_size(DT));
+    const RowOut out{static_cast<std::int8_t*>(a.y) + p, static_cast<std::int32_t*>(a.y) + p / 8, qtmp.data(), stream,
+                     static_cast<const unsigned char*>(src), 0};
+    QuantizeAny<DT>(src, n, rp.min, rp.max, rp.scale, rp.offset, int4, out);
   }
 }
 

@@ -115,6 +115,36 @@ inline FastDivInt fast_div_int(float s_min, float s_max, float z_max) {
   return f;
 }
 
+// sat(rint(x / s + z)) without the division, for |x| <= x_absmax (dynamic quantization: a row's own
+// min / max). y = RN(x * r + z) with r = RN(1 / s) (one fused rounding, or a rounded product and a rounded
+// sum on targets without FMA) differs from v = RN(RN(x / s) + z), the value SPEC rounds, by at most
+// 2^-24 (5 M + 2 |z|)(1 + 2^-22) + 2^-149 with M = x_absmax / s: the product's error against the
+// quotient (|1 - s r| <= 2^-24), the quotient's and the sum's roundings, and y's own one or two. So
+// with delta = 2^-21 (M + |z|) + 2^-126, which bounds that, a lane whose y lies farther than delta from
+// every half-integer has v strictly on the same side of every half-integer as y, hence rint(v) ==
+// rint(y) (no tie either). y - rint(y) is exact (Sterbenz), so the test is |y - rint(y)| < threshold
+// with threshold = 0.5 - delta rounded down. Vectors with any lane at or beyond it (about 2 delta per
+// lane: 1 in 2700 for an int8 row, delta ~ 2^-12.5) are divided, as are rows where delta is not below
+// 0.25 (M + |z| >= 2^19, which also keeps rint(y) inside the int32 range) and scales outside
+// [2^-126, 2^126) (r must be a normal float for |1 - s r| <= 2^-24). Correct on every target; checked
+// against the divider for every float32 x of a set of rows by bench/exhaustive_div --rint.
+struct RintCheck {
+  bool ok = false;
+  float threshold = 0.0f;
+};
+inline RintCheck rint_check(float s, float z, float x_absmax) {
+  RintCheck c;
+  if (!(s >= 0x1p-126f && s < 0x1p126f) || !std::isfinite(z) || !std::isfinite(x_absmax)) return c;
+  const double m = static_cast<double>(x_absmax) / static_cast<double>(s);
+  const double thr = 0.5 - (std::ldexp(m + std::fabs(static_cast<double>(z)), -21) + 0x1p-126);
+  if (!(thr > 0.25)) return c;
+  float t = static_cast<float>(thr);
+  if (static_cast<double>(t) > thr) t = std::nextafter(t, 0.0f);
+  c.ok = true;
+  c.threshold = t;
+  return c;
+}
+
 // Whether kernels use the fast path (where the target has a real FMA). Default: on Intel CPUs, whose
 // 512-bit divider retires one quotient vector per 5-10 cycles, while AMD Zen 4 divides a 512-bit vector
 // in about the time of 4 of its double-pumped 512-bit FMAs (docs/performance.md). XQUANT_FAST_DIV=0 / 1
@@ -138,16 +168,27 @@ inline bool cpu_vendor_is_intel() {
 // a per-vector domain check and ten FMA-class instructions against two divisions).
 inline bool fast_div_forced() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  if (m >= 0) return m == 1;
+  if (m >= 0) return m >= 1;
   static const bool forced = [] {
     const char* e = std::getenv("XQUANT_FAST_DIV");
     return e != nullptr && e[0] == '1' && e[1] == '\0';
   }();
   return forced;
 }
+// The rounding check (rint_check) is used by default on every CPU and target, and when the mode is
+// forced to 2; mode 0 (divider only) and mode 1 (FMA division only) turn it off, so tests reach every path.
+inline bool rint_check_wanted() {
+  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
+  if (m >= 0) return m == 2;
+  static const bool by_default = [] {
+    const char* e = std::getenv("XQUANT_FAST_DIV");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return by_default;
+}
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  if (m >= 0) return m == 1;
+  if (m >= 0) return m >= 1;
   static const bool by_default = [] {
     const char* e = std::getenv("XQUANT_FAST_DIV");
     if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';

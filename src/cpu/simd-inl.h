@@ -254,10 +254,25 @@ HWY_INLINE VI SaturateToI32(VF r) {
 // quint4x2 packing in registers for vectors of at least 8 lanes (AVX2, AVX-512): int32 lanes in [-8, 7]
 // -> Lanes / 8 words at w, element 8k + j in bits [4j, 4j + 3] of word k (the same SWAR steps as
 // pack_int4_bytes in cpu.hpp, on 64-bit lanes).
+// v is clamped to [-8, 7] here (lanes already inside are unchanged).
 #undef XQUANT_HAVE_VECTOR_INT4
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 #define XQUANT_HAVE_VECTOR_INT4 1
 HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
+  // 16 lanes -> 16 bytes (saturating), clamped to [-8, 7]; byte pairs -> 16-bit lo + 16 * hi of the
+  // low nibbles (pmaddubsw: unsigned bytes times 1 and 16), pairs of those -> 32-bit lo + 256 * hi
+  // (pmaddwd), 32 -> 16 bits (the values are below 2^16): the low 8 bytes are the two words.
+  __m128i b = _mm512_cvtsepi32_epi8(v.raw);
+  b = _mm_min_epi8(_mm_max_epi8(b, _mm_set1_epi8(-8)), _mm_set1_epi8(7));
+  b = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+  const __m128i h = _mm_maddubs_epi16(b, _mm_set1_epi16(0x1001));
+  const __m128i q = _mm_madd_epi16(h, _mm_set1_epi32(0x01000001));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(w), _mm_packus_epi32(q, q));
+}
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define XQUANT_HAVE_VECTOR_INT4 1
+HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
+  v = hn::Min(hn::Max(v, hn::Set(DI(), -8)), hn::Set(DI(), 7));
   const DI8 d8;
   const hn::Repartition<std::uint64_t, DI8> d64;
   auto u = hn::BitCast(d64, hn::DemoteTo(d8, v));  // byte j of lane k = element 8k + j
@@ -276,9 +291,15 @@ HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
 #define XQUANT_HAVE_VECTOR_INT4 0
 #endif
 
+// int32 lanes -> int8, saturating (AVX-512: one vpmovsdb instead of Highway's two packs and a permute).
 template <bool kStream = false>
 HWY_INLINE void StoreI8(VI v, std::int8_t* p) {
-  if constexpr (kStream) hn::Stream(hn::DemoteTo(DI8(), v), DI8(), p); else hn::StoreU(hn::DemoteTo(DI8(), v), DI8(), p);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const hn::Vec<DI8> b{_mm512_cvtsepi32_epi8(v.raw)};
+#else
+  const hn::Vec<DI8> b = hn::DemoteTo(DI8(), v);
+#endif
+  if constexpr (kStream) hn::Stream(b, DI8(), p); else hn::StoreU(b, DI8(), p);
 }
 template <bool kStream = false>
 HWY_INLINE void StoreU8(VI v, std::uint8_t* p) {
