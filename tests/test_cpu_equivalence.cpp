@@ -8,6 +8,7 @@
 
 #include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
+#include "params/dynamic_quant.hpp"
 #include "hwy/targets.h"
 #include "test_util.hpp"
 #include "xquant/runtime.hpp"
@@ -65,8 +66,8 @@ Placed placed_floats(DType dt, const Shape& shape, const std::vector<float>& val
 }
 
 // Runs `op` (which writes into the given outputs) under the reference and under the cpu backend on every
-// target and thread count, with the division by the FMA sequence (src/cpu/fastdiv-inl.h) forced on and
-// off; compares every output's bytes and guard bytes.
+// target and thread count, with each division path of src/cpu/fastdiv-inl.h forced (the rounding check,
+// the FMA sequence, the divider) and the default; compares every output's bytes and guard bytes.
 void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
                       const std::vector<std::pair<DType, Shape>>& outputs, const std::string& what) {
   std::vector<Placed> ref_out;
@@ -86,9 +87,10 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
       xquant::detail::set_stream_min_bytes(threads % 2 == 1 ? 0 : xquant::detail::kStreamMinBytes);
       // every call with more than one piece of work is split over the threads (normally only >= 2 MiB)
       xquant::detail::set_parallel_min_bytes(0);
-      // thread counts 1 and 2 divide with the FMA sequence (where the target has FMA), 3 and 7 with the
-      // divider, whatever this CPU's default (both streaming settings meet both division paths)
-      xquant::detail::set_fast_div_mode(threads <= 2 ? 1 : 0);
+      // the division paths, whatever this CPU's default (both streaming settings meet each): 1 thread
+      // the rounding check of dynamic quantization where a row allows it (else the FMA sequence), 2 the
+      // FMA sequence only (where the target has FMA), 3 the divider only, 7 this CPU's default
+      xquant::detail::set_fast_div_mode(threads == 1 ? 2 : threads == 2 ? 1 : threads == 3 ? 0 : -1);
       std::vector<Placed> out;
       std::vector<TensorView> views;
       for (auto& [dt, shape] : outputs) out.emplace_back(dt, shape, 3);  // misaligned by 3 elements
@@ -461,6 +463,90 @@ TEST(CpuEquivalence, FastDivisionBoundariesDynamicQuant) {
               {{ydt, yshape}, {DType::float32, sshape}, {DType::float32, sshape}},
               "dynamic_quant boundaries magnitude " + std::to_string(mag));
         }
+}
+
+// Dynamic quantization's rounding check (rint_check): rows whose x' / scale + offset land exactly on
+// half-integers (ties of rint), one and two ulps either side of them, and just inside / outside the
+// check's threshold, so that vectors take both the check's fast result and its fallback division; rows
+// whose |x / scale| + |offset| straddle the check's 2^19 limit (the row then goes to the FMA sequence or
+// the divider); scale 1 rows, where every half-integer is a tie; float32, bfloat16, float16 inputs.
+TEST(CpuEquivalence, DynamicQuantRoundingCheck) {
+  using xquant::QuantDType;
+  auto round_trip = [](DType dt, float v) { return to_floats(make_float(dt, {1}, {v}))[0]; };
+  struct RowSpec {
+    float lo, hi;
+  };
+  const std::vector<RowSpec> specs = {{-1.0f, 2.0f},   {-128.0f, 127.0f}, {-8.0f, 7.0f},     {0.0f, 3.0f},  {-7.0f, 0.0f},
+                                      {-0.3f, 0.01f},  {1000.0f, 1001.0f}, {2000.0f, 2000.5f}, {1e-30f, 3e-30f}, {-5e6f, 4e6f}};
+  for (DType dt : kFloatTypes)
+    for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
+      for (bool symmetric : {false, true}) {
+        const std::int64_t H = 264;  // vectors of every width plus a tail (int4: a multiple of 8)
+        const std::int64_t S = static_cast<std::int64_t>(specs.size());
+        std::vector<float> xv(static_cast<std::size_t>(S * H));
+        for (std::int64_t r = 0; r < S; ++r) {
+          // the row's own min and max, rounded to the input dtype first so that the parameters below are the
+          // kernel's
+          const float lo = round_trip(dt, specs[static_cast<std::size_t>(r)].lo);
+          const float hi = round_trip(dt, specs[static_cast<std::size_t>(r)].hi);
+          const auto qmax = q == QuantDType::qint8 ? 127.0f : 7.0f;
+          float scale, offset;
+          if (symmetric) {
+            scale = std::max(std::fabs(lo), std::fabs(hi)) / qmax;
+            offset = 0.0f;
+          } else {
+            const auto p = xquant::detail::init_dynamic_quant_params(hi, lo, q);
+            scale = p.scale;
+            offset = p.offset;
+          }
+          float* row = xv.data() + r * H;
+          row[0] = lo;
+          row[1] = hi;
+          for (std::int64_t j = 2; j < H; ++j) {
+            // x with x / scale + offset near the half-integer k + 1/2, nudged by -3 .. +3 ulps
+            const float k = std::floor(static_cast<float>(j % 40) - 20.0f - offset) + 0.5f;
+            float x = (k - offset) * scale;
+            const int nudge = static_cast<int>(j % 7) - 3;
+            for (int u = 0; u < std::abs(nudge); ++u) x = std::nextafter(x, nudge > 0 ? kInf : -kInf);
+            x = round_trip(dt, x);
+            row[j] = std::min(std::max(x, lo), hi);  // keep the row's min and max
+          }
+        }
+        Placed x = placed_floats(dt, {S, H}, xv, 1);
+        const Shape yshape = q == QuantDType::quint4x2 ? Shape{S, H / 8} : Shape{S, H};
+        const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
+        const std::string what = std::string("dynamic_quant rounding check ") + std::string(xquant::dtype_name(dt)) +
+                                 (symmetric ? " symmetric" : " asymmetric") + (q == QuantDType::qint8 ? " int8" : " int4");
+        if (symmetric)
+          check_equivalent([&](std::vector<TensorView>& o) { xquant::dynamic_quant_out(o[0], o[1], x.view, std::nullopt, std::nullopt, q); },
+                           {{ydt, yshape}, {DType::float32, {S}}}, what);
+        else
+          check_equivalent(
+              [&](std::vector<TensorView>& o) {
+                xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, std::nullopt, std::nullopt, q);
+              },
+              {{ydt, yshape}, {DType::float32, {S}}, {DType::float32, {S}}}, what);
+      }
+}
+
+// The rounding check's per-row parameters: the threshold is 0.5 - 2^-21 (|x| max / scale + |offset|) -
+// 2^-126 rounded down, and rows at or beyond 2^19 (or with scales outside [2^-126, 2^126), or non-finite
+// values) are refused.
+TEST(CpuEquivalence, RoundingCheckParameters) {
+  using xquant::detail::rint_check;
+  const auto c = rint_check(1.0f, 0.0f, 127.0f);
+  ASSERT_TRUE(c.ok);
+  const double expect = 0.5 - (127.0 * 0x1p-21 + 0x1p-126);
+  EXPECT_LE(static_cast<double>(c.threshold), expect);
+  EXPECT_GT(static_cast<double>(c.threshold), expect - 0x1p-25);
+  EXPECT_TRUE(rint_check(1.0f, 0.0f, 0x1p18f).ok);                       // 2^18: threshold 0.375
+  EXPECT_FALSE(rint_check(1.0f, 0.0f, 0x1p19f).ok);                      // 2^19: threshold 0.25, refused
+  EXPECT_FALSE(rint_check(1.0f, 0x1p19f, 0.0f).ok);                      // |offset| counts too
+  EXPECT_FALSE(rint_check(0x1p-127f, 0.0f, 0x1p-140f).ok);              // subnormal scale
+  EXPECT_FALSE(rint_check(0x1p126f, 0.0f, 1.0f).ok);                     // reciprocal not normal
+  EXPECT_TRUE(rint_check(0x1p-126f, 0.0f, 0x1p-120f).ok);
+  EXPECT_FALSE(rint_check(1.0f, kNaN, 1.0f).ok);
+  EXPECT_FALSE(rint_check(1.0f, 0.0f, kInf).ok);
 }
 
 TEST(CpuEquivalence, FastDivisionBoundariesActsUlq) {
