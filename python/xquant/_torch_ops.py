@@ -544,7 +544,8 @@ def _dynamic_quant_asymmetric(x: Tensor, smooth_scales: Optional[Tensor] = None,
     if dst_type is not None:
         _code(op, "dst_type", dst_type)
     _args.dynamic_mode(op, quant_mode)
-    xc, sm, gi = _cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales), _opt_cpp(op, "group_index", group_index)
+    xc, sm = _cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales)
+    gi = _opt_cpp(op, "group_index", group_index)
     _one_device(op, x=xc, smooth_scales=sm, group_index=gi)
     return _core.t_dynamic_quant_asymmetric(xc, sm, gi, dst_type, quant_mode, True)
 
@@ -577,7 +578,8 @@ def _dynamic_quant(x: Tensor, smooth_scales: Optional[Tensor] = None, group_inde
     op = "dynamic_quant"
     if dst_type is not None:
         _code(op, "dst_type", dst_type)
-    xc, sm, gi = _cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales), _opt_cpp(op, "group_index", group_index)
+    xc, sm = _cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales)
+    gi = _opt_cpp(op, "group_index", group_index)
     _one_device(op, x=xc, smooth_scales=sm, group_index=gi)
     return _core.t_dynamic_quant(xc, sm, gi, dst_type, True)
 
@@ -788,7 +790,8 @@ def _cuda_functions() -> dict:
     maybe_exchange = getattr(torch.cuda, "_maybe_exchange_device", None)
     if raw_stream is None or exchange is None or maybe_exchange is None:
         return {"cuda_raw_stream": None}
-    return {"cuda_raw_stream": raw_stream, "cuda_exchange_device": exchange, "cuda_maybe_exchange_device": maybe_exchange}
+    return {"cuda_raw_stream": raw_stream, "cuda_exchange_device": exchange,
+            "cuda_maybe_exchange_device": maybe_exchange}
 
 
 _PROBES = _mode_probes()
