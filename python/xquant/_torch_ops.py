@@ -157,7 +157,14 @@ def _custom_op(name: str, mutates_args: tuple = ()) -> Callable:
         @functools.wraps(fn)
         def cuda_kernel(*args, **kwargs):
             _require_cuda(name, fn, args, kwargs)
-            return fn(*args, **kwargs)
+            device = next((v.device for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_cuda),
+                          None)
+            if device is None:  # pragma: no cover - the CUDA key is chosen for a CUDA tensor argument
+                return fn(*args, **kwargs)
+            # The first CUDA tensor's device is the current one during the call, as in torch's own CUDA
+            # kernels (Tensor.__dlpack__, which hands tensors to the core, requires it).
+            with torch.cuda.device(device):
+                return fn(*args, **kwargs)
 
         op_def.register_kernel("cuda")(cuda_kernel)
         return op_def

@@ -447,10 +447,13 @@ def test_another_gpu(dev):
     x = torch.randn(32, 17)
     with pytest.raises(ValueError, match=r"amax is on cuda:1 but inputs is on cuda:0"):
         xquant.npu_fake_tensor_quant(x.to(dev), torch.tensor([1.0], device=d1))
-    with torch.cuda.device(0):
+    a = torch.tensor([1.0])
+    with torch.cuda.device(0):  # calls on cuda:1 tensors while cuda:0 is current
         got = xquant.npu_dynamic_quant(x.to(d1))
-        assert torch.cuda.current_device() == 0  # the call's device switch is undone
+        grads = xquant.fake_tensor_quant_backward(x.to(d1), x.to(d1), a.to(d1))  # (tensors through DLPack)
+        assert torch.cuda.current_device() == 0  # the calls' device switch is undone
     assert_bits_equal(xquant.npu_dynamic_quant(x), got, d1)
+    assert_bits_equal(xquant.fake_tensor_quant_backward(x, x, a), grads, d1)
 
 
 def test_runs_on_the_current_stream(dev):
