@@ -491,3 +491,22 @@ def test_outputs_come_from_torchs_caching_allocator(dev):
     assert y.device == q.device == s.device == dev
     del y, q, s
     assert torch.cuda.memory_allocated(dev) <= before + 4096  # (amax's 0-d tensor is freed too)
+
+
+def test_compat_stand_ins_compute_on_the_gpu(dev):
+    # xquant.compat's operators (install(device="cuda")) compute where the tensors are, without copies.
+    from xquant.compat import _modules, _ops
+
+    g = torch.Generator().manual_seed(9)
+    x, s = torch.randn(8, 64, generator=g) * 4, torch.rand(64, generator=g) + 0.1
+    amax = torch.tensor([3.0])
+    for f in (lambda x, s, a: _modules.npu_fake_tensor_quant(x, a),
+              lambda x, s, a: _modules.npu_fake_tensor_quant_with_axis(x, s, 1),
+              lambda x, s, a: _ops._quantize(x, s, None, torch.qint8, -1),
+              lambda x, s, a: _ops._dynamic_quant(x, smooth_scales=s),
+              lambda x, s, a: _ops._dynamic_quant_asymmetric(x, smooth_scales=s),
+              lambda x, s, a: _ops._anti_quant(x.to(torch.int8), s)):
+        assert_bits_equal(f(x, s, amax), f(x.to(dev), s.to(dev), amax.to(dev)), dev)
+    y = x.to(dev)
+    assert _modules.npu_fake_tensor_quant_inplace(y, amax.to(dev)) is y
+    assert_bits_equal(xquant.npu_fake_tensor_quant(x, amax), y, dev)
