@@ -9,6 +9,10 @@
 // Dtypes: DLPack float32 / float16 / bfloat16 / int8 / uint8 / int32 / int64 map to xquant::DType. xquant
 // has no uint16 dtype, so uint16 storage is read as bfloat16 bits: that is how the Python layer passes
 // NumPy arrays of ml_dtypes.bfloat16 (viewed as uint16), after rejecting genuine uint16 user input.
+//
+// Devices: arrays in CPU memory, and torch CUDA tensors (through DLPack, or read by the t_* functions in
+// strict mode), whose views carry xquant::Device::cuda(index): the C++ library runs those calls on its
+// CUDA backend (or reports why it cannot), on torch's current stream (CudaScope below).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -32,9 +36,12 @@ namespace nb = nanobind;
 
 namespace {
 
-using Array = nb::ndarray<nb::device::cpu>;             // written by the operator
-using ConstArray = nb::ndarray<nb::ro, nb::device::cpu>;  // only read
+// Arrays of any device: CPU memory (NumPy, torch CPU tensors) or CUDA device memory (torch CUDA tensors,
+// through DLPack); device_of() maps the DLPack device to an xquant::Device and refuses the others.
+using Array = nb::ndarray<>;             // written by the operator
+using ConstArray = nb::ndarray<nb::ro>;  // only read
 using xquant::ConstTensorView;
+using xquant::Device;
 using xquant::DType;
 using xquant::Shape;
 using xquant::TensorView;
@@ -103,6 +110,18 @@ bool is_dense(const A& a) {
   return true;
 }
 
+// The xquant device of a DLPack array: host memory (kDLCPU, and kDLCUDAHost: pinned host memory) is the
+// CPU; kDLCUDA is CUDA device device_id(). Anything else (managed memory, other accelerators) is refused.
+template <class A>
+Device device_of(const A& a, const char* op, const char* arg) {
+  const int type = a.device_type();
+  if (type == nb::device::cpu::value || type == nb::device::cuda_host::value) return Device::cpu();
+  if (type == nb::device::cuda::value) return Device::cuda(a.device_id());
+  throw nb::type_error((prefix(op) + arg + " is in memory of DLPack device type " + std::to_string(type) +
+                        " but xquant reads CPU (1) or CUDA (2) memory")
+                           .c_str());
+}
+
 template <class A>
 void require_dense(const A& a, const char* op, const char* arg) {
   if (!is_dense(a))
@@ -112,13 +131,13 @@ void require_dense(const A& a, const char* op, const char* arg) {
 ConstTensorView cview(const ConstArray& a, const char* op, const char* arg) {
   const DType dt = to_dtype(a.dtype(), op, arg);
   require_dense(a, op, arg);
-  return {a.data(), dt, shape_of(a)};
+  return {a.data(), dt, shape_of(a), device_of(a, op, arg)};
 }
 
 TensorView wview(const Array& a, const char* op, const char* arg) {
   const DType dt = to_dtype(a.dtype(), op, arg);
   require_dense(a, op, arg);
-  return {a.data(), dt, shape_of(a)};
+  return {a.data(), dt, shape_of(a), device_of(a, op, arg)};
 }
 
 std::optional<ConstTensorView> opt_cview(const std::optional<ConstArray>& a, const char* op, const char* arg) {
@@ -143,7 +162,7 @@ xquant::ConstTileView tile_of(const A& a, const char* op, const char* arg) {
                               .c_str());
   // A single row (or an empty tile) has no meaningful row stride: its pitch is its width.
   const std::int64_t pitch = rows > 1 && cols > 0 ? a.stride(0) : cols;
-  return {a.data(), dt, rows, cols, pitch};
+  return {a.data(), dt, rows, cols, pitch, device_of(a, op, arg)};
 }
 
 int to_int(std::int64_t v, const char* op, const char* arg) {
@@ -166,6 +185,29 @@ xquant::FakeQuantOptions fq_options(const char* op, std::int64_t num_bits, bool 
   return o;
 }
 
+// ---- CUDA calls ---------------------------------------------------------------------------------------
+//
+// A call on CUDA tensors runs the way PyTorch's own CUDA operators do: with the tensors' device as the
+// calling thread's current CUDA device (the previous one restored afterwards) and asynchronously on
+// torch's current stream of that device (xquant::CudaStreamGuard), so that it is ordered with the torch
+// work queued before and after it and with the caching allocator's stream of the outputs. Both are read
+// from torch (the functions init_torch() receives: torch._C._cuda_getCurrentRawStream,
+// torch.cuda._exchange_device / _maybe_exchange_device), so that this module needs neither the CUDA
+// toolkit nor torch's C++ libraries. Constructed while holding the GIL, before the GIL is released; does
+// nothing for a CPU device.
+class CudaScope {
+ public:
+  explicit CudaScope(Device d);
+  ~CudaScope();
+  CudaScope(const CudaScope&) = delete;
+  CudaScope& operator=(const CudaScope&) = delete;
+
+ private:
+  std::optional<xquant::CudaStreamGuard> stream_;
+  long previous_device_ = -1;
+  bool active_ = false;
+};
+
 // ---- fake tensor quant ----------------------------------------------------------------------------------
 
 void fake_tensor_quant(const Array& out, const ConstArray& inputs, const ConstArray& amax,
@@ -176,6 +218,7 @@ void fake_tensor_quant(const Array& out, const ConstArray& inputs, const ConstAr
   const ConstTensorView x = cview(inputs, op, "inputs");
   const ConstTensorView a = cview(amax, op, "amax");
   const TensorView y = wview(out, op, "out");
+  const CudaScope cuda(x.device);
   nb::gil_scoped_release nogil;
   if (axis) xquant::fake_tensor_quant_with_axis_out(y, x, a, *axis, o);
   else xquant::fake_tensor_quant_out(y, x, a, o);
@@ -187,6 +230,7 @@ void fake_tensor_quant_inplace(const Array& inputs, const ConstArray& amax, std:
   const auto o = fq_options(op, num_bits, is_unsigned, narrow_range);
   const TensorView x = wview(inputs, op, "inputs");
   const ConstTensorView a = cview(amax, op, "amax");
+  const CudaScope cuda(x.device);
   nb::gil_scoped_release nogil;
   xquant::fake_tensor_quant_inplace(x, a, o);
 }
@@ -203,6 +247,7 @@ void fake_tensor_quant_backward(const Array& grad_inputs, const std::optional<Ar
   const ConstTensorView go = cview(grad_out, op, "grad_out");
   const ConstTensorView x = cview(inputs, op, "inputs");
   const ConstTensorView a = cview(amax, op, "amax");
+  const CudaScope cuda(x.device);
   nb::gil_scoped_release nogil;
   xquant::fake_tensor_quant_backward_out(gi, ga, go, x, a, axis, o);
 }
@@ -217,6 +262,7 @@ void quantize(const Array& out, const ConstArray& input, const ConstArray& scale
   const ConstTensorView s = cview(scales, op, "scales");
   const std::optional<ConstTensorView> zp = opt_cview(zero_points, op, "zero_points");
   const TensorView y = wview(out, op, "out");
+  const CudaScope cuda(x.device);
   nb::gil_scoped_release nogil;
   xquant::quantize_out(y, x, s, zp, q, axis, div_mode);
 }
@@ -231,7 +277,8 @@ void tile_quant(const Array& out, const ConstArray& src, const ConstArray& scale
   const xquant::ConstTileView sc = tile_of(scale, op, "scale");
   std::optional<xquant::ConstTileView> off;
   if (offset) off = tile_of(*offset, op, "offset");
-  const xquant::TileView out_tile{out.data(), o.dtype, o.rows, o.cols, o.row_pitch};
+  const xquant::TileView out_tile{out.data(), o.dtype, o.rows, o.cols, o.row_pitch, o.device};
+  const CudaScope cuda(s.device);
   nb::gil_scoped_release nogil;
   xquant::tile_quant(out_tile, s, sc, asym ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM, off);
 }
@@ -249,6 +296,7 @@ void dynamic_quant_asymmetric(const Array& y, const Array& scale, const Array& o
   const TensorView yv = wview(y, op, "y");
   const TensorView sv = wview(scale, op, "scale");
   const TensorView ov = wview(offset, op, "offset");
+  const CudaScope cuda(xv.device);
   nb::gil_scoped_release nogil;
   xquant::dynamic_quant_asymmetric_out(yv, sv, ov, xv, sm, gi, q,
                                        per_tensor ? xquant::DynamicQuantMode::pertensor
@@ -267,6 +315,7 @@ void dynamic_quant(const Array& y, const Array& scale, const ConstArray& x,
   const std::optional<ConstTensorView> gi = opt_cview(group_index, op, "group_index");
   const TensorView yv = wview(y, op, "y");
   const TensorView sv = wview(scale, op, "scale");
+  const CudaScope cuda(xv.device);
   nb::gil_scoped_release nogil;
   xquant::dynamic_quant_out(yv, sv, xv, sm, gi, q);
 }
@@ -282,6 +331,7 @@ void anti_quant(const Array& out, const ConstArray& x, const ConstArray& scale, 
   const ConstTensorView sv = cview(scale, op, "scale");
   const std::optional<ConstTensorView> ov = opt_cview(offset, op, "offset");
   const TensorView o = wview(out, op, "out");
+  const CudaScope cuda(xv.device);
   nb::gil_scoped_release nogil;
   xquant::anti_quant_out(o, xv, sv, ov, q);
 }
@@ -300,6 +350,7 @@ void acts_ulq(const Array& y, const Array& clamp_min_mask, const Array& clamp_ma
   const TensorView m0 = wview(clamp_min_mask, op, "clamp_min_mask");
   const TensorView m1 = wview(clamp_max_mask, op, "clamp_max_mask");
   const TensorView ls = wview(x_clamped_loss, op, "x_clamped_loss");
+  const CudaScope cuda(xv.device);
   nb::gil_scoped_release nogil;
   xquant::acts_ulq_out(yv, m0, m1, ls, xv, lo, hi, fixed_min, nbits);
 }
@@ -319,6 +370,7 @@ void acts_ulq_backward(const Array& x_grad, const Array& clamp_min_grad, const A
   const ConstTensorView m0 = cview(clamp_min_mask, op, "clamp_min_mask");
   const ConstTensorView m1 = cview(clamp_max_mask, op, "clamp_max_mask");
   const ConstTensorView ls = cview(x_clamped_loss, op, "x_clamped_loss");
+  const CudaScope cuda(dy.device);
   nb::gil_scoped_release nogil;
   xquant::acts_ulq_backward_out(xg, g0, g1, dy, lo, hi, m0, m1, ls, fixed_min, nbits);
 }
@@ -348,14 +400,15 @@ std::string get_backend() { return xquant::get_backend() == xquant::Backend::cpu
 //
 // Two modes:
 //  - lenient (the eager fast path of xquant.npu): anything unusual (a tensor subclass, a non-contiguous,
-//    sparse, meta or neg-bit tensor, an unsupported dtype, a Python value of an unexpected type, an
+//    sparse, meta, CUDA or neg-bit tensor, an unsupported dtype, a Python value of an unexpected type, an
 //    argument that requires grad while grad mode is on, an active torch dispatch / function mode, functorch
 //    transform, JIT trace or profiler) returns None without raising, and the caller takes the full path
 //    (torch.library custom operators), which validates and reports. Errors of the C++ library itself are
 //    raised as usual: they are the same on both paths. The operators with autograd return NotImplemented
 //    when the only obstacle is autograd recording (see autograd_verdict).
 //  - strict (inside the custom operators, whose Python layer has already checked and densified the
-//    arguments): an unsupported dtype raises TypeError, anything else unexpected ValueError.
+//    arguments): an unsupported dtype raises TypeError, anything else unexpected ValueError. CUDA tensors
+//    are read here (their outputs allocated by torch.empty on their device: torch's caching allocator).
 //
 // Adding an operator: write t_<op>(..., bool strict) after the pattern of t_quantize (targ() per tensor,
 // opt_targ() for optional ones, alloc() for outputs, call the C++ out-variant under run_maybe_nogil()),
@@ -372,13 +425,18 @@ struct TorchApi {
   PyObject* empty_like = nullptr;      // torch.empty_like
   PyObject* is_grad_enabled = nullptr;
   PyObject* increment_version = nullptr;  // torch._C._increment_version (takes a tuple of tensors)
+  // CUDA (see CudaScope); nullptr where this torch has no CUDA support (then no CUDA tensor exists).
+  PyObject* cuda_raw_stream = nullptr;       // torch._C._cuda_getCurrentRawStream(device_index) -> int
+  PyObject* cuda_exchange_device = nullptr;  // torch.cuda._exchange_device(index) -> previous index
+  PyObject* cuda_maybe_exchange_device = nullptr;  // torch.cuda._maybe_exchange_device(index)
   std::vector<PyObject*> mode_probes;  // each returns something falsy when no mode / transform / trace is active
   std::vector<std::pair<PyObject*, DType>> dtypes;  // torch dtype -> xquant dtype
   PyObject* dtype_of[7] = {};                       // xquant dtype -> torch dtype
   std::vector<std::pair<PyObject*, int>> qdtypes;   // torch dtype -> QuantDType code (npu_quantize's dtype)
   PyObject* kw_dtype = nullptr;                     // ("dtype",)
+  PyObject* kw_dtype_device = nullptr;              // ("dtype", "device")
   PyObject *s_data_ptr, *s_dtype, *s_shape, *s_layout, *s_is_cpu, *s_is_contiguous, *s_is_neg, *s_requires_grad,
-      *s_is_inference, *s_is_view;
+      *s_is_inference, *s_is_view, *s_is_cuda, *s_device, *s_get_device;
 };
 TorchApi g_torch;  // references held for the life of the process (never released: no teardown ordering issues)
 
@@ -398,6 +456,11 @@ void init_torch(const nb::dict& d) {
   t.empty_like = keep(d["empty_like"]);
   t.is_grad_enabled = keep(d["is_grad_enabled"]);
   t.increment_version = keep(d["increment_version"]);
+  if (d.contains("cuda_raw_stream") && !d["cuda_raw_stream"].is_none()) {
+    t.cuda_raw_stream = keep(d["cuda_raw_stream"]);
+    t.cuda_exchange_device = keep(d["cuda_exchange_device"]);
+    t.cuda_maybe_exchange_device = keep(d["cuda_maybe_exchange_device"]);
+  }
   if (!d["mode_probes"].is_none()) {
     for (nb::handle f : nb::list(d["mode_probes"])) t.mode_probes.push_back(keep(f));
     t.lenient = true;
@@ -414,6 +477,7 @@ void init_torch(const nb::dict& d) {
   }
   for (auto [k, v] : nb::borrow<nb::dict>(d["qdtypes"])) t.qdtypes.emplace_back(keep(k), nb::cast<int>(v));
   t.kw_dtype = keep(nb::make_tuple("dtype"));
+  t.kw_dtype_device = keep(nb::make_tuple("dtype", "device"));
   t.s_data_ptr = PyUnicode_InternFromString("data_ptr");
   t.s_dtype = PyUnicode_InternFromString("dtype");
   t.s_shape = PyUnicode_InternFromString("shape");
@@ -424,7 +488,65 @@ void init_torch(const nb::dict& d) {
   t.s_requires_grad = PyUnicode_InternFromString("requires_grad");
   t.s_is_inference = PyUnicode_InternFromString("is_inference");
   t.s_is_view = PyUnicode_InternFromString("_is_view");
+  t.s_is_cuda = PyUnicode_InternFromString("is_cuda");
+  t.s_device = PyUnicode_InternFromString("device");
+  t.s_get_device = PyUnicode_InternFromString("get_device");
   t.ready = true;
+}
+
+long call_device_fn(PyObject* f, long index) {
+  nb::object arg = nb::steal(PyLong_FromLong(index));
+  if (!arg.is_valid()) throw nb::python_error();
+  PyObject* args[1] = {arg.ptr()};
+  nb::object r = nb::steal(PyObject_Vectorcall(f, args, 1, nullptr));
+  if (!r.is_valid()) throw nb::python_error();
+  const long v = PyLong_AsLong(r.ptr());
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
+CudaScope::CudaScope(Device d) {
+  if (!d.is_cuda()) return;
+  const TorchApi& t = g_torch;
+  if (t.cuda_raw_stream == nullptr)
+    throw nb::type_error(("xquant: a CUDA array (on " + xquant::device_str(d) +
+                          ") reached xquant._core before torch's CUDA functions were handed over (xquant._torch_ops "
+                          "calls init_torch; this torch has no CUDA support?)")
+                             .c_str());
+  previous_device_ = call_device_fn(t.cuda_exchange_device, d.index);
+  active_ = true;
+  try {
+    nb::object idx = nb::steal(PyLong_FromLong(d.index));
+    if (!idx.is_valid()) throw nb::python_error();
+    PyObject* args[1] = {idx.ptr()};
+    nb::object r = nb::steal(PyObject_Vectorcall(t.cuda_raw_stream, args, 1, nullptr));
+    if (!r.is_valid()) throw nb::python_error();
+    void* stream = PyLong_AsVoidPtr(r.ptr());
+    if (stream == nullptr && PyErr_Occurred()) throw nb::python_error();
+    stream_.emplace(stream);
+  } catch (...) {
+    active_ = false;
+    try {
+      (void)call_device_fn(t.cuda_maybe_exchange_device, previous_device_);
+    } catch (const nb::python_error&) {
+      // the first error is the one reported
+    }
+    throw;
+  }
+}
+
+CudaScope::~CudaScope() {
+  stream_.reset();
+  if (!active_) return;
+  // Restoring the previous device cannot fail for a device torch itself reported; if it does, the error
+  // is reported as unraisable (a destructor cannot raise). (No Python error is pending here: errors in
+  // flight are C++ exceptions, nb::python_error holding its Python error itself.)
+  try {
+    (void)call_device_fn(g_torch.cuda_maybe_exchange_device, previous_device_);
+  } catch (nb::python_error& e) {
+    e.discard_as_unraisable("xquant: restoring the current CUDA device");
+  } catch (...) {  // (an allocation failure of the int argument: nothing to report it to)
+  }
 }
 
 // New reference or a raised Python error.
@@ -475,16 +597,18 @@ nb::object autograd_verdict(bool any_requires_grad) {
   return nb::borrow(Py_True);
 }
 
-// A dense CPU torch tensor as xquant sees it.
+// A dense torch tensor as xquant sees it (CPU; CUDA in strict mode).
 struct TArg {
   PyObject* obj = nullptr;  // borrowed
   void* data = nullptr;
   DType dtype = DType::float32;
   Shape shape;
   bool requires_grad = false;
+  Device device{};        // the CPU, or a CUDA device (strict mode only)
+  nb::object device_obj;  // CUDA: the tensor's torch.device (outputs are allocated there)
   std::int64_t numel() const { return xquant::shape_numel(shape); }
-  ConstTensorView cview() const { return {data, dtype, shape}; }
-  TensorView wview() const { return {data, dtype, shape}; }
+  ConstTensorView cview() const { return {data, dtype, shape, device}; }
+  TensorView wview() const { return {data, dtype, shape, device}; }
 };
 
 std::string torch_dtype_name(PyObject* dt) {
@@ -522,7 +646,16 @@ bool targ_impl(PyObject* t, TArg& a, bool strict, const char* op, const char* ar
     throw nb::value_error((prefix(op) + arg + " " + what).c_str());
   };
   if (attr(t, T.s_layout).ptr() != T.strided) return bad("is not a dense strided tensor");
-  if (attr(t, T.s_is_cpu).ptr() != Py_True) return bad("is not on the CPU");
+  if (attr(t, T.s_is_cpu).ptr() != Py_True) {
+    // A CUDA tensor: strict mode only (the custom operators' implementations); the lenient fast path is
+    // CPU-only and hands CUDA tensors over to the full path.
+    if (!strict || attr(t, T.s_is_cuda).ptr() != Py_True) return bad("is not on the CPU or a CUDA device");
+    nb::object index = call_method0(t, T.s_get_device);
+    const long i = PyLong_AsLong(index.ptr());
+    if (i == -1 && PyErr_Occurred()) throw nb::python_error();
+    a.device = Device::cuda(static_cast<int>(i));
+    a.device_obj = attr(t, T.s_device);
+  }
   nb::object dt = attr(t, T.s_dtype);
   bool found = false;
   for (const auto& [o, d] : T.dtypes)
@@ -624,10 +757,13 @@ struct Out {
   TensorView view;
 };
 
-Out alloc(const Shape& shape, DType dt) {
+// An output of `shape` and `dt` on the device of `like` (nullptr: the CPU). CUDA outputs come from
+// torch.empty(..., device=like's device): torch's caching allocator, on its current stream.
+Out alloc(const Shape& shape, DType dt, const TArg* like = nullptr) {
   Out o;
+  const bool cuda = like != nullptr && like->device.is_cuda();
   const std::int64_t n = xquant::shape_numel(shape);
-  if (static_cast<std::size_t>(n) * xquant::dtype_size(dt) >= kXqAllocMinBytes) {
+  if (!cuda && static_cast<std::size_t>(n) * xquant::dtype_size(dt) >= kXqAllocMinBytes) {
     void* data = nullptr;
     o.tensor = nb::cast(xq_torch_tensor(shape, dt, &data));
     o.view = {data, dt, shape};
@@ -636,40 +772,45 @@ Out alloc(const Shape& shape, DType dt) {
   // torch.empty(d0, d1, ..., dtype=dt): the dimensions as separate arguments parse faster than a tuple.
   if (shape.size() > 16) throw nb::value_error("xquant: more than 16 dimensions");
   nb::object dims[16];
-  PyObject* args[17];
+  PyObject* args[18];
   for (std::size_t i = 0; i < shape.size(); ++i) {
     dims[i] = nb::steal(PyLong_FromLongLong(shape[i]));
     if (!dims[i].is_valid()) throw nb::python_error();
     args[i] = dims[i].ptr();
   }
   PyObject* r;
+  nb::object empty_tuple;
+  std::size_t npos = shape.size();
   if (shape.empty()) {  // a 0-d tensor: torch.empty((), dtype=dt)
-    nb::object empty_tuple = nb::steal(PyTuple_New(0));
+    empty_tuple = nb::steal(PyTuple_New(0));
     args[0] = empty_tuple.ptr();
-    args[1] = g_torch.dtype_of[static_cast<int>(dt)];
-    r = PyObject_Vectorcall(g_torch.empty, args, 1, g_torch.kw_dtype);
+    npos = 1;
+  }
+  args[npos] = g_torch.dtype_of[static_cast<int>(dt)];
+  if (cuda) {
+    args[npos + 1] = like->device_obj.ptr();
+    r = PyObject_Vectorcall(g_torch.empty, args, npos, g_torch.kw_dtype_device);
   } else {
-    args[shape.size()] = g_torch.dtype_of[static_cast<int>(dt)];
-    r = PyObject_Vectorcall(g_torch.empty, args, shape.size(), g_torch.kw_dtype);
+    r = PyObject_Vectorcall(g_torch.empty, args, npos, g_torch.kw_dtype);
   }
   if (!r) throw nb::python_error();
   o.tensor = nb::steal(r);
   nb::object p = call_method0(r, g_torch.s_data_ptr);
-  o.view = {PyLong_AsVoidPtr(p.ptr()), dt, shape};
+  o.view = {PyLong_AsVoidPtr(p.ptr()), dt, shape, cuda ? like->device : Device{}};
   return o;
 }
 
 // An output of x's dtype and shape.
 Out alloc_like(const TArg& x) {
-  if (static_cast<std::size_t>(x.numel()) * xquant::dtype_size(x.dtype) >= kXqAllocMinBytes)
-    return alloc(x.shape, x.dtype);
+  if (x.device.is_cuda() || static_cast<std::size_t>(x.numel()) * xquant::dtype_size(x.dtype) >= kXqAllocMinBytes)
+    return alloc(x.shape, x.dtype, &x);
   Out o;
   PyObject* args[1] = {x.obj};
   PyObject* r = PyObject_Vectorcall(g_torch.empty_like, args, 1, nullptr);
   if (!r) throw nb::python_error();
   o.tensor = nb::steal(r);
   nb::object p = call_method0(r, g_torch.s_data_ptr);
-  o.view = {PyLong_AsVoidPtr(p.ptr()), x.dtype, x.shape};
+  o.view = {PyLong_AsVoidPtr(p.ptr()), x.dtype, x.shape, x.device};
   return o;
 }
 
@@ -756,6 +897,7 @@ nb::object t_fake_tensor_quant(nb::handle inputs, nb::handle amax, nb::handle ax
   }
   Out out = alloc_like(x);
   const ConstTensorView xv = x.cview(), av = a.cview();
+  const CudaScope cuda(x.device);
   run_maybe_nogil(x.numel(), [&] {
     if (axis.is_none()) xquant::fake_tensor_quant_out(out.view, xv, av, o);
     else xquant::fake_tensor_quant_with_axis_out(out.view, xv, av, ax, o);
@@ -782,6 +924,7 @@ nb::object t_fake_tensor_quant_inplace(nb::handle inputs, nb::handle amax, nb::h
   }
   const TensorView xv = x.wview();
   const ConstTensorView av = a.cview();
+  const CudaScope cuda(x.device);
   run_maybe_nogil(x.numel(), [&] { xquant::fake_tensor_quant_inplace(xv, av, o); });
   if (!strict) bump_version(x.obj);  // (the custom operator's own dispatch bumps it on the full path)
   return nb::borrow(inputs);
@@ -813,10 +956,11 @@ nb::object t_quantize(nb::handle input, nb::handle scales, nb::handle zero_point
   // looks at the output.
   Shape out_shape = x.shape;
   if (q == xquant::QuantDType::quint4x2 && !out_shape.empty()) out_shape.back() /= 8;
-  Out out = alloc(out_shape, xquant::storage_dtype(q));
+  Out out = alloc(out_shape, xquant::storage_dtype(q), &x);
   const ConstTensorView xv = x.cview(), sv = s.cview();
   std::optional<ConstTensorView> zv;
   if (zp) zv = zp->cview();
+  const CudaScope cuda(x.device);
   run_maybe_nogil(x.numel(), [&] { xquant::quantize_out(out.view, xv, sv, zv, q, ax, div); });
   return out.tensor;
 }
@@ -847,12 +991,13 @@ nb::object t_tile_quant(nb::handle out, nb::handle src, nb::handle scale, nb::ha
       throw nb::value_error((prefix(op) + arg + " has shape " + xquant::shape_str(t.shape) +
                              " but expected a 2-D tile")
                                 .c_str());
-    return xquant::ConstTileView{t.data, t.dtype, t.shape[0], t.shape[1], t.shape[1]};
+    return xquant::ConstTileView{t.data, t.dtype, t.shape[0], t.shape[1], t.shape[1], t.device};
   };
   const xquant::ConstTileView ov = tile(o, "out"), sv = tile(s, "src"), scv = tile(sc, "scale");
   std::optional<xquant::ConstTileView> offv;
   if (off) offv = tile(*off, "offset");
-  const xquant::TileView out_tile{o.data, ov.dtype, ov.rows, ov.cols, ov.row_pitch};
+  const xquant::TileView out_tile{o.data, ov.dtype, ov.rows, ov.cols, ov.row_pitch, ov.device};
+  const CudaScope cuda(s.device);
   run_maybe_nogil(o.numel(), [&] {
     xquant::tile_quant(out_tile, sv, scv, asym ? xquant::QuantMode::ASYM : xquant::QuantMode::SYM, offv);
   });
@@ -892,13 +1037,14 @@ nb::object t_dynamic_quant_asymmetric(nb::handle x, nb::handle smooth_scales, nb
   Shape y_shape = xa.shape;
   if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
   Shape p_shape = per_tensor ? Shape{1} : Shape(xa.shape.begin(), xa.shape.end() - (xa.shape.empty() ? 0 : 1));
-  Out y = alloc(y_shape, xquant::storage_dtype(q));
-  Out sc = alloc(p_shape, DType::float32);
-  Out of = alloc(p_shape, DType::float32);
+  Out y = alloc(y_shape, xquant::storage_dtype(q), &xa);
+  Out sc = alloc(p_shape, DType::float32, &xa);
+  Out of = alloc(p_shape, DType::float32, &xa);
   const ConstTensorView xv = xa.cview();
   std::optional<ConstTensorView> smv, giv;
   if (sm) smv = sm->cview();
   if (gi) giv = gi->cview();
+  const CudaScope cuda(xa.device);
   run_maybe_nogil(xa.numel(), [&] {
     xquant::dynamic_quant_asymmetric_out(y.view, sc.view, of.view, xv, smv, giv, q,
                                          per_tensor ? xquant::DynamicQuantMode::pertensor
@@ -934,12 +1080,13 @@ nb::object t_dynamic_quant(nb::handle x, nb::handle smooth_scales, nb::handle gr
   Shape y_shape = xa.shape;
   if (q == xquant::QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
   const Shape p_shape(xa.shape.begin(), xa.shape.end() - (xa.shape.empty() ? 0 : 1));
-  Out y = alloc(y_shape, xquant::storage_dtype(q));
-  Out sc = alloc(p_shape, DType::float32);
+  Out y = alloc(y_shape, xquant::storage_dtype(q), &xa);
+  Out sc = alloc(p_shape, DType::float32, &xa);
   const ConstTensorView xv = xa.cview();
   std::optional<ConstTensorView> smv, giv;
   if (sm) smv = sm->cview();
   if (gi) giv = gi->cview();
+  const CudaScope cuda(xa.device);
   run_maybe_nogil(xa.numel(), [&] { xquant::dynamic_quant_out(y.view, sc.view, xv, smv, giv, q); });
   return nb::make_tuple(y.tensor, sc.tensor);
 }
@@ -975,10 +1122,11 @@ nb::object t_anti_quant(nb::handle x, nb::handle scale, nb::handle offset, nb::h
   Shape out_shape = xa.shape;
   if (q == xquant::QuantDType::quint4x2 && !out_shape.empty() && out_shape.back() <= INT64_MAX / 8)
     out_shape.back() *= 8;
-  Out out = alloc(out_shape, dst);
+  Out out = alloc(out_shape, dst, &xa);
   const ConstTensorView xv = xa.cview(), sv = sa.cview();
   std::optional<ConstTensorView> ov;
   if (oa) ov = oa->cview();
+  const CudaScope cuda(xa.device);
   run_maybe_nogil(xquant::shape_numel(out_shape), [&] { xquant::anti_quant_out(out.view, xv, sv, ov, q); });
   return out.tensor;
 }
@@ -1015,9 +1163,10 @@ nb::object t_acts_ulq(nb::handle x, nb::handle clamp_min, nb::handle clamp_max, 
   } catch (const xquant::Error&) {
     shape = xa.shape;  // the operator reports the mismatch below, naming the argument
   }
-  Out y = alloc(shape, xa.dtype), m0 = alloc(shape, xa.dtype), m1 = alloc(shape, xa.dtype),
-      loss = alloc(shape, xa.dtype);
+  Out y = alloc(shape, xa.dtype, &xa), m0 = alloc(shape, xa.dtype, &xa), m1 = alloc(shape, xa.dtype, &xa),
+      loss = alloc(shape, xa.dtype, &xa);
   const ConstTensorView xv = xa.cview(), lov = lo.cview(), hiv = hi.cview();
+  const CudaScope cuda(xa.device);
   run_maybe_nogil(xquant::shape_numel(shape), [&] {
     xquant::acts_ulq_out(y.view, m0.view, m1.view, loss.view, xv, lov, hiv, fixed, nbits);
   });
@@ -1209,6 +1358,9 @@ NB_MODULE(_core, m) {
   m.def("set_backend", &set_backend, "backend"_a);
   m.def("get_backend", &get_backend);
   m.def("simd_target", &xquant::simd_target);
+  m.def("cuda_built", &xquant::cuda_built);
+  m.def("cuda_available", &xquant::cuda_available);
+  m.def("cuda_unavailable_reason", &xquant::cuda_unavailable_reason);
   // torch tensors without DLPack (see t_fake_tensor_quant): None means "take the full path" (lenient).
   // strict defaults to False where xquant._torch_fast has a namesake of the same signature (lenient only).
   m.def("init_torch", &init_torch, "api"_a);

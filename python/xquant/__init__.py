@@ -64,6 +64,24 @@ def simd_target() -> str:
     return _core.simd_target()
 
 
+def cuda_built() -> bool:
+    """True when this xquant was compiled with its CUDA backend (the wheel is built with it where nvcc was
+    found at build time)."""
+    return _core.cuda_built()
+
+
+def cuda_available() -> bool:
+    """True when xquant can run operators on torch CUDA tensors: built with CUDA and a CUDA device usable
+    (probed once, on the first call; a CUDA build loads and runs CPU-only without a GPU or driver)."""
+    return _core.cuda_available()
+
+
+def cuda_unavailable_reason() -> str:
+    """Why :func:`cuda_available` is False ('' when it is True): e.g. 'xquant was built without CUDA
+    (CMake option XQUANT_CUDA)' or the CUDA runtime's message ('no CUDA-capable device is detected')."""
+    return _core.cuda_unavailable_reason()
+
+
 def set_memory_cache_limit(nbytes: int) -> None:
     """Bytes of freed large (>= 2 MiB) output buffers xquant keeps for reuse (default 2 GiB; 0 disables and
     releases them). Reused buffers skip the page faults and zero-fill of fresh memory."""
@@ -117,6 +135,9 @@ __all__ = [
     "set_backend",
     "get_backend",
     "simd_target",
+    "cuda_built",
+    "cuda_available",
+    "cuda_unavailable_reason",
 ]
 
 

@@ -7,6 +7,13 @@ torch.compile(fullgraph=True) and torch.export; the fake-quant family and ActsUL
 computed by the C++ backward kernels. Plain eager calls of xquant.npu skip these operators (the eager fast
 path: xquant.npu, _core.t_*), and eager autograd uses autograd.Functions over the same kernels.
 
+CUDA tensors: every operator also has a kernel for the CUDA dispatch key (_custom_op): the same
+implementation after a check that xquant can run on CUDA (_require_cuda). The compiled core runs the C++
+library's CUDA backend on torch's current stream of the tensors' device, with that device current, and
+allocates the outputs with torch.empty on it (torch's caching allocator). The eager fast path is CPU-only:
+CUDA tensors always take these operators (autograd through the registered formulas), and the fake
+implementations give outputs on the inputs' device. Tensors of one call must share one device.
+
     torch.ops.xquant.fake_tensor_quant(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True)
     torch.ops.xquant.fake_tensor_quant_with_axis(inputs, amax, axis, num_bits=8, is_unsigned=False,
                                                  narrow_range=True)
@@ -28,8 +35,10 @@ path: xquant.npu, _core.t_*), and eager autograd uses autograd.Functions over th
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -58,8 +67,10 @@ _SPARSE_LAYOUTS = tuple(getattr(torch, n) for n in ("sparse_coo", "sparse_csr", 
 # ---- argument helpers -------------------------------------------------------------------------------------
 
 def check_tensor(op: str, name: str, t: Any) -> Tensor:
-    """A tensor xquant can read: a plain (strided) CPU or meta tensor of a dtype torch can hand over.
-    Negative and conjugate views are accepted (materialized by _cpp)."""
+    """A tensor xquant can read: a plain (strided) CPU, CUDA or meta tensor of a dtype torch can hand over.
+    Negative and conjugate views are accepted (materialized by _cpp). (Whether xquant can run on a CUDA
+    tensor is checked by the operators' CUDA kernels, _require_cuda: the fake implementations trace CUDA
+    programs also where xquant has no CUDA backend.)"""
     if not isinstance(t, Tensor):
         raise fail_type(op, f"{name} is {_args.describe(t)} but expected a torch.Tensor (the kind of the main input)")
     if t.is_nested:
@@ -68,8 +79,9 @@ def check_tensor(op: str, name: str, t: Any) -> Tensor:
         kind = "sparse" if t.layout in _SPARSE_LAYOUTS else "non-strided"
         raise fail_type(op, f"{name} is a {kind} tensor (layout {t.layout}) but expected a dense strided tensor "
                             "(call .to_dense() first)")
-    if t.device.type not in ("cpu", "meta"):  # meta: shape inference through the fake implementations
-        raise fail_type(op, f"{name} is on device {t.device} but xquant computes on the CPU (move it with .cpu())")
+    if t.device.type not in ("cpu", "cuda", "meta"):  # meta: shape inference through the fake implementations
+        raise fail_type(op, f"{name} is on device {t.device} but xquant computes on CPU and CUDA tensors "
+                            "(move it with .cpu())")
     if t.is_quantized:
         raise fail_type(op, f"{name} is a quantized tensor (dtype {t.dtype}) but expected a float or integer tensor "
                             "(call .dequantize() or .int_repr() first)")
@@ -86,11 +98,77 @@ def opt_tensor(op: str, name: str, t: Any) -> Optional[Tensor]:
     return None if t is None else check_tensor(op, name, t)
 
 
-def param(op: str, name: str, v: Any, dtype: torch.dtype) -> Tensor:
-    """A parameter tensor that may also be given as a Python / NumPy real number (-> 0-d tensor)."""
+def param(op: str, name: str, v: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A parameter tensor that may also be given as a Python / NumPy real number (-> 0-d tensor on
+    `device`, the main input's)."""
     if isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, (bool, np.bool_)):
-        return torch.tensor(float(v), dtype=dtype)
+        return torch.tensor(float(v), dtype=dtype, device=device)
     return check_tensor(op, name, v)
+
+
+def _device_str(d: torch.device) -> str:
+    """A device as the C++ library names it: 'cpu', 'cuda:0'."""
+    return f"{d.type}:{d.index if d.index is not None else 0}" if d.type == "cuda" else d.type
+
+
+def _one_device(op: str, **tensors: Optional[Tensor]) -> None:
+    """Every tensor of the call on one device (checked tensors; None skipped), else the C++ library's
+    ValueError naming the first argument on another device than the first one. Checked by the eager
+    implementations before anything is allocated or written, and by the fake implementations in the same
+    place, so that meta / fake tensors get the same error."""
+    first_name, first = None, None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first_name, first = name, t.device
+        elif t.device != first:
+            raise fail_value(op, f"{name} is on {_device_str(t.device)} but {first_name} is on {_device_str(first)} "
+                                 "(expected every tensor of the call on one device)")
+
+
+def _require_cuda(op: str, fn: Callable, args: tuple, kwargs: dict) -> None:
+    """The CUDA kernels' first step: xquant built with CUDA and a CUDA device usable by it, else TypeError
+    naming the first CUDA tensor argument and the reason."""
+    if _core.cuda_available():
+        return
+    name, device = "a tensor", None
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        for n, v in bound.arguments.items():
+            if isinstance(v, Tensor) and v.device.type == "cuda":
+                name, device = n, v.device
+                break
+    except TypeError:  # pragma: no cover - the dispatcher passes the schema's arguments
+        pass
+    where = f" is on {_device_str(device)}" if device is not None else " is on a CUDA device"
+    raise fail_type(op, f"{name}{where} but xquant cannot run on CUDA tensors: {_core.cuda_unavailable_reason()} "
+                        "(move the tensors with .cpu(), or install an xquant built with CUDA)")
+
+
+def _custom_op(name: str, mutates_args: tuple = ()) -> Callable:
+    """torch.library.custom_op("xquant::<name>") whose implementation serves CPU tensors (the default
+    kernel) and, registered for the CUDA dispatch key, CUDA tensors: the same function, preceded by
+    _require_cuda. The compiled core runs CUDA tensors on xquant's CUDA backend, on torch's current stream,
+    with outputs from torch's caching allocator."""
+    def decorate(fn: Callable):
+        op_def = torch.library.custom_op(f"xquant::{name}", mutates_args=mutates_args)(fn)
+
+        @functools.wraps(fn)
+        def cuda_kernel(*args, **kwargs):
+            _require_cuda(name, fn, args, kwargs)
+            device = next((v.device for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.is_cuda),
+                          None)
+            if device is None:  # pragma: no cover - the CUDA key is chosen for a CUDA tensor argument
+                return fn(*args, **kwargs)
+            # The first CUDA tensor's device is the current one during the call, as in torch's own CUDA
+            # kernels (Tensor.__dlpack__, which hands tensors to the core, requires it).
+            with torch.cuda.device(device):
+                return fn(*args, **kwargs)
+
+        op_def.register_kernel("cuda")(cuda_kernel)
+        return op_def
+    return decorate
 
 
 def _cpp(op: str, name: str, t: Tensor) -> Tensor:
@@ -147,8 +225,11 @@ _TORCH_DTYPE_NAME = {torch.float32: ("float32", 4), torch.float16: ("float16", 2
                      torch.int8: ("int8", 1), torch.uint8: ("uint8", 1), torch.int32: ("int32", 4)}
 
 
-def _empty(shape, dtype: torch.dtype) -> Tensor:
+def _empty(shape, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An output on `device`: CUDA outputs from torch's caching allocator (torch.empty)."""
     shape = [int(d) for d in shape]
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
     n = 1
     for d in shape:
         n *= d
@@ -159,7 +240,7 @@ def _empty(shape, dtype: torch.dtype) -> Tensor:
 
 
 def _empty_like(x: Tensor) -> Tensor:
-    return _empty(x.shape, x.dtype)
+    return _empty(x.shape, x.dtype, x.device)
 
 
 def _code(op: str, name: str, d: torch.dtype) -> int:
@@ -180,9 +261,11 @@ def _opt_m(t: Optional[Tensor]) -> Optional[tuple]:
 
 
 def _check_all(op: str, **tensors: Optional[Tensor]) -> None:
+    """check_tensor for each, then _one_device for all (the fake implementations' first step)."""
     for name, t in tensors.items():
         if t is not None:
             check_tensor(op, name, t)
+    _one_device(op, **tensors)
 
 
 # ---- fake tensor quant ------------------------------------------------------------------------------------
@@ -191,12 +274,13 @@ def _check_all(op: str, **tensors: Optional[Tensor]) -> None:
 # DLPack: _core.t_*(..., strict=True)), and the fake implementation, which validates shapes, dtypes and
 # arguments exactly as the eager call does (xquant._meta) before it returns outputs without data.
 
-@torch.library.custom_op("xquant::fake_tensor_quant", mutates_args=())
+@_custom_op("fake_tensor_quant", mutates_args=())
 def _fake_tensor_quant(inputs: Tensor, amax: Tensor, num_bits: int = 8, is_unsigned: bool = False,
                        narrow_range: bool = True) -> Tensor:
     op = "fake_tensor_quant"
-    return _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), None, num_bits, is_unsigned,
-                                     narrow_range, True)
+    x, a = _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
+    _one_device(op, inputs=x, amax=a)
+    return _core.t_fake_tensor_quant(x, a, None, num_bits, is_unsigned, narrow_range, True)
 
 
 @_fake_tensor_quant.register_fake
@@ -207,12 +291,13 @@ def _(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
     return torch.empty_like(inputs, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("xquant::fake_tensor_quant_with_axis", mutates_args=())
+@_custom_op("fake_tensor_quant_with_axis", mutates_args=())
 def _fake_tensor_quant_with_axis(inputs: Tensor, amax: Tensor, axis: int, num_bits: int = 8,
                                  is_unsigned: bool = False, narrow_range: bool = True) -> Tensor:
     op = "fake_tensor_quant_with_axis"
-    return _core.t_fake_tensor_quant(_cpp(op, "inputs", inputs), _cpp(op, "amax", amax), axis, num_bits, is_unsigned,
-                                     narrow_range, True)
+    x, a = _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
+    _one_device(op, inputs=x, amax=a)
+    return _core.t_fake_tensor_quant(x, a, axis, num_bits, is_unsigned, narrow_range, True)
 
 
 @_fake_tensor_quant_with_axis.register_fake
@@ -223,12 +308,14 @@ def _(inputs, amax, axis, num_bits=8, is_unsigned=False, narrow_range=True):
     return torch.empty_like(inputs, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("xquant::fake_tensor_quant_inplace", mutates_args=("inputs",))
+@_custom_op("fake_tensor_quant_inplace", mutates_args=("inputs",))
 def _fake_tensor_quant_inplace(inputs: Tensor, amax: Tensor, num_bits: int = 8, is_unsigned: bool = False,
                                narrow_range: bool = True) -> None:
     op = "fake_tensor_quant_inplace"
     x = _dense_out(op, "inputs", inputs)
-    _core.t_fake_tensor_quant_inplace(x, _cpp(op, "amax", amax), num_bits, is_unsigned, narrow_range, True)
+    a = _cpp(op, "amax", amax)
+    _one_device(op, inputs=x, amax=a)
+    _core.t_fake_tensor_quant_inplace(x, a, num_bits, is_unsigned, narrow_range, True)
 
 
 @_fake_tensor_quant_inplace.register_fake
@@ -236,16 +323,18 @@ def _(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
     op = "fake_tensor_quant_inplace"
     _dense_out(op, "inputs", inputs)
     check_tensor(op, "amax", amax)
+    _one_device(op, inputs=inputs, amax=amax)
     _meta.fake_quant(op, _m(inputs), _m(amax), None, num_bits)
     return None
 
 
-@torch.library.custom_op("xquant::fake_tensor_quant_backward", mutates_args=())
+@_custom_op("fake_tensor_quant_backward", mutates_args=())
 def _fake_tensor_quant_backward(grad_out: Tensor, inputs: Tensor, amax: Tensor, axis: Optional[int],
                                 num_bits: int, is_unsigned: bool, narrow_range: bool,
                                 want_grad_amax: bool) -> tuple[Tensor, Tensor]:
     op = "fake_tensor_quant_backward"
     g, x, a = _cpp(op, "grad_out", grad_out), _cpp(op, "inputs", inputs), _cpp(op, "amax", amax)
+    _one_device(op, grad_out=g, inputs=x, amax=a)
     grad_inputs = _empty_like(x)
     grad_amax = torch.empty_like(a) if want_grad_amax else a.new_empty((0,))
     _core.fake_tensor_quant_backward(grad_inputs, grad_amax if want_grad_amax else None, g, x, a, axis, num_bits,
@@ -332,7 +421,7 @@ def fake_quant_autograd(inputs: Tensor, amax: Any, axis: Optional[int], num_bits
 def fake_tensor_quant(op: str, inputs: Tensor, amax: Any, axis: Optional[int], num_bits: int, is_unsigned: bool,
                       narrow_range: bool) -> Tensor:
     check_tensor(op, "inputs", inputs)
-    a = param(op, "amax", amax, torch.float32)
+    a = param(op, "amax", amax, torch.float32, inputs.device)
     if _eager_autograd(inputs, a):
         return _FakeQuantFn.apply(inputs, a, axis, num_bits, is_unsigned, narrow_range)
     if axis is None:
@@ -348,7 +437,7 @@ def fake_tensor_quant_inplace(op: str, inputs: Tensor, amax: Any, num_bits: int,
         # An in-place quantization would silently pass gradients through unchanged: refuse.
         raise fail_value(op, "inputs requires grad but the in-place fake quantization has no autograd "
                              "(use npu_fake_tensor_quant, or call it under torch.no_grad())")
-    a = param(op, "amax", amax, torch.float32)
+    a = param(op, "amax", amax, torch.float32, inputs.device)
     torch.ops.xquant.fake_tensor_quant_inplace(inputs, a, num_bits, is_unsigned, narrow_range)
     return inputs
 
@@ -356,7 +445,7 @@ def fake_tensor_quant_inplace(op: str, inputs: Tensor, amax: Any, num_bits: int,
 def fake_tensor_quant_backward(op: str, grad_out: Tensor, inputs: Tensor, amax: Any, axis: Optional[int],
                                num_bits: int, is_unsigned: bool, narrow_range: bool,
                                want_grad_amax: bool) -> tuple[Tensor, Optional[Tensor]]:
-    a = param(op, "amax", amax, torch.float32)
+    a = param(op, "amax", amax, torch.float32, inputs.device)
     gi, ga = torch.ops.xquant.fake_tensor_quant_backward(check_tensor(op, "grad_out", grad_out), inputs, a, axis,
                                                          num_bits, is_unsigned, narrow_range, want_grad_amax)
     return gi, (ga if want_grad_amax else None)
@@ -364,13 +453,14 @@ def fake_tensor_quant_backward(op: str, grad_out: Tensor, inputs: Tensor, amax: 
 
 # ---- npu_quantize -------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("xquant::quantize", mutates_args=())
+@_custom_op("quantize", mutates_args=())
 def _quantize(input: Tensor, scales: Tensor, zero_points: Optional[Tensor], dtype: torch.dtype, axis: int = 1,
               div_mode: bool = True) -> Tensor:
     op = "quantize"
     _code(op, "dtype", dtype)
-    return _core.t_quantize(_cpp(op, "input", input), _cpp(op, "scales", scales),
-                            _opt_cpp(op, "zero_points", zero_points), dtype, axis, div_mode, True)
+    x, s, zp = _cpp(op, "input", input), _cpp(op, "scales", scales), _opt_cpp(op, "zero_points", zero_points)
+    _one_device(op, input=x, scales=s, zero_points=zp)
+    return _core.t_quantize(x, s, zp, dtype, axis, div_mode, True)
 
 
 @_quantize.register_fake
@@ -406,7 +496,7 @@ def _tile_in(op: str, name: str, t: Tensor) -> Tensor:
     return t if _tile_ok(t) else t.contiguous()
 
 
-@torch.library.custom_op("xquant::tile_quant", mutates_args=("out",))
+@_custom_op("tile_quant", mutates_args=("out",))
 def _tile_quant(out: Tensor, src: Tensor, scale: Tensor, tile_mode: str = "SYM",
                 offset: Optional[Tensor] = None) -> None:
     # (The parameter is not called "mode": torch's auto-functionalization of mutable operators passes its
@@ -423,7 +513,9 @@ def _tile_quant(out: Tensor, src: Tensor, scale: Tensor, tile_mode: str = "SYM",
     if off is not None and sc.dim() == 2 and off.dim() == 2 and sc.stride(0) != off.stride(0):
         # The NPU needs scale and offset in tiles of one physical shape; off the NPU, give both a dense layout.
         sc, off = sc.contiguous(), off.contiguous()
-    _core.tile_quant(out.detach(), _tile_in(op, "src", src), sc, asym, off)
+    src_t = _tile_in(op, "src", src)
+    _one_device(op, out=out, src=src_t, scale=sc, offset=off)
+    _core.tile_quant(out.detach(), src_t, sc, asym, off)
 
 
 @_tile_quant.register_fake
@@ -435,7 +527,7 @@ def _(out, src, scale, tile_mode="SYM", offset=None):
     if not _tile_ok(out):
         raise fail_value(op, "out must be a 2-D row-major tensor with unit column stride (rows may be padded); "
                              "it is written in place")
-    _check_all(op, src=src, scale=scale, offset=offset)
+    _check_all(op, out=out, src=src, scale=scale, offset=offset)
     _meta.tile_quant(_m(out), _m(src), _m(scale), asym, _opt_m(offset))
     return None
 
@@ -451,7 +543,7 @@ def tile_quant(op: str, out: Tensor, src: Any, scale: Any, mode: Any, offset: An
 
 # ---- npu_dynamic_quant_asymmetric --------------------------------------------------------------------------
 
-@torch.library.custom_op("xquant::dynamic_quant_asymmetric", mutates_args=())
+@_custom_op("dynamic_quant_asymmetric", mutates_args=())
 def _dynamic_quant_asymmetric(x: Tensor, smooth_scales: Optional[Tensor] = None,
                               group_index: Optional[Tensor] = None, dst_type: Optional[torch.dtype] = None,
                               quant_mode: str = "pertoken") -> tuple[Tensor, Tensor, Tensor]:
@@ -459,8 +551,10 @@ def _dynamic_quant_asymmetric(x: Tensor, smooth_scales: Optional[Tensor] = None,
     if dst_type is not None:
         _code(op, "dst_type", dst_type)
     _args.dynamic_mode(op, quant_mode)
-    return _core.t_dynamic_quant_asymmetric(_cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales),
-                                            _opt_cpp(op, "group_index", group_index), dst_type, quant_mode, True)
+    xc, sm = _cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales)
+    gi = _opt_cpp(op, "group_index", group_index)
+    _one_device(op, x=xc, smooth_scales=sm, group_index=gi)
+    return _core.t_dynamic_quant_asymmetric(xc, sm, gi, dst_type, quant_mode, True)
 
 
 @_dynamic_quant_asymmetric.register_fake
@@ -485,14 +579,16 @@ def dynamic_quant_asymmetric(op: str, x: Tensor, smooth_scales: Any, group_index
 
 # ---- npu_dynamic_quant (symmetric) -----------------------------------------------------------------------
 
-@torch.library.custom_op("xquant::dynamic_quant", mutates_args=())
+@_custom_op("dynamic_quant", mutates_args=())
 def _dynamic_quant(x: Tensor, smooth_scales: Optional[Tensor] = None, group_index: Optional[Tensor] = None,
                    dst_type: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     op = "dynamic_quant"
     if dst_type is not None:
         _code(op, "dst_type", dst_type)
-    return _core.t_dynamic_quant(_cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales),
-                                 _opt_cpp(op, "group_index", group_index), dst_type, True)
+    xc, sm = _cpp(op, "x", x), _opt_cpp(op, "smooth_scales", smooth_scales)
+    gi = _opt_cpp(op, "group_index", group_index)
+    _one_device(op, x=xc, smooth_scales=sm, group_index=gi)
+    return _core.t_dynamic_quant(xc, sm, gi, dst_type, True)
 
 
 @_dynamic_quant.register_fake
@@ -520,15 +616,16 @@ def _dst_dtype(op: str, d: Optional[torch.dtype]) -> torch.dtype:
     return _FLOAT_TORCH[_args.float_dtype_name(op, "dst_dtype", d)]
 
 
-@torch.library.custom_op("xquant::anti_quant", mutates_args=())
+@_custom_op("anti_quant", mutates_args=())
 def _anti_quant(x: Tensor, scale: Tensor, offset: Optional[Tensor] = None, dst_dtype: Optional[torch.dtype] = None,
                 src_dtype: Optional[torch.dtype] = None) -> Tensor:
     op = "anti_quant"
     dst = _dst_dtype(op, dst_dtype)
     if src_dtype is not None:
         _code(op, "src_dtype", src_dtype)
-    return _core.t_anti_quant(_cpp(op, "x", x), _cpp(op, "scale", scale), _opt_cpp(op, "offset", offset), dst,
-                              src_dtype, True)
+    xc, sc, off = _cpp(op, "x", x), _cpp(op, "scale", scale), _opt_cpp(op, "offset", offset)
+    _one_device(op, x=xc, scale=sc, offset=off)
+    return _core.t_anti_quant(xc, sc, off, dst, src_dtype, True)
 
 
 @_anti_quant.register_fake
@@ -551,12 +648,13 @@ def anti_quant(op: str, x: Tensor, scale: Any, offset: Any, dst_dtype: Any, src_
 
 # ---- ActsULQ ------------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("xquant::acts_ulq", mutates_args=())
+@_custom_op("acts_ulq", mutates_args=())
 def _acts_ulq(x: Tensor, clamp_min: Tensor, clamp_max: Tensor, fixed_min: bool = False,
               num_bits: int = 8) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     op = "acts_ulq"
-    return _core.t_acts_ulq(_cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max),
-                            fixed_min, num_bits, True)
+    xc, lo, hi = _cpp(op, "x", x), _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max)
+    _one_device(op, x=xc, clamp_min=lo, clamp_max=hi)
+    return _core.t_acts_ulq(xc, lo, hi, fixed_min, num_bits, True)
 
 
 @_acts_ulq.register_fake
@@ -574,19 +672,21 @@ def _x_shape(op: str, x_shape) -> list:
     return shape
 
 
-@torch.library.custom_op("xquant::acts_ulq_backward", mutates_args=())
+@_custom_op("acts_ulq_backward", mutates_args=())
 def _acts_ulq_backward(y_grad: Tensor, x_shape: list[int], clamp_min: Tensor, clamp_max: Tensor,
                        clamp_min_mask: Tensor, clamp_max_mask: Tensor, x_clamped_loss: Tensor, fixed_min: bool,
                        num_bits: int) -> tuple[Tensor, Tensor, Tensor]:
     op = "acts_ulq_backward"
     shape = _x_shape(op, x_shape)
     lo, hi = _cpp(op, "clamp_min", clamp_min), _cpp(op, "clamp_max", clamp_max)
-    dt = lo.dtype
-    x_grad = _empty(shape, dt)
+    dy, m0, m1 = _cpp(op, "y_grad", y_grad), _cpp(op, "clamp_min_mask", clamp_min_mask), \
+        _cpp(op, "clamp_max_mask", clamp_max_mask)
+    loss = _cpp(op, "x_clamped_loss", x_clamped_loss)
+    _one_device(op, clamp_min=lo, clamp_max=hi, y_grad=dy, clamp_min_mask=m0, clamp_max_mask=m1,
+                x_clamped_loss=loss)
+    x_grad = _empty(shape, lo.dtype, lo.device)
     g0, g1 = torch.empty_like(lo), torch.empty_like(hi)
-    _core.acts_ulq_backward(x_grad, g0, g1, _cpp(op, "y_grad", y_grad), lo, hi,
-                            _cpp(op, "clamp_min_mask", clamp_min_mask), _cpp(op, "clamp_max_mask", clamp_max_mask),
-                            _cpp(op, "x_clamped_loss", x_clamped_loss), fixed_min, num_bits)
+    _core.acts_ulq_backward(x_grad, g0, g1, dy, lo, hi, m0, m1, loss, fixed_min, num_bits)
     return x_grad, g0, g1
 
 
@@ -655,8 +755,8 @@ def acts_ulq_autograd(x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool
 def acts_ulq(op: str, x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool,
              num_bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     check_tensor(op, "x", x)
-    lo = param(op, "clamp_min", clamp_min, x.dtype)
-    hi = param(op, "clamp_max", clamp_max, x.dtype)
+    lo = param(op, "clamp_min", clamp_min, x.dtype, x.device)
+    hi = param(op, "clamp_max", clamp_max, x.dtype, x.device)
     if _eager_autograd(x, lo, hi):
         return _ActsUlqFn.apply(x, lo, hi, fixed_min, num_bits)
     return torch.ops.xquant.acts_ulq(x, lo, hi, fixed_min, num_bits)
@@ -688,6 +788,19 @@ def _mode_probes() -> Optional[list]:
         return None
 
 
+def _cuda_functions() -> dict:
+    """What the compiled core calls around an operator on CUDA tensors (xquant._core CudaScope): torch's
+    current raw stream of a device, and the exchange of the current device (torch.cuda.device's own
+    functions). None where this torch has no CUDA support (then no CUDA tensor can reach the core)."""
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    exchange = getattr(torch.cuda, "_exchange_device", None)
+    maybe_exchange = getattr(torch.cuda, "_maybe_exchange_device", None)
+    if raw_stream is None or exchange is None or maybe_exchange is None:
+        return {"cuda_raw_stream": None}
+    return {"cuda_raw_stream": raw_stream, "cuda_exchange_device": exchange,
+            "cuda_maybe_exchange_device": maybe_exchange}
+
+
 _PROBES = _mode_probes()
 _core.init_torch({
     "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "strided": torch.strided, "empty": torch.empty,
@@ -696,6 +809,7 @@ _core.init_torch({
     "dtypes": {name: getattr(torch, name) for name in ("float32", "float16", "bfloat16", "int8", "uint8", "int32",
                                                         "int64")},
     "qdtypes": dict(_QDTYPES),
+    **_cuda_functions(),
 })
 FAST_PATH: bool = _PROBES is not None
 

@@ -88,9 +88,9 @@ def _target_device(device) -> "torch.device":
 
 def install(device: str = "cpu") -> None:
     """Installs the stand-in in this process: ``'npu'`` becomes ``device`` (default ``'cpu'``). The
-    operators always compute on the CPU (xquant's kernels); with another device their inputs are copied
-    to the CPU and the results back. Calling it again with the same device does nothing; with another
-    device it raises (uninstall first)."""
+    operators compute on that device when xquant can (the CPU; a CUDA device where xquant.cuda_available());
+    otherwise their inputs are copied to the CPU and the results back. Calling it again with the same device
+    does nothing; with another device it raises (uninstall first)."""
     global _state
     origin = _real_torch_npu_origin()  # before importing torch: a real torch_npu is never imported here
     if origin is not None:

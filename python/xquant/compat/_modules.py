@@ -6,6 +6,7 @@ import types
 
 import torch
 
+from .. import _core
 from .. import npu as _xnpu
 
 _STANDIN_FLAG = "__xquant_compat__"
@@ -58,30 +59,46 @@ def make_torch_npu(npu_namespace: types.ModuleType, version: str) -> types.Modul
     return m
 
 
-# ---- mx_driving: the seed's signatures; xquant.npu's functions (autograd included), on the CPU ------------
+# ---- mx_driving: the seed's signatures; xquant.npu's functions (autograd included) -----------------------
+#
+# Computed where the inputs are when xquant can compute there (the CPU; a CUDA device where xquant runs on
+# CUDA); on any other device the inputs are copied to the CPU and the results back.
 
 def _on_cpu(t):
     return t.cpu() if isinstance(t, torch.Tensor) and t.device.type != "cpu" else t
 
 
+def _native(inputs) -> bool:
+    return (not isinstance(inputs, torch.Tensor) or inputs.device.type == "cpu"
+            or (inputs.device.type == "cuda" and _core.cuda_available()))
+
+
+def _beside(t, inputs):
+    """t on inputs' device (a tensor parameter; Python numbers stay)."""
+    if isinstance(t, torch.Tensor) and isinstance(inputs, torch.Tensor) and t.device != inputs.device:
+        return t.to(inputs.device)
+    return t
+
+
 def npu_fake_tensor_quant(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
-    if not isinstance(inputs, torch.Tensor) or inputs.device.type == "cpu":
-        return _xnpu.npu_fake_tensor_quant(inputs, _on_cpu(amax), num_bits, is_unsigned, narrow_range)
+    if _native(inputs):
+        return _xnpu.npu_fake_tensor_quant(inputs, _beside(amax, inputs), num_bits, is_unsigned, narrow_range)
     return _xnpu.npu_fake_tensor_quant(inputs.cpu(), _on_cpu(amax), num_bits, is_unsigned,
                                        narrow_range).to(inputs.device)
 
 
 def npu_fake_tensor_quant_inplace(inputs, amax, num_bits=8, is_unsigned=False, narrow_range=True):
-    if not isinstance(inputs, torch.Tensor) or inputs.device.type == "cpu":
-        return _xnpu.npu_fake_tensor_quant_inplace(inputs, _on_cpu(amax), num_bits, is_unsigned, narrow_range)
+    if _native(inputs):
+        return _xnpu.npu_fake_tensor_quant_inplace(inputs, _beside(amax, inputs), num_bits, is_unsigned,
+                                                   narrow_range)
     host = inputs.cpu()
     _xnpu.npu_fake_tensor_quant_inplace(host, _on_cpu(amax), num_bits, is_unsigned, narrow_range)
     return inputs.copy_(host)
 
 
 def npu_fake_tensor_quant_with_axis(inputs, amax, axis, num_bits=8, is_unsigned=False, narrow_range=True):
-    if not isinstance(inputs, torch.Tensor) or inputs.device.type == "cpu":
-        return _xnpu.npu_fake_tensor_quant_with_axis(inputs, _on_cpu(amax), axis, num_bits, is_unsigned,
+    if _native(inputs):
+        return _xnpu.npu_fake_tensor_quant_with_axis(inputs, _beside(amax, inputs), axis, num_bits, is_unsigned,
                                                      narrow_range)
     return _xnpu.npu_fake_tensor_quant_with_axis(inputs.cpu(), _on_cpu(amax), axis, num_bits, is_unsigned,
                                                  narrow_range).to(inputs.device)

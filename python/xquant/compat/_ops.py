@@ -1,8 +1,9 @@
 """``torch.ops.npu.*``: the Ascend operators' schemas (torch_npu's op-plugin ``op_plugin_functions.yaml``),
 backed by xquant.
 
-Each operator has one kernel for every device (CompositeExplicitAutograd: the inputs are computed on the
-CPU by xquant and the results are returned on the device of the first input) and a fake implementation
+Each operator has one kernel for every device (CompositeExplicitAutograd: xquant computes on the first
+input's device when it can, the CPU or a CUDA device where xquant runs on CUDA; otherwise the inputs are
+copied to the CPU and the results returned on the first input's device) and a fake implementation
 (output shapes and dtypes), so ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through it.
 """
 
@@ -13,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _args, npu as _xnpu
+from .. import _args, _core, npu as _xnpu
 
 # Schemas exactly as torch_npu publishes them (argument names, defaults, keyword-only markers). The
 # asymmetric form carries the two arguments the newest op-plugin added (quant_mode, dst_type_max).
@@ -35,13 +36,16 @@ _QINT8 = getattr(torch, "qint8", torch.int8)
 
 # ---- helpers ----------------------------------------------------------------------------------------------
 
-def _cpu(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None or t.device.type == "cpu" else t.cpu()
+def _where(main: Tensor) -> torch.device:
+    """Where xquant computes a call whose first input is `main`: its device when that is the CPU or a CUDA
+    device xquant can run on, else the CPU."""
+    if main.device.type == "cuda" and _core.cuda_available():
+        return main.device
+    return torch.device("cpu")
 
 
-def _cpu_keep(t: Optional[Tensor]) -> Optional[Tensor]:
-    c = _cpu(t)
-    return t if c is None else c
+def _on(t: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+    return t if t is None or t.device == device else t.to(device)
 
 
 def _back(out, device: torch.device):
@@ -77,7 +81,8 @@ def anti_quant_src(op: str, x: Tensor, src_dtype: Optional[torch.dtype]) -> torc
 # ---- kernels ----------------------------------------------------------------------------------------------
 
 def _quantize(self, scales, zero_points, dtype, axis=1, div_mode=True):
-    out = _xnpu.npu_quantize(_cpu_keep(self), _cpu_keep(scales), _cpu_keep(zero_points), dtype, axis, div_mode)
+    d = _where(self)
+    out = _xnpu.npu_quantize(_on(self, d), _on(scales, d), _on(zero_points, d), dtype, axis, div_mode)
     return _back(out, self.device)
 
 
@@ -90,9 +95,9 @@ def _quantize_fake(self, scales, zero_points, dtype, axis=1, div_mode=True):
 
 def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None):
     int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
-    y, scale = _xnpu.npu_dynamic_quant(_cpu_keep(input), smooth_scales=_cpu_keep(smooth_scales),
-                                       group_index=_cpu_keep(group_index),
-                                       dst_type=_QUINT4X2 if int4 else torch.int8)
+    d = _where(input)
+    y, scale = _xnpu.npu_dynamic_quant(_on(input, d), smooth_scales=_on(smooth_scales, d),
+                                       group_index=_on(group_index, d), dst_type=_QUINT4X2 if int4 else torch.int8)
     return _back((y, scale), input.device)
 
 
@@ -113,8 +118,9 @@ def _check_dst_type_max(v: float) -> None:
 def _dynamic_quant_asymmetric(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
                               dst_type_max=0.0):
     _check_dst_type_max(dst_type_max)
-    out = _xnpu.npu_dynamic_quant_asymmetric(_cpu_keep(input), smooth_scales=_cpu_keep(smooth_scales),
-                                             group_index=_cpu_keep(group_index), dst_type=dst_type,
+    d = _where(input)
+    out = _xnpu.npu_dynamic_quant_asymmetric(_on(input, d), smooth_scales=_on(smooth_scales, d),
+                                             group_index=_on(group_index, d), dst_type=dst_type,
                                              quant_mode=quant_mode)
     return _back(tuple(out), input.device)
 
@@ -133,7 +139,8 @@ def _dynamic_quant_asymmetric_fake(input, *, smooth_scales=None, group_index=Non
 
 def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     src = anti_quant_src("anti_quant", x, src_dtype)
-    out = _xnpu.npu_anti_quant(_cpu_keep(x), _cpu_keep(scale), offset=_cpu_keep(offset),
+    d = _where(x)
+    out = _xnpu.npu_anti_quant(_on(x, d), _on(scale, d), offset=_on(offset, d),
                                dst_dtype=torch.float16 if dst_dtype is None else dst_dtype, src_dtype=src)
     return _back(out, x.device)
 
