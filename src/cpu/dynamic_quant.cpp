@@ -59,6 +59,22 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     vmax = hn::Max(vmax, v);
   };
   std::int64_t i = 0;
+  // Two vectors per iteration: one unordered compare finds NaN in either, and min / max fold the pair
+  // first (min / max are exact and order-free, NaN is decided by `nan`).
+  for (; i + 2 * N <= n; i += 2 * N) {
+    VF v = LoadF<DT>(x, pos + i), w = LoadF<DT>(x, pos + i + N);
+    if (smooth) {
+      v = hn::Mul(v, hn::LoadU(df, smooth + i));
+      w = hn::Mul(w, hn::LoadU(df, smooth + i + N));
+    }
+    if (buf) {
+      hn::StoreU(v, df, buf + i);
+      hn::StoreU(w, df, buf + i + N);
+    }
+    nan = hn::Or(nan, EitherNaN(v, w));
+    vmin = hn::Min(vmin, hn::Min(v, w));
+    vmax = hn::Max(vmax, hn::Max(v, w));
+  }
   for (; i + N <= n; i += N) {
     VF v = LoadF<DT>(x, pos + i);
     if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + i));
@@ -182,12 +198,18 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     const VF x = LoadF<DT>(base, i);
     if constexpr (kMode == DivMode::kRint) {
       const VF yv = hn::MulAdd(x, rs, o);
+      // |y| < 2^19, so rint(y) converts exactly; the int8 and int4 stores saturate / clamp (StoreI8,
+      // StoreInt4Words), except int4 through qtmp on targets without vector packing.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      // vreduceps: y - rint(y) in one instruction; the conversion rounds to nearest even itself
+      const VF d{_mm512_reduce_ps(yv.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+      if (HWY_LIKELY(hn::AllTrue(df, hn::Lt(hn::Abs(d), thr))))
+        return VI{_mm512_cvt_roundps_epi32(yv.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+#else
       const VF t = RoundEven(yv);
-      if (HWY_LIKELY(hn::AllTrue(df, hn::Lt(hn::Abs(hn::Sub(yv, t)), thr)))) {
-        // |t| < 2^19: the conversion is exact; the int8 and int4 stores saturate / clamp (StoreI8,
-        // StoreInt4Words), except int4 through qtmp on targets without vector packing
+      if (HWY_LIKELY(hn::AllTrue(df, hn::Lt(hn::Abs(hn::Sub(yv, t)), thr))))
         return ConvertInRange(kInt4 && !XQUANT_HAVE_VECTOR_INT4 ? hn::Min(hn::Max(t, lo), hi) : t);
-      }
+#endif
       return RoundSaturateToI32Range<true>(hn::Add(hn::Div(x, s), o), lo, hi);
     } else {
       const VF q = kMode == DivMode::kFma ? DivForInteger<false>(x, s, rs, s) : hn::Div(x, s);

@@ -182,6 +182,17 @@ HWY_INLINE VF ClampKeepNaN(VF v, VF lo, VF hi) {
 #endif
 }
 
+// Lanes where a or b is NaN (one unordered compare on x86).
+HWY_INLINE auto EitherNaN(VF a, VF b) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return hn::Mask512<float>{_mm512_cmp_ps_mask(a.raw, b.raw, _CMP_UNORD_Q)};
+#elif HWY_TARGET == HWY_AVX2
+  return hn::Mask256<float>{_mm256_cmp_ps(a.raw, b.raw, _CMP_UNORD_Q)};
+#else
+  return hn::Or(hn::IsNaN(a), hn::IsNaN(b));
+#endif
+}
+
 // min / max that return the canonical quiet NaN when either operand is NaN (mirror nan_min / nan_max of
 // core/numeric.hpp bit for bit; on ties of +0 / -0 the first operand is kept, as there).
 HWY_INLINE VF NanMin(VF a, VF b) {
