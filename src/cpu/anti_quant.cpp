@@ -74,13 +74,30 @@ HWY_INLINE VI ShlTable() {
   return hn::Sub(hn::Set(di, 28), hn::ShiftLeft<2>(hn::And(hn::Iota(di, 0), hn::Set(di, 7))));
 }
 
-// out = (x + offset) * scale (or x * scale when every offset is +-0), NaN made canonical
-// (params/anti_quant.hpp).
+// out = (x + offset) * scale (or x * scale when every offset is +-0), before NaN canonicalization.
 template <bool kOff>
 HWY_INLINE VF AntiQuantVec(VF x, VF offset, VF scale) {
+  return kOff ? hn::Mul(hn::Add(x, offset), scale) : hn::Mul(x, scale);
+}
+
+// Stores r to base[i] as DT with a NaN made canonical first (params/anti_quant.hpp): as StoreF of the
+// canonical value. For bfloat16 the canonical NaN 0x7FC00000 narrows to 0x7FC0, so NaN lanes take that
+// constant and the other lanes round to nearest even as in FloatToBf16Bits (one select instead of two).
+template <DType DT, bool kStream = false>
+HWY_INLINE void StoreAq(VF r, void* base, std::int64_t i) {
   const DF df;
-  const VF r = kOff ? hn::Mul(hn::Add(x, offset), scale) : hn::Mul(x, scale);
-  return hn::IfThenElse(hn::IsNaN(r), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), r);
+  if constexpr (DT == DType::bfloat16) {
+    const DU du;
+    const VU x = hn::BitCast(du, r);
+    const VU lsb = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u));
+    const VU rounded = hn::ShiftRight<16>(hn::Add(hn::Add(x, hn::Set(du, 0x7FFFu)), lsb));
+    const VU bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(r)), hn::Set(du, 0x7FC0u), rounded);
+    const auto h = hn::DemoteTo(DU16(), hn::BitCast(DI(), bits));  // <= 0xFFFF: exact
+    std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
+    if constexpr (kStream) hn::Stream(h, DU16(), p); else hn::StoreU(h, DU16(), p);
+  } else {
+    StoreF<DT, kStream>(hn::IfThenElse(hn::IsNaN(r), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), r), base, i);
+  }
 }
 
 // Logical elements [pos, pos + n) of x -> out. kArr: parameters are arrays aligned with the span (sa, oa),
@@ -92,6 +109,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   const AntiQuantArgs& a = *j.args;
   const auto* x8 = static_cast<const std::int8_t*>(a.x);
   const auto* w4 = static_cast<const std::int32_t*>(a.x);
+  void* const out = a.out;
   const VF sb = hn::Set(df, s), ob = hn::Set(df, o);
   const VI shl0 = ShlTable();
   constexpr std::int64_t kAlign = kN < 8 ? kN : 8;
@@ -108,7 +126,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   auto step = [&]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {
     const VF sv = kArr ? hn::LoadU(df, sa + k) : sb;
     const VF ov = kOff ? (kArr ? hn::LoadU(df, oa + k) : ob) : sb;
-    StoreF<DT, kStream>(AntiQuantVec<kOff>(values(pos + k), ov, sv), a.out, pos + k);
+    StoreAq<DT, kStream>(AntiQuantVec<kOff>(values(pos + k), ov, sv), out, pos + k);
   };
   auto stage = [&](std::int64_t k, std::int64_t rem) {  // fewer than a vector: through padded stack buffers
     HWY_ALIGN std::int8_t tq[kMaxLanes] = {};
@@ -121,12 +139,12 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
       to[t] = t < rem && kOff ? (kArr ? oa[k + t] : o) : 0.0f;
     }
     const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), tq)));
-    StoreF<DT>(AntiQuantVec<kOff>(x, hn::Load(df, to), hn::Load(df, ts)), tout, 0);
+    StoreAq<DT>(AntiQuantVec<kOff>(x, hn::Load(df, to), hn::Load(df, ts)), tout, 0);
     const std::size_t es = dtype_size(DT);
-    std::memcpy(static_cast<unsigned char*>(a.out) + (pos + k) * static_cast<std::int64_t>(es), tout,
+    std::memcpy(static_cast<unsigned char*>(out) + (pos + k) * static_cast<std::int64_t>(es), tout,
                 static_cast<std::size_t>(rem) * es);
   };
-  DriveSpan(n, j.stream, a.out, pos, dtype_size(DT), step, stage);
+  DriveSpan(n, j.stream, out, pos, dtype_size(DT), step, stage);
 }
 
 template <DType DT, bool kInt4>
