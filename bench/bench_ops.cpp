@@ -191,7 +191,8 @@ void BM_small_quantize(benchmark::State& st, xq::QuantDType q, std::int64_t axis
 }
 
 // per_channel: scale / offset of length 128 (the last axis), else one scale and offset.
-void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_channel) {
+void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_channel,
+                         xq::DType dst = xq::DType::float32, bool with_offset = true) {
   const bool int4 = src == xq::QuantDType::quint4x2;
   xq::Tensor x(int4 ? xq::DType::int32 : xq::DType::int8, {kSmallRows, int4 ? kSmallCols / 8 : kSmallCols});
   std::mt19937 rng(1);
@@ -199,9 +200,10 @@ void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_chan
   for (std::size_t i = 0; i < x.nbytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
   const std::int64_t h = per_channel ? kSmallCols : 1;
   xq::Tensor scale = filled({h}, 0.5f), offset = filled({h}, 1.f);
-  xq::Tensor out(xq::DType::float32, {kSmallRows, kSmallCols});
-  xq::anti_quant_out(out, x, scale, offset.view(), src);  // warm-up
-  for (auto _ : st) xq::anti_quant_out(out, x, scale, offset.view(), src);
+  xq::Tensor out(dst, {kSmallRows, kSmallCols});
+  const std::optional<xq::ConstTensorView> off = with_offset ? std::optional<xq::ConstTensorView>(offset.view()) : std::nullopt;
+  xq::anti_quant_out(out, x, scale, off, src);  // warm-up
+  for (auto _ : st) xq::anti_quant_out(out, x, scale, off, src);
   set_bytes(st, static_cast<double>(x.nbytes() + out.nbytes()));
 }
 
@@ -239,6 +241,9 @@ BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_tensor, xq::QuantDType::qint8, f
 BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_channel, xq::QuantDType::qint8, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor, xq::QuantDType::quint4x2, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel, xq::QuantDType::quint4x2, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+// the case of bench/py_overhead.py: int4 per channel -> bfloat16, float32 scale, no offset
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor_bf16_no_offset, xq::QuantDType::quint4x2, false, xq::DType::bfloat16, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel_bf16_no_offset, xq::QuantDType::quint4x2, true, xq::DType::bfloat16, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_dynamic_quant)->Name("BM_small_dynamic_quant")->Args({f32, i8, 0, kSmallRows, kSmallCols})
     ->Args({bf16, i8, 0, kSmallRows, kSmallCols})->Args({f32, i4, 0, kSmallRows, kSmallCols})
     ->UseRealTime()->Unit(benchmark::kMicrosecond);

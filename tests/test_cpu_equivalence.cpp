@@ -648,4 +648,43 @@ TEST(CpuEquivalence, AntiQuant) {
           }
 }
 
+// Offsets that are all +-0 are skipped by the cpu kernel (float(q) + (+-0) == float(q)); one offset that is
+// not (a value, a subnormal, NaN) anywhere in the channel array (the SIMD part or the scalar tail of the
+// de-interleaving, the first or the last channel) must switch the add back on. Per channel and per tensor
+// (the broadcast runs walk), int8 and int4, every destination dtype.
+TEST(CpuEquivalence, AntiQuantZeroAndSparseOffsets) {
+  using xquant::QuantDType;
+  for (QuantDType src : {QuantDType::qint8, QuantDType::quint4x2})
+    for (std::int64_t H : {8, 24, 40, 128})
+      for (std::int64_t rows : {1, 5})
+        for (std::int64_t ns : {std::int64_t{1}, H})
+          for (int odd : {-1, 0, 1, 2})  // -1: all +-0; else one odd offset (kOdd[odd]) ...
+            for (int where : {0, 1, 2}) {  // ... at channel 0, ns / 2 or ns - 1
+              if (odd < 0 && where > 0) continue;
+              static const float kOdd[] = {0.5f, 1e-45f, kNaN};
+              const bool int4 = src == QuantDType::quint4x2;
+              std::mt19937 rng(static_cast<std::uint32_t>(H * 131 + rows * 7 + ns + odd * 3 + where));
+              Placed x(int4 ? DType::int32 : DType::int8, {rows, int4 ? H / 8 : H}, 1);
+              for (std::size_t b = 0; b < x.view.nbytes(); ++b) static_cast<std::uint8_t*>(x.view.data)[b] = static_cast<std::uint8_t>(rng());
+              std::vector<float> sv(static_cast<std::size_t>(ns)), ov(sv.size());
+              std::uniform_real_distribution<float> u(-2.f, 2.f);
+              for (std::size_t i = 0; i < sv.size(); ++i) {
+                sv[i] = u(rng);
+                ov[i] = rng() % 2 ? -0.0f : 0.0f;
+              }
+              const std::int64_t at = where == 0 ? 0 : where == 1 ? ns / 2 : ns - 1;
+              if (odd >= 0) ov[static_cast<std::size_t>(at)] = kOdd[odd];
+              for (DType pdt : {DType::float32, DType::bfloat16}) {
+                Tensor s = make_float(pdt, {ns}, sv), o = make_float(pdt, {ns}, ov);
+                for (DType dst : kFloatTypes)
+                  check_equivalent([&](std::vector<TensorView>& out) { xquant::anti_quant_out(out[0], x.view, s, o.view(), src); },
+                                   {{dst, {rows, H}}},
+                                   "anti_quant offsets " + std::string(xquant::quant_dtype_name(src)) + " [" +
+                                       std::to_string(rows) + ", " + std::to_string(H) + "] scales " + std::to_string(ns) +
+                                       " odd " + std::to_string(odd) + " at " + std::to_string(at) + " " +
+                                       std::string(xquant::dtype_name(pdt)) + " -> " + std::string(xquant::dtype_name(dst)));
+              }
+            }
+}
+
 }  // namespace

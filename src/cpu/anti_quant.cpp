@@ -1,11 +1,15 @@
 // cpu backend: npu_anti_quant (SPEC section 7), bit-identical to src/ref/anti_quant.cpp.
 //
-// Elementwise over the logical elements: int8 values are loaded and widened in registers; packed int4
-// words are first unpacked into a small int8 staging buffer (unpack_int4_bytes, the inverse of the
-// packing the quantizers use). Parameters follow the [outer, C, inner] channel walk shared with
-// npu_quantize (cpu/walk.hpp): scale / offset of length H are loaded along each row of H elements (or
-// expanded to a replicated period when H is short), a single scale is broadcast. Outputs of at least
-// stream_min_bytes() use non-temporal stores. Any thread partition gives the same bits.
+// Elementwise over the logical elements. int8 values are loaded and widened in registers; packed int4
+// words are unpacked in registers too: each lane gets the word holding its element (a broadcast), shifts
+// its nibble to the top with a per-lane variable shift and sign-extends it with an arithmetic shift right
+// by 28 (a vector that does not start on a word boundary, only possible behind a streaming head, goes
+// through unpack_int4_bytes). Parameters follow the [outer, C, inner] channel walk shared with
+// npu_quantize (cpu/walk.hpp): the periodic walk's scale / offset arrays are de-interleaved from the
+// per-channel pairs once per call (SIMD, on the stack for small problems) and loaded as vectors along the
+// rows; the runs walk broadcasts one channel's pair. Offsets that are all +-0 (or absent) are skipped:
+// float(q) + (+-0) == float(q) exactly for an integer q (never -0), so the result bits are unchanged.
+// Outputs of at least stream_min_bytes() use non-temporal stores. Any thread partition gives the same bits.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/anti_quant.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -28,9 +32,10 @@ namespace xquant::detail {
 struct AqJob {
   const AntiQuantArgs* args;
   const ChannelWalk* walk;
-  const float* scale;   // periodic walk: expanded per-phase arrays
+  const float* scale;   // periodic walk: per-phase arrays
   const float* offset;
-  bool stream;  // non-temporal stores for out (large outputs, cpu/parallel.hpp)
+  bool offset_used;     // periodic walk: some offset is not +-0
+  bool stream;          // non-temporal stores for out (large outputs, cpu/parallel.hpp)
 };
 #endif
 }  // namespace xquant::detail
@@ -38,81 +43,178 @@ struct AqJob {
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-constexpr std::int64_t kPiece = 512;  // int4: logical elements unpacked per staging round
+// Lanes of one vector (a compile-time constant on the targets this library builds).
+constexpr std::int64_t kN = static_cast<std::int64_t>(hn::MaxLanes(DF()));
 
-// out = (float(q) + offset) * scale, NaN made canonical (params/anti_quant.hpp).
-HWY_INLINE VF AntiQuantVec(const std::int8_t* q, VF offset, VF scale) {
+// Elements e .. e + kN - 1 of packed int4 words, sign-extended, as float32. Needs e % min(kN, 8) == 0
+// (kN <= 16); shl0 is ShlTable().
+HWY_INLINE VF Int4Vec(const std::int32_t* words, std::int64_t e, VI shl0) {
   const DF df;
-  const VF x = hn::ConvertTo(df, hn::PromoteTo(DI(), hn::LoadU(DI8(), q)));
-  const VF r = hn::Mul(hn::Add(x, offset), scale);
-  return hn::IfThenElse(hn::IsNaN(r), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), r);
+  const DI di;
+  VI w;
+  if constexpr (kN == 16) {  // two words: broadcast the pair, then lanes 0-7 take the first, 8-15 the second
+    const hn::Repartition<std::uint64_t, DI> d64;
+    std::uint64_t two;
+    std::memcpy(&two, words + (e >> 3), 8);
+    alignas(64) static constexpr std::int32_t kPick[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+    w = hn::TableLookupLanes(hn::BitCast(di, hn::Set(d64, two)), hn::SetTableIndices(di, kPick));
+  } else {
+    std::int32_t one;
+    std::memcpy(&one, words + (e >> 3), 4);
+    w = hn::Set(di, one);
+  }
+  VI shl = shl0;  // lane t: nibble (e + t) % 8 to bits [28, 31]
+  if constexpr (kN < 8) shl = hn::Sub(shl0, hn::Set(di, static_cast<std::int32_t>(4 * (e & 7))));
+  return hn::ConvertTo(df, hn::ShiftRight<28>(hn::Shl(w, shl)));
 }
 
-// m values q[0, m) -> out elements [pos, pos + m); parameters broadcast (sa == nullptr) or arrays
-// aligned with q. stream: non-temporal stores where the output can be aligned (DriveSpan).
-template <DType DT>
-void Values(const std::int8_t* q, std::int64_t m, void* out, std::int64_t pos, const float* sa, const float* oa,
-            float s, float o, bool stream) {
+// 28 - 4 * (t % 8) in lane t.
+HWY_INLINE VI ShlTable() {
+  const DI di;
+  return hn::Sub(hn::Set(di, 28), hn::ShiftLeft<2>(hn::And(hn::Iota(di, 0), hn::Set(di, 7))));
+}
+
+// out = (x + offset) * scale (or x * scale when every offset is +-0), before NaN canonicalization.
+template <bool kOff>
+HWY_INLINE VF AntiQuantVec(VF x, VF offset, VF scale) {
+  return kOff ? hn::Mul(hn::Add(x, offset), scale) : hn::Mul(x, scale);
+}
+
+// Stores r to base[i] as DT with a NaN made canonical first (params/anti_quant.hpp): as StoreF of the
+// canonical value. For bfloat16 the canonical NaN 0x7FC00000 narrows to 0x7FC0, so NaN lanes take that
+// constant and the other lanes round to nearest even as in FloatToBf16Bits (one select instead of two).
+template <DType DT, bool kStream = false>
+HWY_INLINE void StoreAq(VF r, void* base, std::int64_t i) {
   const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  auto step = [&]<bool kStream>(std::int64_t k) {
-    const VF sv = sa ? hn::LoadU(df, sa + k) : hn::Set(df, s);
-    const VF ov = oa ? hn::LoadU(df, oa + k) : hn::Set(df, o);
-    StoreF<DT, kStream>(AntiQuantVec(q + k, ov, sv), out, pos + k);
+  if constexpr (DT == DType::bfloat16) {
+    const DU du;
+    const VU x = hn::BitCast(du, r);
+    const VU lsb = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u));
+    const VU rounded = hn::ShiftRight<16>(hn::Add(hn::Add(x, hn::Set(du, 0x7FFFu)), lsb));
+    const VU bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(r)), hn::Set(du, 0x7FC0u), rounded);
+    const auto h = hn::DemoteTo(DU16(), hn::BitCast(DI(), bits));  // <= 0xFFFF: exact
+    std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
+    if constexpr (kStream) hn::Stream(h, DU16(), p); else hn::StoreU(h, DU16(), p);
+  } else {
+    StoreF<DT, kStream>(hn::IfThenElse(hn::IsNaN(r), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), r), base, i);
+  }
+}
+
+// Logical elements [pos, pos + n) of x -> out. kArr: parameters are arrays aligned with the span (sa, oa),
+// else broadcast (s, o). kOff: add the offset (else every offset is +-0 and oa / o are not read).
+template <DType DT, bool kInt4, bool kArr, bool kOff>
+void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* oa, float s, float o) {
+  const DF df;
+  const DI di;
+  const AntiQuantArgs& a = *j.args;
+  const auto* x8 = static_cast<const std::int8_t*>(a.x);
+  const auto* w4 = static_cast<const std::int32_t*>(a.x);
+  void* const out = a.out;
+  const VF sb = hn::Set(df, s), ob = hn::Set(df, o);
+  const VI shl0 = ShlTable();
+  constexpr std::int64_t kAlign = kN < 8 ? kN : 8;
+  auto values = [&](std::int64_t e) XQUANT_LAMBDA_INLINE -> VF {
+    if constexpr (kInt4) {
+      if (kN <= 16 && (e & (kAlign - 1)) == 0) return Int4Vec(w4, e, shl0);
+      HWY_ALIGN std::int8_t tq[kMaxLanes];
+      unpack_int4_bytes(w4, e, kN, tq);
+      return hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), tq)));
+    } else {
+      return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(DI8(), x8 + e)));
+    }
+  };
+  auto step = [&]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {
+    const VF sv = kArr ? hn::LoadU(df, sa + k) : sb;
+    const VF ov = kOff ? (kArr ? hn::LoadU(df, oa + k) : ob) : sb;
+    StoreAq<DT, kStream>(AntiQuantVec<kOff>(values(pos + k), ov, sv), out, pos + k);
   };
   auto stage = [&](std::int64_t k, std::int64_t rem) {  // fewer than a vector: through padded stack buffers
     HWY_ALIGN std::int8_t tq[kMaxLanes] = {};
     HWY_ALIGN float ts[kMaxLanes], to[kMaxLanes];
     alignas(64) unsigned char tout[kMaxLanes * 4];
-    std::memcpy(tq, q + k, static_cast<std::size_t>(rem));
-    for (std::int64_t t = 0; t < N; ++t) {
-      ts[t] = t < rem ? (sa ? sa[k + t] : s) : 1.0f;
-      to[t] = t < rem ? (oa ? oa[k + t] : o) : 0.0f;
+    if (kInt4) unpack_int4_bytes(w4, pos + k, rem, tq);
+    else std::memcpy(tq, x8 + pos + k, static_cast<std::size_t>(rem));
+    for (std::int64_t t = 0; t < kN; ++t) {
+      ts[t] = t < rem ? (kArr ? sa[k + t] : s) : 1.0f;
+      to[t] = t < rem && kOff ? (kArr ? oa[k + t] : o) : 0.0f;
     }
-    StoreF<DT>(AntiQuantVec(tq, hn::Load(df, to), hn::Load(df, ts)), tout, 0);
+    const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), tq)));
+    StoreAq<DT>(AntiQuantVec<kOff>(x, hn::Load(df, to), hn::Load(df, ts)), tout, 0);
     const std::size_t es = dtype_size(DT);
     std::memcpy(static_cast<unsigned char*>(out) + (pos + k) * static_cast<std::int64_t>(es), tout,
                 static_cast<std::size_t>(rem) * es);
   };
-  DriveSpan(m, stream, out, pos, dtype_size(DT), step, stage);
+  DriveSpan(n, j.stream, out, pos, dtype_size(DT), step, stage);
 }
 
-// n logical elements at pos.
-template <DType DT>
-void SpanT(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* oa, float s, float o) {
-  const AntiQuantArgs& a = *j.args;
-  if (a.src != QuantDType::quint4x2) {
-    Values<DT>(static_cast<const std::int8_t*>(a.x) + pos, n, a.out, pos, sa, oa, s, o, j.stream);
-    return;
-  }
-  HWY_ALIGN std::int8_t q[kPiece];
-  for (std::int64_t b = 0; b < n; b += kPiece) {
-    const std::int64_t m = std::min(kPiece, n - b);
-    unpack_int4_bytes(static_cast<const std::int32_t*>(a.x), pos + b, m, q);
-    Values<DT>(q, m, a.out, pos + b, sa ? sa + b : nullptr, oa ? oa + b : nullptr, s, o, j.stream);
-  }
-}
-
-template <DType DT>
+template <DType DT, bool kInt4>
 void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
   const AntiQuantParams* p = j.args->params;
   j.walk->visit(
       b0, b1,
       [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
-        SpanT<DT>(j, pos, n, nullptr, nullptr, p[c].scale, p[c].offset);
+        if (p[c].offset == 0.0f) Span<DT, kInt4, false, false>(j, pos, n, nullptr, nullptr, p[c].scale, 0.f);
+        else Span<DT, kInt4, false, true>(j, pos, n, nullptr, nullptr, p[c].scale, p[c].offset);
       },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        SpanT<DT>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f);
+        if (j.offset_used) Span<DT, kInt4, true, true>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f);
+        else Span<DT, kInt4, true, false>(j, pos, n, j.scale + ph, nullptr, 0.f, 0.f);
       });
+}
+
+template <DType DT>
+void RangeDT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
+  if (j.args->src == QuantDType::quint4x2) RangeT<DT, true>(j, b0, b1);
+  else RangeT<DT, false>(j, b0, b1);
 }
 
 void AntiQuantRange(const AqJob& j, std::int64_t b0, std::int64_t b1) {
   switch (j.args->dt) {
-    case DType::float16: RangeT<DType::float16>(j, b0, b1); break;
-    case DType::bfloat16: RangeT<DType::bfloat16>(j, b0, b1); break;
-    default: RangeT<DType::float32>(j, b0, b1); break;
+    case DType::float16: RangeDT<DType::float16>(j, b0, b1); break;
+    case DType::bfloat16: RangeDT<DType::bfloat16>(j, b0, b1); break;
+    default: RangeDT<DType::float32>(j, b0, b1); break;
   }
   if (j.stream) hwy::FlushStream();
+}
+
+// The periodic walk's arrays: scale[k] / offset[k] of phase k < walk.period. Returns whether some offset
+// is not +-0 (NaN counts as not zero).
+bool AntiQuantExpand(const AntiQuantParams* p, const ChannelWalk& walk, float* scale, float* offset) {
+  const DF df;
+  const DU du;
+  const std::int64_t C = walk.C, P = walk.period;
+  if (walk.inner != 1) {
+    bool used = false;
+    walk.expand_into(scale, [&](std::int64_t c) { return p[c].scale; });
+    walk.expand_into(offset, [&](std::int64_t c) {
+      used |= p[c].offset != 0.0f;
+      return p[c].offset;
+    });
+    return used;
+  }
+  // the last axis: one (scale, offset) pair per channel, de-interleaved
+  static_assert(sizeof(AntiQuantParams) == 2 * sizeof(float));
+  const float* pairs = &p[0].scale;
+  VU nonzero = hn::Zero(du);
+  std::int64_t c = 0;
+  for (; c + kN <= C; c += kN) {
+    VF s, o;
+    hn::LoadInterleaved2(df, pairs + 2 * c, s, o);
+    hn::StoreU(s, df, scale + c);
+    hn::StoreU(o, df, offset + c);
+    nonzero = hn::Or(nonzero, hn::And(hn::BitCast(du, o), hn::Set(du, 0x7FFFFFFFu)));
+  }
+  bool used = !hn::AllTrue(du, hn::Eq(nonzero, hn::Zero(du)));
+  for (; c < C; ++c) {
+    scale[c] = p[c].scale;
+    offset[c] = p[c].offset;
+    used |= p[c].offset != 0.0f;
+  }
+  for (std::int64_t k = C; k < P; k += C) {  // replicas of the first period (cpu/walk.hpp)
+    std::memcpy(scale + k, scale, static_cast<std::size_t>(C) * sizeof(float));
+    std::memcpy(offset + k, offset, static_cast<std::size_t>(C) * sizeof(float));
+  }
+  return used;
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -121,21 +223,19 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace xquant::detail {
 HWY_EXPORT(AntiQuantRange);
+HWY_EXPORT(AntiQuantExpand);
 
 void cpu_anti_quant(const AntiQuantArgs& a) {
   const ChannelWalk walk(a.layout);
   ParamStore store;  // the periodic walk's arrays (on the stack for small problems)
-  const float *scale = nullptr, *offset = nullptr;
-  if (walk.period > 0) {
-    const auto P = static_cast<std::size_t>(walk.period);
-    float* s = store.allocate(2 * P);
-    walk.expand_into(s, [&](std::int64_t c) { return a.params[c].scale; });
-    walk.expand_into(s + P, [&](std::int64_t c) { return a.params[c].offset; });
-    scale = s;
-    offset = s + P;
-  }
   const std::int64_t n = a.layout.numel();
-  const AqJob j{&a, &walk, scale, offset, use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
+  AqJob j{&a, &walk, nullptr, nullptr, false, use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
+  if (walk.period > 0) {
+    float* s = store.allocate(2 * static_cast<std::size_t>(walk.period));
+    j.scale = s;
+    j.offset = s + walk.period;
+    j.offset_used = HWY_DYNAMIC_DISPATCH(AntiQuantExpand)(a.params, walk, s, s + walk.period);
+  }
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
                   [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(AntiQuantRange)(j, b0, b1); });

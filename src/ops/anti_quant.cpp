@@ -120,10 +120,21 @@ void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, st
     heap_params.resize(static_cast<std::size_t>(p.layout.channels));
     params = heap_params.data();
   }
-  for (std::int64_t c = 0; c < p.layout.channels; ++c)
-    params[c] = detail::init_anti_quant_params(
-        detail::load_float(sh.dtype, sh.data, c),
-        offset_host ? detail::load_float(offset_host->view().dtype, offset_host->view().data, c) : 0.0f);
+  const std::int64_t C = p.layout.channels;
+  const ConstTensorView* oh = offset_host ? &offset_host->view() : nullptr;
+  if (sh.dtype == DType::float32 && (!oh || oh->dtype == DType::float32)) {  // the common case, vectorizable
+    const auto* s = static_cast<const float*>(sh.data);
+    if (oh) {
+      const auto* o = static_cast<const float*>(oh->data);
+      for (std::int64_t c = 0; c < C; ++c) params[c] = detail::init_anti_quant_params(s[c], o[c]);
+    } else {
+      for (std::int64_t c = 0; c < C; ++c) params[c] = detail::init_anti_quant_params(s[c], 0.0f);
+    }
+  } else {
+    for (std::int64_t c = 0; c < C; ++c)
+      params[c] = detail::init_anti_quant_params(detail::load_float(sh.dtype, sh.data, c),
+                                                 oh ? detail::load_float(oh->dtype, oh->data, c) : 0.0f);
+  }
   detail::AntiQuantArgs args{};
   args.src = src_dtype;
   args.x = x.data;
