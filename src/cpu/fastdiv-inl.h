@@ -147,8 +147,10 @@ inline RintCheck rint_check(float s, float z, float x_absmax) {
 
 // Whether kernels use the fast path (where the target has a real FMA). Default: on Intel CPUs, whose
 // 512-bit divider retires one quotient vector per 5-10 cycles, while AMD Zen 4 divides a 512-bit vector
-// in about the time of 4 of its double-pumped 512-bit FMAs (docs/performance.md). XQUANT_FAST_DIV=0 / 1
-// overrides; tests force both with set_fast_div_mode. Results are the same bits either way.
+// in about the time of 4 of its double-pumped 512-bit FMAs (docs/performance.md). XQUANT_FAST_DIV=0
+// (the divider everywhere, no rounding check either) / 1 (the FMA sequence on every CPU) overrides; tests
+// force each path with set_fast_div_mode: 0 divider only, 1 FMA sequence only, 2 rounding check and FMA
+// sequence, -1 the default. Results are the same bits either way.
 inline std::atomic<int>& fast_div_mode_override() {
   static std::atomic<int> mode{-1};
   return mode;
