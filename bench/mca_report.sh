@@ -21,14 +21,15 @@ run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1>" 
 run "quantize div_mode f32 -> int8, FMA (streamed)" quantize.cpp.o "$Q, 2>" 'vfnmadd,vmovntdq'
 run "quantize mul f32 -> quint4x2" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'vmulps,vpsrlq'
 D='N_AVX3::SmoothAndReduce<(xquant::DType)'
-run "dynamic quant pass 1, bf16 widen + min/max + row buffer" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,!vmulps'
-run "dynamic quant pass 1, bf16 * smooth" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,vmulps'
-run "dynamic quant pass 1, f32 min/max only" dynamic_quant.cpp.o "${D}0>" 'vminps,!vmovups %zmm' 
+run "dynamic quant pass 1, bf16 int16-key min/max (per 16 elements)" dynamic_quant.cpp.o 'N_AVX3::ReduceHalfKeys<(xquant::DType)2>' 'vpminsw*2,vpsraw' 4
+run "dynamic quant pass 1, bf16 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,vmulps*2' 2
+run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vcmpunordps,vminps*2,!vmovups %zmm' 2
 R='N_AVX3::RowsT<(xquant::DType)2>'
-run "dynamic quant pass 2 -> int8, divider (finite row, streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vfpclass'
-run "dynamic quant pass 2 -> int8, FMA (finite row, streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vfpclass'
-run "dynamic quant pass 2 -> int4, divider (finite row)" dynamic_quant.cpp.o "$R" 'vdivps,vpsrlq,!vfpclass'
-run "dynamic quant pass 2 -> int4, FMA (finite row)" dynamic_quant.cpp.o "$R" 'vfnmadd,vpsrlq,!vfpclass'
+run "dynamic quant pass 2 bf16 -> int8, rounding check (streamed)" dynamic_quant.cpp.o "$R" 'vfmadd,vreduce,vmovntdq'
+run "dynamic quant pass 2 bf16 -> int4, rounding check" dynamic_quant.cpp.o "$R" 'vfmadd,vreduce,vpmaddubsw'
+run "dynamic quant pass 2 f32 -> int8, rounding check (streamed)" dynamic_quant.cpp.o 'N_AVX3::RowsT<(xquant::DType)0>' 'vfmadd,vreduce,vmovntdq'
+run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass'
+run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass'
 U='N_AVX3::UlqSpanT<(xquant::DType)0'
 run "ActsULQ forward f32, 4 outputs, divider (streamed)" acts_ulq.cpp.o "$U, false>" 'vdivps,vmovnt'
 run "ActsULQ forward f32, 4 outputs, FMA (streamed)" acts_ulq.cpp.o "$U, true>" 'vfnmadd,vmovnt,!vdivps'

@@ -122,9 +122,17 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
   auto kmin = hn::Set(d16, std::numeric_limits<std::int16_t>::max());
   auto kmax = hn::Set(d16, std::numeric_limits<std::int16_t>::min());
   std::int64_t i = 0;
+  auto keys = [&](std::int64_t at) XQUANT_LAMBDA_INLINE {
+    const auto b = hn::LoadU(d16, p + at);
+    return hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
+  };
+  for (; i + 2 * N <= n; i += 2 * N) {  // two vectors per iteration: the pair is folded first
+    const auto k = keys(i), l = keys(i + N);
+    kmin = hn::Min(kmin, hn::Min(k, l));
+    kmax = hn::Max(kmax, hn::Max(k, l));
+  }
   for (; i + N <= n; i += N) {
-    const auto b = hn::LoadU(d16, p + i);
-    const auto k = hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
+    const auto k = keys(i);
     kmin = hn::Min(kmin, k);
     kmax = hn::Max(kmax, k);
   }
