@@ -18,7 +18,12 @@ const std::string& unavailable_reason() {
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky-free error state of this thread
-      return std::string(cudaGetErrorString(e));
+      // Without any driver the runtime says "CUDA driver version is insufficient for CUDA runtime
+      // version"; cudaDriverGetVersion reports 0 then, which tells the two cases apart.
+      int driver = 0;
+      if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0)
+        return std::string("no NVIDIA driver found (the CUDA driver library libcuda.so.1 could not be loaded)");
+      return std::string(cudaGetErrorString(e)) + " (" + cudaGetErrorName(e) + ")";
     }
     if (count == 0) return std::string("no CUDA device found (cudaGetDeviceCount returned 0)");
     return std::string();
