@@ -2,7 +2,8 @@
 // for each row range [lo, hi] below, every float32 x in it (both signs, zeros, subnormals) is quantized
 // by the cpu backend with the check forced on and compared byte for byte with the scalar reference,
 // which divides as SPEC 4 / 6 write it. Asymmetric and symmetric (npu_dynamic_quant), int8 and int4,
-// on every compiled SIMD target this CPU runs.
+// on every compiled SIMD target this CPU runs, in division mode 2 (rounding check forced, with the Intel
+// int4 packing) and in this CPU's default mode (on AMD: the rounding check with the other int4 packing).
 //
 //   build/release/bench/exhaustive_rint [--quick]      (--quick: every 61st float only)
 //
@@ -79,8 +80,9 @@ int main(int argc, char** argv) {
   xquant::Tensor s_cpu(xquant::DType::float32, {kRows}), o_cpu(xquant::DType::float32, {kRows});
   std::uint64_t checked = 0, bad = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  xquant::detail::set_fast_div_mode(2);
+  for (int mode : {2, -1})
   for (const Range& r : ranges) {
+    xquant::detail::set_fast_div_mode(mode);
     const Sweep sw(r.lo, r.hi);
     const std::uint64_t per_row = H - 2;
     const std::uint64_t count = (sw.size() + step - 1) / step;
@@ -128,8 +130,9 @@ int main(int argc, char** argv) {
         }
     }
     bad += range_bad;
-    std::printf("range [%.9g, %.9g]: %llu floats x {asymmetric, symmetric} x {int8, int4} x targets: %s\n", double(r.lo),
-                double(r.hi), static_cast<unsigned long long>(count), range_bad ? "DIFFERENCES" : "identical to the reference");
+    std::printf("mode %2d, range [%.9g, %.9g]: %llu floats x {asymmetric, symmetric} x {int8, int4} x targets: %s\n", mode,
+                double(r.lo), double(r.hi), static_cast<unsigned long long>(count),
+                range_bad ? "DIFFERENCES" : "identical to the reference");
     std::fflush(stdout);
   }
   xquant::detail::set_fast_div_mode(-1);

@@ -26,7 +26,8 @@ run "dynamic quant pass 1, bf16 * smooth (two vectors per iteration)" dynamic_qu
 run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vcmpunordps,vminps*2,!vmovups %zmm' 2
 R='N_AVX3::RowsT<(xquant::DType)2>'
 run "dynamic quant pass 2 bf16 -> int8, rounding check (streamed)" dynamic_quant.cpp.o "$R" 'vfmadd,vreduce,vmovntdq'
-run "dynamic quant pass 2 bf16 -> int4, rounding check" dynamic_quant.cpp.o "$R" 'vfmadd,vreduce,vpmaddubsw'
+run "dynamic quant pass 2 bf16 -> int4, rounding check, packing by vpmovqb (AMD)" dynamic_quant.cpp.o "$R" 'vpmovzxwd,vrangeps,vpmovqb' 2
+run "dynamic quant pass 2 bf16 -> int4, rounding check, packing by vpmovsdb + pshufb (Intel)" dynamic_quant.cpp.o "$R" 'vpmovzxwd,vrangeps,vpshufb' 2
 run "dynamic quant pass 2 f32 -> int8, rounding check (streamed)" dynamic_quant.cpp.o 'N_AVX3::RowsT<(xquant::DType)0>' 'vfmadd,vreduce,vmovntdq'
 run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass'
 run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass'

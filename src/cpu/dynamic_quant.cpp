@@ -188,7 +188,7 @@ struct RowOut {
   std::int64_t pf_es;
 };
 
-template <DType DT, bool kFinite, DivMode kMode, bool kInt4>
+template <DType DT, bool kFinite, DivMode kMode, bool kInt4, bool kNarrowFirst = false>
 HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float offset, float threshold,
                             const RowOut& out) {
   std::int8_t* y8 = out.y8;
@@ -236,9 +236,29 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   if constexpr (kInt4) {  // n % 8 == 0: whole vectors pack in registers, a last part vector through qtmp
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     std::int64_t i = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (kMode == DivMode::kRint) {
+      // Two vectors per iteration: vrangeps gives max(|d1|, |d2|) lane by lane (imm 0x0B: larger absolute
+      // value, sign cleared), so one compare checks both vectors; if it fails, each takes value()'s path.
+      constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      for (; i + 2 * N <= n; i += 2 * N) {
+        hwy::Prefetch(pf + i * pf_es);
+        hwy::Prefetch(pf + (i + N) * pf_es);
+        const VF y1 = hn::MulAdd(LoadF<DT>(src, i), rs, o), y2 = hn::MulAdd(LoadF<DT>(src, i + N), rs, o);
+        const VF m{_mm512_range_ps(_mm512_reduce_ps(y1.raw, kNearest), _mm512_reduce_ps(y2.raw, kNearest), 0x0B)};
+        if (HWY_LIKELY(hn::AllTrue(df, hn::Lt(m, thr)))) {
+          StoreInt4Words<kNarrowFirst>(VI{_mm512_cvt_roundps_epi32(y1.raw, kNearest)}, y4 + i / 8);
+          StoreInt4Words<kNarrowFirst>(VI{_mm512_cvt_roundps_epi32(y2.raw, kNearest)}, y4 + (i + N) / 8);
+        } else {
+          StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
+          StoreInt4Words<kNarrowFirst>(value(src, i + N), y4 + (i + N) / 8);
+        }
+      }
+    }
+#endif
     for (; i + N <= n; i += N) {
       hwy::Prefetch(pf + i * pf_es);
-      StoreInt4Words(value(src, i), y4 + i / 8);
+      StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
     }
     if (i < n) {
       const DI di;
@@ -275,8 +295,11 @@ HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float 
     const float x_absmax = std::max(std::abs(rmin), std::abs(rmax));
     if (rint_check_wanted()) {
       const RintCheck rc = rint_check(scale, offset, x_absmax);
-      if (rc.ok)
+      if (rc.ok) {
+        if (kInt4 && int4_narrow_first())
+          return QuantizeRow<DT, true, DivMode::kRint, kInt4, true>(src, n, scale, offset, rc.threshold, out);
         return QuantizeRow<DT, true, DivMode::kRint, kInt4>(src, n, scale, offset, rc.threshold, out);
+      }
     }
 #if XQUANT_HAVE_FAST_DIV
     if (fast_div_wanted()) {

@@ -188,6 +188,14 @@ inline bool rint_check_wanted() {
   }();
   return by_default;
 }
+// Dynamic quantization's int4 packing on AVX-512 (StoreInt4Words<true>, the Intel models' choice) on
+// Intel CPUs, and also in mode 2 so that tests reach it on any CPU; the other packing elsewhere.
+inline bool int4_narrow_first() {
+  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
+  if (m >= 0) return m == 2;
+  static const bool intel = cpu_vendor_is_intel();
+  return intel;
+}
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   if (m >= 0) return m >= 1;
