@@ -127,7 +127,7 @@ inline FastDivInt fast_div_int(float s_min, float s_max, float z_max) {
 // lane: 1 in 2700 for an int8 row, delta ~ 2^-12.5) are divided, as are rows where delta is not below
 // 0.25 (M + |z| >= 2^19, which also keeps rint(y) inside the int32 range) and scales outside
 // [2^-126, 2^126) (r must be a normal float for |1 - s r| <= 2^-24). Correct on every target; checked
-// against the divider for every float32 x of a set of rows by bench/exhaustive_div --rint.
+// against the divider for every float32 x of a set of rows by bench/exhaustive_rint.
 struct RintCheck {
   bool ok = false;
   float threshold = 0.0f;
