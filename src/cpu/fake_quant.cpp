@@ -90,22 +90,29 @@ template <DType DT, int kSteps, bool kAnyZero, bool kArr>
 void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
   const DF df;
   const VF lo = hn::Set(df, j.min_bound), hi = hn::Set(df, j.max_bound);
+  // Scalar parameters broadcast once, and everything the hot loop reads captured by value: the output
+  // stores may alias anything as far as the compiler knows, so values behind references (the job, the
+  // span's parameters) would be reloaded for every vector.
+  const VF s_b = hn::Set(df, sp.scale), r_b = hn::Set(df, sp.rscale), z_b = hn::Set(df, sp.zero);
+  const SpanParams spv = sp;
+  const void* const x = j.x;
+  void* const y = j.y;
   // out = clamp(rint(x * scale), min_bound, max_bound) / scale; degenerate channels give 0 (NaN stays).
-  auto compute = [&]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi) XQUANT_LAMBDA_INLINE {
+  auto compute = [=]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi) XQUANT_LAMBDA_INLINE {
     const VF v = LoadF<DT>(xb, xi);
-    const VF s = p.template at<kA>(p.a_scale, p.scale, pi);
+    const VF s = kA ? hn::LoadU(df, p.a_scale + pi) : s_b;
     const VF q = ClampKeepNaN(RoundEven(hn::Mul(v, s)), lo, hi);
     VF r;
     if constexpr (kSteps == 0) r = hn::Div(q, s);
-    else r = DivIntegral<kSteps>(q, s, p.template at<kA>(p.a_rscale, p.rscale, pi));
+    else r = DivIntegral<kSteps>(q, s, kA ? hn::LoadU(df, p.a_rscale + pi) : r_b);
     if constexpr (kAnyZero) {
-      const auto z = hn::Gt(p.template at<kA>(p.a_zero, p.zero, pi), hn::Zero(df));
+      const auto z = hn::Gt(kA ? hn::LoadU(df, p.a_zero + pi) : z_b, hn::Zero(df));
       r = hn::IfThenElse(z, hn::IfThenElse(hn::IsNaN(v), v, hn::Zero(df)), r);
     }
     return r;
   };
-  auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-    StoreF<DT, kStream>(compute.template operator()<kArr>(j.x, pos + i, sp, i), j.y, pos + i);
+  auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+    StoreF<DT, kStream>(compute.template operator()<kArr>(x, pos + i, spv, i), y, pos + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(count) * es;
@@ -113,11 +120,11 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
     HWY_ALIGN float buf[6][kMaxLanes];
     SpanParams p;
     sp.stage(i, count, p, buf);
-    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es), bytes);
+    std::memcpy(sx, static_cast<const unsigned char*>(x) + (pos + i) * static_cast<std::int64_t>(es), bytes);
     StoreF<DT>(compute.template operator()<true>(sx, 0, p, 0), sy, 0);
-    std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(es), sy, bytes);
+    std::memcpy(static_cast<unsigned char*>(y) + (pos + i) * static_cast<std::int64_t>(es), sy, bytes);
   };
-  DriveSpan(n, j.stream, j.y, pos, dtype_size(DT), step, stage);
+  DriveSpan(n, j.stream, y, pos, dtype_size(DT), step, stage);
 }
 
 template <DType DT, int kSteps>

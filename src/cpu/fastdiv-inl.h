@@ -244,6 +244,16 @@ HWY_INLINE V DivCoreOneStep(V x, V s, V r) {
 // the division returns a quiet NaN operand).
 template <int kSteps, class V>
 HWY_INLINE V DivIntegral(V q, V s, V r) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (kSteps == 1 && sizeof(hn::TFromV<V>) == 4) {
+    // The last FMA merge-masked on the non-NaN lanes: NaN lanes keep q0 = q * r, which is q itself (a
+    // product with one NaN operand returns that NaN, quieted, sign and payload kept; q is already quiet),
+    // as the division returns it. One instruction fewer than the select.
+    const __m512 q0 = _mm512_mul_ps(q.raw, r.raw);
+    const __mmask16 num = _mm512_cmp_ps_mask(q.raw, q.raw, _CMP_ORD_Q);
+    return V{_mm512_mask3_fnmadd_ps(_mm512_fmsub_ps(q0, s.raw, q.raw), r.raw, q0, num)};
+  }
+#endif
   const V d = kSteps == 1 ? DivCoreOneStep(q, s, r) : DivCore(q, s, r);
   return hn::IfThenElse(hn::IsNaN(q), q, d);
 }
@@ -304,6 +314,25 @@ HWY_INLINE V DivExact(DF df, V x, V s, V r, const DivDomainV<DF>& dom) {
 #endif
   return hn::Div(x, s);
 }
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The rounding check on two vectors of y (rint_check): q = rint(y) as int32 (round to nearest even,
+// |y| < 2^19) and whether every lane of both has |y - rint(y)| < thr. y - rint(y) is exact (see
+// rint_check) and so is float(rint(y)); vrangeps (imm 0x0B) keeps the larger of |d1| and |d2| lane by
+// lane, so one compare and one mask test cover both vectors. The residual comes from the conversion
+// (vcvtps2dq, vcvtdq2ps, vsubps: three single-uop instructions, which the Intel models spread over two
+// ports) rather than vreduceps (two uops on one port for the icelake-server model, three cycles on Zen 4).
+HWY_INLINE bool RintPairWithin(hn::Vec<hn::ScalableTag<float>> y1, hn::Vec<hn::ScalableTag<float>> y2,
+                               hn::Vec<hn::ScalableTag<float>> thr, __m512i& q1, __m512i& q2) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  q1 = _mm512_cvt_roundps_epi32(y1.raw, kNearest);
+  q2 = _mm512_cvt_roundps_epi32(y2.raw, kNearest);
+  const __m512 d1 = _mm512_sub_ps(y1.raw, _mm512_cvtepi32_ps(q1));
+  const __m512 d2 = _mm512_sub_ps(y2.raw, _mm512_cvtepi32_ps(q2));
+  const __mmask16 far = _mm512_cmp_ps_mask(_mm512_range_ps(d1, d2, 0x0B), thr.raw, _CMP_NLT_UQ);
+  return far == 0;
+}
+#endif
 
 }  // namespace xquant::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -124,8 +124,9 @@ HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
 
 // Elements to process one by one (fewer than a vector) before base + i * es is aligned for streaming
 // stores of a whole vector of es-byte elements; -1 when it can never be (base not es-aligned).
-HWY_INLINE std::int64_t StreamHead(const void* base, std::int64_t i, std::size_t es) {
-  const std::uintptr_t align = hn::Lanes(DF()) * es;
+// vectors > 1: aligned for stores of that many vectors at once.
+HWY_INLINE std::int64_t StreamHead(const void* base, std::int64_t i, std::size_t es, std::size_t vectors = 1) {
+  const std::uintptr_t align = vectors * hn::Lanes(DF()) * es;
   const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(i) * es;
   if (addr % es != 0) return -1;
   return static_cast<std::int64_t>(((align - addr % align) % align) / es);
@@ -151,6 +152,35 @@ HWY_INLINE void DriveSpan(std::int64_t n, bool stream, const void* out, std::int
     }
   }
   for (; i + N <= n; i += N) step.template operator()<false>(i);
+  if (i < n) stage(i, n - i);
+}
+
+// DriveSpan with two vectors per step: pair.template operator()<kStream>(i) handles 2 N elements at i
+// (when streaming, base + i is then aligned to two vectors' bytes); a last whole vector goes to step.
+template <class Pair, class Step, class Stage>
+HWY_INLINE void DriveSpanPairs(std::int64_t n, bool stream, const void* out, std::int64_t out_pos,
+                               std::size_t out_es, Pair&& pair, Step&& step, Stage&& stage) {
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
+  std::int64_t i = 0;
+  if (stream && n >= 4 * N && static_cast<std::size_t>(N) * out_es >= 16) {
+    const std::int64_t h = StreamHead(out, out_pos, out_es, 2);  // < 2 N <= n
+    if (h >= 0) {
+      if (h >= N) step.template operator()<false>(std::int64_t{0});
+      if (h % N > 0) stage(h - h % N, h % N);
+      for (i = h; i + 2 * N <= n; i += 2 * N) pair.template operator()<true>(i);
+      if (i + N <= n) {
+        step.template operator()<true>(i);
+        i += N;
+      }
+      if (i < n) stage(i, n - i);
+      return;
+    }
+  }
+  for (; i + 2 * N <= n; i += 2 * N) pair.template operator()<false>(i);
+  if (i + N <= n) {
+    step.template operator()<false>(i);
+    i += N;
+  }
   if (i < n) stage(i, n - i);
 }
 
