@@ -50,6 +50,7 @@ struct UlqBwdJob {
   const void* max_mask;
   const void* loss;
   void* x_grad;
+  bool stream;  // non-temporal stores for x_grad
 };
 #endif
 }  // namespace xquant::detail
@@ -159,7 +160,7 @@ void UlqRange(const UlqJob& j, std::int64_t a, std::int64_t b) {
 }
 
 // Backward, one chunk [pos, pos + n) (n <= 1024): x_grad written, clamp terms to tmin / tmax.
-template <DType DT>
+template <DType DT, bool kStream = false>
 HWY_INLINE void BwdStep(const void* const in[4], std::int64_t ii, void* xg, std::int64_t xi, float* tmin,
                         float* tmax) {
   const DF df;
@@ -167,20 +168,20 @@ HWY_INLINE void BwdStep(const void* const in[4], std::int64_t ii, void* xg, std:
   const VF dy = LoadF<DT>(in[0], ii), mn = LoadF<DT>(in[1], ii), mx = LoadF<DT>(in[2], ii), loss = LoadF<DT>(in[3], ii);
   // x_grad = (y_grad * min_mask) * max_mask: a one-term canonical sum, so NaN is the canonical quiet NaN
   const VF xg_v = hn::Mul(hn::Mul(dy, mn), mx);
-  StoreF<DT>(hn::IfThenElse(hn::IsNaN(xg_v), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), xg_v), xg, xi);
+  StoreF<DT, kStream>(hn::IfThenElse(hn::IsNaN(xg_v), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), xg_v), xg, xi);
   hn::StoreU(hn::Mul(dy, hn::Sub(hn::Sub(one, mn), loss)), df, tmin);          // y_grad * ((1 - min_mask) - loss)
   hn::StoreU(hn::Mul(dy, hn::Add(loss, hn::Sub(one, mx))), df, tmax);          // y_grad * (loss + (1 - max_mask))
 }
 
 template <DType DT>
 void BwdChunkT(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin, float* tmax) {
-  const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  // Copies captured by value: the stores may alias anything as far as the compiler knows.
   const void* const in[4] = {j.y_grad, j.min_mask, j.max_mask, j.loss};
-  std::int64_t i = 0;
-  for (; i + N <= n; i += N) BwdStep<DT>(in, pos + i, j.x_grad, pos + i, tmin + i, tmax + i);
-  if (i < n) {
-    const std::int64_t rem = n - i;
+  void* const xg = j.x_grad;
+  auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+    BwdStep<DT, kStream>(in, pos + i, xg, pos + i, tmin + i, tmax + i);
+  };
+  auto stage = [&](std::int64_t i, std::int64_t rem) {
     const std::size_t es = dtype_size(DT);
     alignas(64) unsigned char s[4][kMaxLanes * 4] = {};
     alignas(64) unsigned char sg[kMaxLanes * 4];
@@ -190,11 +191,12 @@ void BwdChunkT(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin
                   static_cast<std::size_t>(rem) * es);
     const void* const sin[4] = {s[0], s[1], s[2], s[3]};
     BwdStep<DT>(sin, 0, sg, 0, t0, t1);
-    std::memcpy(static_cast<unsigned char*>(j.x_grad) + (pos + i) * static_cast<std::int64_t>(es), sg,
+    std::memcpy(static_cast<unsigned char*>(xg) + (pos + i) * static_cast<std::int64_t>(es), sg,
                 static_cast<std::size_t>(rem) * es);
     std::memcpy(tmin + i, t0, static_cast<std::size_t>(rem) * sizeof(float));
     std::memcpy(tmax + i, t1, static_cast<std::size_t>(rem) * sizeof(float));
-  }
+  };
+  DriveSpan(n, j.stream, xg, pos, dtype_size(DT), step, stage);
 }
 
 void BwdChunk(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin, float* tmax) {
@@ -368,6 +370,7 @@ void fused_pass(const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum
       if (sum_min) vmin[static_cast<std::size_t>(ck)] = cpu_chunk_value(tmin.data(), filled);
       if (sum_max) vmax[static_cast<std::size_t>(ck)] = cpu_chunk_value(tmax.data(), filled);
     }
+    if (j.stream) hwy::FlushStream();  // x_grad's non-temporal stores
   }
 }
 
@@ -383,7 +386,8 @@ void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
   auto fast = [](const ClampLayout& l) { return l.ok && (l.channels == 1 || l.inner >= kMinRun); };
   if (n == 0 || !dense_over_output(p, p.stride_x) || !fast(lmin) || !fast(lmax)) return ref::acts_ulq_backward(a);
   const float floor_max = acts_ulq_floor_max(acts_ulq_levels(a.num_bits));  // LEVELS * EPS
-  const UlqBwdJob j{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss, a.x_grad};
+  const UlqBwdJob j{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss, a.x_grad,
+                    use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5;
   std::vector<double> vmin, vmax, unused;
   if (static_cast<const ChannelLayout&>(lmin) == static_cast<const ChannelLayout&>(lmax)) {

@@ -232,29 +232,73 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
                 static_cast<std::size_t>(count) * es);
     return value(f, 0);
   };
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (kMode == DivMode::kRint) {
+    // Two vectors per step with one check for both (RintPairWithin); a pair that fails it is divided.
+    // bfloat16: one 64-byte load whose halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3,
+    // 8-11, 16-19, 24-27 and 4-7, 12-15, ...), an order that vpackssdw undoes in both stores below.
+    // int8: vpackssdw + vpmovswb (saturating twice: 32 bytes in order) for bfloat16, one vpmovsdb per
+    // vector otherwise; int4: StoreInt4Pair.
+    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+    constexpr bool kUnpacked = DT == DType::bfloat16;
+    auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+      hwy::Prefetch(pf + i * pf_es);
+      hwy::Prefetch(pf + (i + N) * pf_es);
+      VF x1, x2;
+      if constexpr (kUnpacked) {
+        const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(src) + i);
+        x1 = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
+        x2 = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
+      } else {
+        x1 = LoadF<DT>(src, i);
+        x2 = LoadF<DT>(src, i + N);
+      }
+      __m512i q1, q2;
+      if (HWY_UNLIKELY(!RintPairWithin(hn::MulAdd(x1, rs, o), hn::MulAdd(x2, rs, o), thr, q1, q2))) {
+        q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
+        q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
+      }
+      if constexpr (kInt4) {
+        StoreInt4Pair<kUnpacked>(q1, q2, y4 + i / 8);
+      } else if constexpr (kUnpacked) {
+        const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
+        if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), b);
+        else _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), b);
+      } else {
+        StoreI8<kStream>(VI{q1}, y8 + i);
+        StoreI8<kStream>(VI{q2}, y8 + i + N);
+      }
+    };
+    if constexpr (kInt4) {  // n % 8 == 0; a last part vector goes through qtmp
+      auto step = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+        hwy::Prefetch(pf + i * pf_es);
+        StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
+      };
+      auto stage = [&](std::int64_t i, std::int64_t count) {
+        const DI di;
+        StoreI8(hn::Min(hn::Max(staged(i, count), hn::Set(di, -8)), hn::Set(di, 7)), qtmp);
+        pack_int4_bytes(qtmp, count, y4 + i / 8);
+      };
+      DriveSpanPairs(n, false, y4, 0, 1, pair, step, stage);
+    } else {
+      auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+        hwy::Prefetch(pf + i * pf_es);
+        StoreI8<kStream>(value(src, i), y8 + i);
+      };
+      auto stage = [&](std::int64_t i, std::int64_t count) {
+        std::int8_t tmp[kMaxLanes] = {};
+        StoreI8(staged(i, count), tmp);
+        std::memcpy(y8 + i, tmp, static_cast<std::size_t>(count));
+      };
+      DriveSpanPairs(n, out.stream, y8, 0, 1, pair, step, stage);
+    }
+    return;
+  }
+#endif
 #if XQUANT_HAVE_VECTOR_INT4
   if constexpr (kInt4) {  // n % 8 == 0: whole vectors pack in registers, a last part vector through qtmp
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     std::int64_t i = 0;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if constexpr (kMode == DivMode::kRint) {
-      // Two vectors per iteration, one check for both (RintPairWithin); if it fails, each vector takes
-      // value()'s path.
-      for (; i + 2 * N <= n; i += 2 * N) {
-        hwy::Prefetch(pf + i * pf_es);
-        hwy::Prefetch(pf + (i + N) * pf_es);
-        __m512i q1, q2;
-        if (HWY_LIKELY(RintPairWithin(hn::MulAdd(LoadF<DT>(src, i), rs, o), hn::MulAdd(LoadF<DT>(src, i + N), rs, o),
-                                      thr, q1, q2))) {
-          StoreInt4Words<kNarrowFirst>(VI{q1}, y4 + i / 8);
-          StoreInt4Words<kNarrowFirst>(VI{q2}, y4 + (i + N) / 8);
-        } else {
-          StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
-          StoreInt4Words<kNarrowFirst>(value(src, i + N), y4 + (i + N) / 8);
-        }
-      }
-    }
-#endif
     for (; i + N <= n; i += N) {
       hwy::Prefetch(pf + i * pf_es);
       StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
@@ -277,43 +321,6 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     StoreI8(staged(i, count), tmp);
     std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
   };
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (kMode == DivMode::kRint && !kInt4) {
-    // int8 from two vectors per step with one check (RintPairWithin). bfloat16: one 64-byte load whose
-    // halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3, 8-11, 16-19, 24-27 and 4-7,
-    // 12-15, ...), an order vpackssdw undoes (int32 -> int16, saturating), then vpmovswb (-> int8,
-    // saturating): 32 bytes in order. float32 / float16: in order, one vpmovsdb per vector.
-    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-    auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-      hwy::Prefetch(pf + i * pf_es);
-      hwy::Prefetch(pf + (i + N) * pf_es);
-      VF x1, x2;
-      if constexpr (DT == DType::bfloat16) {
-        const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(src) + i);
-        x1 = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
-        x2 = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
-      } else {
-        x1 = LoadF<DT>(src, i);
-        x2 = LoadF<DT>(src, i + N);
-      }
-      __m512i q1, q2;
-      if (HWY_UNLIKELY(!RintPairWithin(hn::MulAdd(x1, rs, o), hn::MulAdd(x2, rs, o), thr, q1, q2))) {
-        q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
-        q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
-      }
-      if constexpr (DT == DType::bfloat16) {
-        const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
-        if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), b);
-        else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), b);
-      } else {
-        StoreI8<kStream>(VI{q1}, dst + i);
-        StoreI8<kStream>(VI{q2}, dst + i + N);
-      }
-    };
-    DriveSpanPairs(n, out.stream, dst, 0, 1, pair, step, stage);
-    return;
-  }
-#endif
   DriveSpan(n, out.stream && !kInt4, dst, 0, 1, step, stage);
   if (kInt4) pack_int4_bytes(qtmp, n, y4);
 }

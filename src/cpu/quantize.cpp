@@ -70,8 +70,13 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const VF x_max = hn::Set(df, j.x_max);
+  // What the hot loops read, as locals captured by value: the output stores may alias anything as far as
+  // the compiler knows, so values behind references (the job) would be reloaded for every vector.
+  const void* const x = j.x;
+  void* const y = j.y;
+  const bool has_zero_point = j.has_zero_point;
   // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded.
-  auto value = [&](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp, const float* rp)
+  auto value = [=](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp, const float* rp)
                    XQUANT_LAMBDA_INLINE {
     const VF xv = LoadF<DT>(xb, xi);
     const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
@@ -84,7 +89,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
       scaled = DivForInteger<true>(xv, sv, rp ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
     }
     // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
-    if (!j.has_zero_point) return scaled;
+    if (!has_zero_point) return scaled;
     const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
     return hn::Add(scaled, zv);                                          // rint(... + zero_point) later
   };
@@ -112,23 +117,23 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   };
   if constexpr (Q == QuantDType::quint4x2) {
     std::int64_t i = 0;
-    auto* words = static_cast<std::int32_t*>(j.y);
+    auto* words = static_cast<std::int32_t*>(y);
 #if XQUANT_HAVE_VECTOR_INT4
     for (; i + N <= n; i += N)
-      StoreInt4Words(RoundSaturateToI32Range(value(j.x, pos + i, i, sa, za, rsa), -8.0f, 7.0f), words + (pos + i) / 8);
+      StoreInt4Words<false, true>(RoundSaturateToI32Range(value(x, pos + i, i, sa, za, rsa), -8.0f, 7.0f), words + ((pos + i) >> 3));
 #else
     HWY_ALIGN std::int8_t tmp[kBlock] = {};
     for (; i + kBlock <= n; i += kBlock) {
-      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(j.x, pos + i + k, i + k, sa, za, rsa), tmp, k);
+      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(x, pos + i + k, i + k, sa, za, rsa), tmp, k);
       pack_int4_bytes(tmp, kBlock, words + (pos + i) / 8);
     }
 #endif
     if (i < n) stage(i, n - i);
   } else {
-    auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-      StoreQ<Q, kStream>(value(j.x, pos + i, i, sa, za, rsa), j.y, pos + i);
+    auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+      StoreQ<Q, kStream>(value(x, pos + i, i, sa, za, rsa), y, pos + i);
     };
-    DriveSpan(n, j.stream, j.y, pos, kOutSize, step, stage);
+    DriveSpan(n, j.stream, y, pos, kOutSize, step, stage);
   }
 }
 
