@@ -118,6 +118,12 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   if constexpr (Q == QuantDType::quint4x2) {
     std::int64_t i = 0;
     auto* words = static_cast<std::int32_t*>(y);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    for (; i + 2 * N <= n; i += 2 * N)  // 32 elements -> 4 words (StoreInt4Pair)
+      StoreInt4Pair<false, true>(RoundSaturateToI32Range(value(x, pos + i, i, sa, za, rsa), -8.0f, 7.0f).raw,
+                                 RoundSaturateToI32Range(value(x, pos + i + N, i + N, sa, za, rsa), -8.0f, 7.0f).raw,
+                                 words + ((pos + i) >> 3));
+#endif
 #if XQUANT_HAVE_VECTOR_INT4
     for (; i + N <= n; i += N)
       StoreInt4Words<false, true>(RoundSaturateToI32Range(value(x, pos + i, i, sa, za, rsa), -8.0f, 7.0f), words + ((pos + i) >> 3));
