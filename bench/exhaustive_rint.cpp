@@ -5,7 +5,8 @@
 // on every compiled SIMD target this CPU runs, in division mode 2 (rounding check forced, with the Intel
 // int4 packing) and in this CPU's default mode (on AMD: the rounding check with the other int4 packing).
 //
-//   build/release/bench/exhaustive_rint [--quick]      (--quick: every 61st float only)
+//   build/release/bench/exhaustive_rint [--quick | --16]
+//   (--quick: every 61st float32 only; --16: only the float16 / bfloat16 part, every value, seconds)
 //
 // Each row is [lo, hi, x...]: its min and max are lo and hi, so every row of a range has the same scale
 // and offset. Exit status 1 on any difference.
@@ -22,6 +23,7 @@
 #include "cpu/fastdiv-inl.h"
 #include "hwy/highway.h"
 #include "hwy/targets.h"
+#include "xquant/half.hpp"
 #include "xquant/runtime.hpp"
 #include "xquant/xquant.hpp"
 
@@ -59,7 +61,8 @@ struct Sweep {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  const std::string opt = argc > 1 ? argv[1] : "";
+  const bool quick = opt == "--quick", only16 = opt == "--16";
   const std::uint64_t step = quick ? 61 : 1;
   struct Range {
     float lo, hi;
@@ -82,6 +85,7 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int mode : {2, -1})
   for (const Range& r : ranges) {
+    if (only16) break;
     xquant::detail::set_fast_div_mode(mode);
     const Sweep sw(r.lo, r.hi);
     const std::uint64_t per_row = H - 2;
@@ -135,6 +139,64 @@ int main(int argc, char** argv) {
                 range_bad ? "DIFFERENCES" : "identical to the reference");
     std::fflush(stdout);
   }
+  // float16 and bfloat16 rows: every value of the dtype in each range (at most 2^16, so one row each),
+  // through the kernels' 16-bit loads (bfloat16's pairs are widened by unpacking, float16's by conversion).
+  for (int mode : {2, -1})
+    for (xquant::DType dt : {xquant::DType::bfloat16, xquant::DType::float16}) {
+      xquant::detail::set_fast_div_mode(mode);
+      const bool bf = dt == xquant::DType::bfloat16;
+      auto to_float = [bf](std::uint16_t b) { return bf ? xquant::bfloat16_to_float(b) : xquant::half_to_float(b); };
+      std::uint64_t dt_bad = 0, dt_values = 0;
+      for (const Range& r : ranges) {
+        // the range's ends rounded into the dtype; ranges beyond its finite values are skipped
+        float lo = r.lo, hi = r.hi;
+        lo = to_float(bf ? xquant::float_to_bfloat16(lo) : xquant::float_to_half(lo));
+        hi = to_float(bf ? xquant::float_to_bfloat16(hi) : xquant::float_to_half(hi));
+        if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo < hi)) continue;
+        std::vector<std::uint16_t> row = {bf ? xquant::float_to_bfloat16(lo) : xquant::float_to_half(lo),
+                                          bf ? xquant::float_to_bfloat16(hi) : xquant::float_to_half(hi)};
+        for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+          const float v = to_float(static_cast<std::uint16_t>(b));
+          if (v >= lo && v <= hi) row.push_back(static_cast<std::uint16_t>(b));
+        }
+        dt_values += row.size() - 2;
+        while (row.size() % 64 != 40) row.push_back(row[0]);  // pairs, one more vector and a part vector
+        const std::int64_t n = static_cast<std::int64_t>(row.size());
+        const xquant::ConstTensorView x(row.data(), dt, {1, n});
+        for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
+          for (bool symmetric : {false, true}) {
+            const xquant::Shape yshape = q == QuantDType::qint8 ? xquant::Shape{1, n} : xquant::Shape{1, n / 8};
+            const xquant::DType ydt = q == QuantDType::qint8 ? xquant::DType::int8 : xquant::DType::int32;
+            const xquant::TensorView yr(y_ref.data(), ydt, yshape), yc(y_cpu.data(), ydt, yshape);
+            const xquant::TensorView sr(s_ref.data(), xquant::DType::float32, {1}), sc(s_cpu.data(), xquant::DType::float32, {1});
+            const xquant::TensorView orr(o_ref.data(), xquant::DType::float32, {1}), oc(o_cpu.data(), xquant::DType::float32, {1});
+            auto run = [&](const xquant::TensorView& y, const xquant::TensorView& s, const xquant::TensorView& o) {
+              if (symmetric) xquant::dynamic_quant_out(y, s, x, std::nullopt, std::nullopt, q);
+              else xquant::dynamic_quant_asymmetric_out(y, s, o, x, std::nullopt, std::nullopt, q);
+            };
+            xquant::set_backend(xquant::Backend::reference);
+            run(yr, sr, orr);
+            xquant::set_backend(xquant::Backend::cpu);
+            for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+              hwy::SetSupportedTargetsForTest(target);
+              run(yc, sc, oc);
+              if (std::memcmp(yr.data, yc.data, static_cast<std::size_t>(q == QuantDType::qint8 ? n : n / 2)) != 0) {
+                ++dt_bad;
+                std::printf("  DIFFERENCE: %s range [%g, %g] %s %s target %s\n", bf ? "bfloat16" : "float16", double(lo),
+                            double(hi), symmetric ? "symmetric" : "asymmetric", q == QuantDType::qint8 ? "int8" : "int4",
+                            hwy::TargetName(target));
+              }
+              checked += static_cast<std::uint64_t>(n);
+            }
+            hwy::SetSupportedTargetsForTest(0);
+          }
+      }
+      bad += dt_bad;
+      std::printf("mode %2d, %s: every value of each range (%llu values) x {asymmetric, symmetric} x {int8, int4} x "
+                  "targets: %s\n", mode, bf ? "bfloat16" : "float16", static_cast<unsigned long long>(dt_values),
+                  dt_bad ? "DIFFERENCES" : "identical to the reference");
+      std::fflush(stdout);
+    }
   xquant::detail::set_fast_div_mode(-1);
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%llu lanes checked in %.0f s; %llu chunks differ\n", static_cast<unsigned long long>(checked), sec,
