@@ -275,9 +275,11 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     // bfloat16: one 64-byte load whose halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3,
     // 8-11, 16-19, 24-27 and 4-7, 12-15, ...), an order that vpackssdw undoes in both stores below.
     // int8: vpackssdw + vpmovswb (saturating twice: 32 bytes in order) for bfloat16, one vpmovsdb per
-    // vector otherwise; int4: StoreInt4Pair.
+    // vector otherwise; int4: StoreInt4Pair (or, kNarrowFirst, StoreInt4Words<true> per vector).
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-    constexpr bool kUnpacked = DT == DType::bfloat16;
+    // int4 with kNarrowFirst (Intel) packs each vector by itself (StoreInt4Words<true>), which needs the
+    // lanes in order: bfloat16 then widens each vector by vpmovzxwd.
+    constexpr bool kUnpacked = DT == DType::bfloat16 && !(kInt4 && kNarrowFirst);
     auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
       hwy::Prefetch(pf + i * pf_es);
       hwy::Prefetch(pf + (i + N) * pf_es);
@@ -295,7 +297,10 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
         q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
       }
-      if constexpr (kInt4) {
+      if constexpr (kInt4 && kNarrowFirst) {
+        StoreInt4Words<true>(VI{q1}, y4 + i / 8);
+        StoreInt4Words<true>(VI{q2}, y4 + (i + N) / 8);
+      } else if constexpr (kInt4) {
         StoreInt4Pair<kUnpacked>(q1, q2, y4 + i / 8);
       } else if constexpr (kUnpacked) {
         const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
