@@ -35,7 +35,7 @@ struct QJob {
   const QuantizeParams* params;  // runs walk
   const float* scale;            // periodic walk: expanded arrays
   const float* zero_point;       // null when every zero point is 0
-  bool stream;  // non-temporal stores for y (not int4)
+  bool stream;  // non-temporal stores for y (int4: AVX-512 only, 16-byte aligned words)
   bool has_zero_point;  // some zero point is not 0
   bool fast_div;        // div_mode without the divider (fast_div_int: every scale and zero point allows it)
   float x_max;          // fast_div: dividends clamped to [-x_max, x_max]
@@ -119,10 +119,26 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     std::int64_t i = 0;
     auto* words = static_cast<std::int32_t*>(y);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    for (; i + 2 * N <= n; i += 2 * N)  // 32 elements -> 4 words (StoreInt4Pair)
-      StoreInt4Pair<false, true>(RoundSaturateToI32Range(value(x, pos + i, i, sa, za, rsa), -8.0f, 7.0f).raw,
-                                 RoundSaturateToI32Range(value(x, pos + i + N, i + N, sa, za, rsa), -8.0f, 7.0f).raw,
-                                 words + ((pos + i) >> 3));
+    auto one = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {
+      StoreInt4Words<false, true>(RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f),
+                                  words + ((pos + k) >> 3));
+    };
+    auto pair = [=]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {  // 32 elements -> 4 words
+      StoreInt4Pair<false, true, kStream>(RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f).raw,
+                                          RoundSaturateToI32Range(value(x, pos + k + N, k + N, sa, za, rsa), -8.0f, 7.0f).raw,
+                                          words + ((pos + k) >> 3));
+    };
+    // Large outputs: non-temporal 16-byte stores once the words are 16-byte aligned (a vector's 8 bytes
+    // first when they sit at 8 mod 16; never for 4-byte offsets).
+    const auto mis = reinterpret_cast<std::uintptr_t>(words + (pos >> 3)) % 16;
+    if (j.stream && (mis == 0 || mis == 8) && n >= 4 * N) {
+      if (mis == 8) {
+        one(0);
+        i = N;
+      }
+      for (; i + 2 * N <= n; i += 2 * N) pair.template operator()<true>(i);
+    }
+    for (; i + 2 * N <= n; i += 2 * N) pair.template operator()<false>(i);
 #endif
 #if XQUANT_HAVE_VECTOR_INT4
     for (; i + N <= n; i += N)
@@ -222,7 +238,8 @@ void cpu_quantize(const QuantizeArgs& a) {
   const QuantizeParams* params = a.params;
   const ChannelWalk walk(a.layout);
   const std::int64_t n = a.layout.numel();
-  const bool stream = q != QuantDType::quint4x2 && use_stream(n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
+  // output bytes (quint4x2: half a byte per element)
+  const bool stream = use_stream(q == QuantDType::quint4x2 ? n / 2 : n * static_cast<std::int64_t>(dtype_size(storage_dtype(q))));
   // Some zero point is not +-0 (NaN included): an OR of the magnitude bits, a loop without a compare chain.
   std::uint32_t zp_bits = 0;
   for (std::int64_t c = 0; c < channels; ++c) zp_bits |= std::bit_cast<std::uint32_t>(params[c].zero_point) & 0x7FFFFFFFu;

@@ -329,14 +329,16 @@ HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
 // of q1, then four of q2), clamped to [-8, 7] (kInRange: already) and cut to nibbles; vpmaddwd by (1, 16)
 // joins each pair into its byte value in an int32 lane, vpmovdb narrows, and pshufb fixes the other order:
 // 5-8 instructions for 32 elements against 7-8 per 16 in StoreInt4Words.
-template <bool kUnpacked, bool kInRange = false>
+// kStream: a non-temporal store (w 16-byte aligned).
+template <bool kUnpacked, bool kInRange = false, bool kStream = false>
 HWY_INLINE void StoreInt4Pair(__m512i q1, __m512i q2, std::int32_t* w) {
   __m512i h = _mm512_packs_epi32(q1, q2);
   if constexpr (!kInRange) h = _mm512_min_epi16(_mm512_max_epi16(h, _mm512_set1_epi16(-8)), _mm512_set1_epi16(7));
   h = _mm512_and_si512(h, _mm512_set1_epi16(0x0F));
   __m128i b = _mm512_cvtepi32_epi8(_mm512_madd_epi16(h, _mm512_set1_epi32(0x00100001)));
   if constexpr (!kUnpacked) b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(w), b);
+  if constexpr (kStream) _mm_stream_si128(reinterpret_cast<__m128i*>(w), b);
+  else _mm_storeu_si128(reinterpret_cast<__m128i*>(w), b);
 }
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define XQUANT_HAVE_VECTOR_INT4 1
