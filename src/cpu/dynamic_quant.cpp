@@ -59,43 +59,6 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     vmax = hn::Max(vmax, v);
   };
   std::int64_t i = 0;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // Two vectors per iteration, min / max on int32 keys (ReduceHalfKeys' order on float32 bits:
-  // key = b ^ ((b >> 31) & 0x7FFFFFFF), one shift and one vpternlogd), which run on the integer pipes and
-  // leave the floating-point ones to the smooth product (Zen 4: 4.0 -> 2.5 cycles per vector by the
-  // znver4 model; the Intel models prefer the float min / max below: f32_minmax_on_keys). NaN keys lie
-  // beyond both infinities' keys. -0 sorts below +0, which no output depends on (see ReduceHalfKeys).
-  if (n >= 2 * N && f32_minmax_on_keys()) {
-    const __m512i m7 = _mm512_set1_epi32(0x7FFFFFFF);
-    __m512i kmin = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
-    __m512i kmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
-    auto key = [m7](VF v) XQUANT_LAMBDA_INLINE {
-      const __m512i b = _mm512_castps_si512(v.raw);
-      return _mm512_ternarylogic_epi32(b, _mm512_srai_epi32(b, 31), m7, 0x78);  // b ^ (sign & m7)
-    };
-    for (; i + 2 * N <= n; i += 2 * N) {
-      VF v = LoadF<DT>(x, pos + i), w = LoadF<DT>(x, pos + i + N);
-      if (smooth) {
-        v = hn::Mul(v, hn::LoadU(df, smooth + i));
-        w = hn::Mul(w, hn::LoadU(df, smooth + i + N));
-      }
-      if (buf) {
-        hn::StoreU(v, df, buf + i);
-        hn::StoreU(w, df, buf + i + N);
-      }
-      const __m512i kv = key(v), kw = key(w);
-      kmin = _mm512_min_epi32(kmin, _mm512_min_epi32(kv, kw));
-      kmax = _mm512_max_epi32(kmax, _mm512_max_epi32(kv, kw));
-    }
-    // +NaN keys are above key(+Inf) = 0x7F800000, -NaN keys below key(-Inf) = 0x807FFFFF
-    const __mmask16 key_nan = _mm512_cmpgt_epi32_mask(kmax, _mm512_set1_epi32(0x7F800000)) |
-                              _mm512_cmplt_epi32_mask(kmin, _mm512_set1_epi32(static_cast<std::int32_t>(0x807FFFFFu)));
-    nan = hn::Or(nan, hn::Mask512<float>{key_nan});
-    // Back to floats (the key is an involution); lanes that are NaN are decided by `nan` above.
-    vmin = hn::Min(vmin, VF{_mm512_castsi512_ps(key(VF{_mm512_castsi512_ps(kmin)}))});
-    vmax = hn::Max(vmax, VF{_mm512_castsi512_ps(key(VF{_mm512_castsi512_ps(kmax)}))});
-  }
-#endif
   // Two vectors per iteration: one unordered compare finds NaN in either, and min / max fold the pair
   // first (min / max are exact and order-free, NaN is decided by `nan`).
   for (; i + 2 * N <= n; i += 2 * N) {

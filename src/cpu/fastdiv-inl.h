@@ -196,16 +196,6 @@ inline bool int4_narrow_first() {
   static const bool intel = cpu_vendor_is_intel();
   return intel;
 }
-// Dynamic quantization's float32 first pass on AVX-512: min / max on int32 keys (integer pipes; the
-// znver4 model's choice, measured faster on Zen 4) on non-Intel CPUs, float min / max on Intel (whose
-// models put 512-bit integer min / max and shifts on one port). Mode 2 takes the Intel choice, modes 0
-// and 1 the other, so that tests reach both on any CPU.
-inline bool f32_minmax_on_keys() {
-  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  if (m >= 0) return m != 2;
-  static const bool intel = cpu_vendor_is_intel();
-  return !intel;
-}
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   if (m >= 0) return m >= 1;
