@@ -19,19 +19,22 @@ run "fake quant backward f32 + grad_amax terms (streamed)" fake_quant.cpp.o 'N_A
 Q='N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)0'
 run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1>" 'vdivps,vmovntdq'
 run "quantize div_mode f32 -> int8, FMA (streamed)" quantize.cpp.o "$Q, 2>" 'vfnmadd,vmovntdq'
-run "quantize mul f32 -> quint4x2" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'vmulps,vpsrlq'
+run "quantize mul f32 -> quint4x2 (two vectors per iteration; the streamed twin has the same arithmetic)" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'vmulps*2,vpmaddwd' 2
 D='N_AVX3::SmoothAndReduce<(xquant::DType)'
 run "dynamic quant pass 1, bf16 int16-key min/max (per 16 elements)" dynamic_quant.cpp.o 'N_AVX3::ReduceHalfKeys<(xquant::DType)2>' 'vpminsw*2,vpsraw' 4
-run "dynamic quant pass 1, bf16 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmovups,vmulps*2' 2
-run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vcmpunordps,vminps*2,!vmovups %zmm' 2
+run "dynamic quant pass 1, bf16 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmulps*2,vminps' 2
+run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vcmpunordps,vminps*2,!vmulps,!vmovups %zmm' 2
 R='N_AVX3::RowsT<(xquant::DType)2>'
-run "dynamic quant pass 2 bf16 -> int8, rounding check (streamed)" dynamic_quant.cpp.o "$R" 'vfmadd,vreduce,vmovntdq'
-run "dynamic quant pass 2 bf16 -> int4, rounding check, packing by vpmovqb (AMD)" dynamic_quant.cpp.o "$R" 'vpmovzxwd,vrangeps,vpmovqb' 2
-run "dynamic quant pass 2 bf16 -> int4, rounding check, packing by vpmovsdb + pshufb (Intel)" dynamic_quant.cpp.o "$R" 'vpmovzxwd,vrangeps,vpshufb' 2
-run "dynamic quant pass 2 f32 -> int8, rounding check (streamed)" dynamic_quant.cpp.o 'N_AVX3::RowsT<(xquant::DType)0>' 'vfmadd,vreduce,vmovntdq'
-run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass'
-run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass'
+run "dynamic quant pass 2 bf16 -> int8, rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmovswb,vmovntdq' 2
+run "dynamic quant pass 2 bf16 -> int4, two vectors per check, pair packing (AMD)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmaddwd' 2
+run "dynamic quant pass 2 bf16 -> int4, two vectors per check, narrow-first packing (Intel)" dynamic_quant.cpp.o "$R" 'vpmovzxwd,vrangeps,vpmovsdb*2,vpshufb*2' 2
+R0='N_AVX3::RowsT<(xquant::DType)0>'
+run "dynamic quant pass 2 f32 -> int8, rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmovsdb*2,vmovntdq' 2
+run "dynamic quant pass 2 f32 -> int4 (and smooth rows' buffer), pair packing (AMD)" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmaddwd,vpshufb' 2
+run "dynamic quant pass 2 f32 -> int4 (and smooth rows' buffer), narrow-first packing (Intel)" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmovsdb*2,vpshufb*2' 2
+run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass,!vrangeps'
+run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass,!vrangeps'
 U='N_AVX3::UlqSpanT<(xquant::DType)0'
 run "ActsULQ forward f32, 4 outputs, divider (streamed)" acts_ulq.cpp.o "$U, false>" 'vdivps,vmovnt'
 run "ActsULQ forward f32, 4 outputs, FMA (streamed)" acts_ulq.cpp.o "$U, true>" 'vfnmadd,vmovnt,!vdivps'
-run "ActsULQ backward f32" acts_ulq.cpp.o 'N_AVX3::BwdChunkT<(xquant::DType)0>' 'vmulps,vsubps'
+run "ActsULQ backward f32 (streamed)" acts_ulq.cpp.o 'N_AVX3::BwdChunkT<(xquant::DType)0>' 'vmulps,vsubps,vmovntps'
