@@ -82,6 +82,42 @@ int main(int argc, char** argv) {
   xquant::Tensor s_ref(xquant::DType::float32, {kRows}), o_ref(xquant::DType::float32, {kRows});
   xquant::Tensor s_cpu(xquant::DType::float32, {kRows}), o_cpu(xquant::DType::float32, {kRows});
   std::uint64_t checked = 0, bad = 0;
+  // x [rows, cols] quantized by the reference and by the cpu backend on every target (skip_scalar: not the
+  // scalar / emulated ones, minutes each on 2^32 floats; the tests cover them), int8 and int4, asymmetric
+  // and symmetric; prints and counts the combinations whose outputs differ in any byte.
+  auto compare = [&](const xquant::ConstTensorView& x, std::int64_t rows, std::int64_t cols, bool skip_scalar,
+                     const char* label) {
+    std::uint64_t diffs = 0;
+    for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
+      for (bool symmetric : {false, true}) {
+        const xquant::Shape yshape = q == QuantDType::qint8 ? xquant::Shape{rows, cols} : xquant::Shape{rows, cols / 8};
+        const xquant::DType ydt = q == QuantDType::qint8 ? xquant::DType::int8 : xquant::DType::int32;
+        const xquant::TensorView yr(y_ref.data(), ydt, yshape), yc(y_cpu.data(), ydt, yshape);
+        const xquant::TensorView sr(s_ref.data(), xquant::DType::float32, {rows}), sc(s_cpu.data(), xquant::DType::float32, {rows});
+        const xquant::TensorView orr(o_ref.data(), xquant::DType::float32, {rows}), oc(o_cpu.data(), xquant::DType::float32, {rows});
+        auto run = [&](const xquant::TensorView& y, const xquant::TensorView& s, const xquant::TensorView& o) {
+          if (symmetric) xquant::dynamic_quant_out(y, s, x, std::nullopt, std::nullopt, q);
+          else xquant::dynamic_quant_asymmetric_out(y, s, o, x, std::nullopt, std::nullopt, q);
+        };
+        xquant::set_backend(xquant::Backend::reference);
+        run(yr, sr, orr);
+        xquant::set_backend(xquant::Backend::cpu);
+        for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+          if (skip_scalar && (target == HWY_SCALAR || target == HWY_EMU128)) continue;
+          hwy::SetSupportedTargetsForTest(target);
+          run(yc, sc, oc);
+          const std::size_t bytes = static_cast<std::size_t>(rows * (q == QuantDType::qint8 ? cols : cols / 2));
+          if (std::memcmp(yr.data, yc.data, bytes) != 0) {
+            ++diffs;
+            std::printf("  DIFFERENCE: %s %s %s target %s\n", label, symmetric ? "symmetric" : "asymmetric",
+                        q == QuantDType::qint8 ? "int8" : "int4", hwy::TargetName(target));
+          }
+          checked += static_cast<std::uint64_t>(rows * cols);
+        }
+        hwy::SetSupportedTargetsForTest(0);
+      }
+    return diffs;
+  };
   const auto t0 = std::chrono::steady_clock::now();
   for (int mode : {2, -1})
   for (const Range& r : ranges) {
@@ -103,35 +139,9 @@ int main(int argc, char** argv) {
         }
       }
       const xquant::ConstTensorView x(xs.data(), xquant::DType::float32, {rows, H});
-      for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
-        for (bool symmetric : {false, true}) {
-          const xquant::Shape yshape = q == QuantDType::qint8 ? xquant::Shape{rows, H} : xquant::Shape{rows, H / 8};
-          const xquant::DType ydt = q == QuantDType::qint8 ? xquant::DType::int8 : xquant::DType::int32;
-          const xquant::TensorView yr(y_ref.data(), ydt, yshape), yc(y_cpu.data(), ydt, yshape);
-          const xquant::TensorView sr(s_ref.data(), xquant::DType::float32, {rows}), sc(s_cpu.data(), xquant::DType::float32, {rows});
-          const xquant::TensorView orr(o_ref.data(), xquant::DType::float32, {rows}), oc(o_cpu.data(), xquant::DType::float32, {rows});
-          auto run = [&](const xquant::TensorView& y, const xquant::TensorView& s, const xquant::TensorView& o) {
-            if (symmetric) xquant::dynamic_quant_out(y, s, x, std::nullopt, std::nullopt, q);
-            else xquant::dynamic_quant_asymmetric_out(y, s, o, x, std::nullopt, std::nullopt, q);
-          };
-          xquant::set_backend(xquant::Backend::reference);
-          run(yr, sr, orr);
-          xquant::set_backend(xquant::Backend::cpu);
-          for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-            if (target == HWY_SCALAR || target == HWY_EMU128) continue;  // minutes each; the tests cover them
-            hwy::SetSupportedTargetsForTest(target);
-            run(yc, sc, oc);
-            const std::size_t bytes = static_cast<std::size_t>(rows * (q == QuantDType::qint8 ? H : H / 2));
-            if (std::memcmp(yr.data, yc.data, bytes) != 0) {
-              ++range_bad;
-              std::printf("  DIFFERENCE: range [%g, %g] %s %s target %s\n", double(r.lo), double(r.hi),
-                          symmetric ? "symmetric" : "asymmetric", q == QuantDType::qint8 ? "int8" : "int4",
-                          hwy::TargetName(target));
-            }
-            checked += static_cast<std::uint64_t>(rows * H);
-          }
-          hwy::SetSupportedTargetsForTest(0);
-        }
+      char label[96];
+      std::snprintf(label, sizeof label, "range [%g, %g]", double(r.lo), double(r.hi));
+      range_bad += compare(x, rows, H, true, label);
     }
     bad += range_bad;
     std::printf("mode %2d, range [%.9g, %.9g]: %llu floats x {asymmetric, symmetric} x {int8, int4} x targets: %s\n", mode,
@@ -163,33 +173,9 @@ int main(int argc, char** argv) {
         while (row.size() % 64 != 40) row.push_back(row[0]);  // pairs, one more vector and a part vector
         const std::int64_t n = static_cast<std::int64_t>(row.size());
         const xquant::ConstTensorView x(row.data(), dt, {1, n});
-        for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
-          for (bool symmetric : {false, true}) {
-            const xquant::Shape yshape = q == QuantDType::qint8 ? xquant::Shape{1, n} : xquant::Shape{1, n / 8};
-            const xquant::DType ydt = q == QuantDType::qint8 ? xquant::DType::int8 : xquant::DType::int32;
-            const xquant::TensorView yr(y_ref.data(), ydt, yshape), yc(y_cpu.data(), ydt, yshape);
-            const xquant::TensorView sr(s_ref.data(), xquant::DType::float32, {1}), sc(s_cpu.data(), xquant::DType::float32, {1});
-            const xquant::TensorView orr(o_ref.data(), xquant::DType::float32, {1}), oc(o_cpu.data(), xquant::DType::float32, {1});
-            auto run = [&](const xquant::TensorView& y, const xquant::TensorView& s, const xquant::TensorView& o) {
-              if (symmetric) xquant::dynamic_quant_out(y, s, x, std::nullopt, std::nullopt, q);
-              else xquant::dynamic_quant_asymmetric_out(y, s, o, x, std::nullopt, std::nullopt, q);
-            };
-            xquant::set_backend(xquant::Backend::reference);
-            run(yr, sr, orr);
-            xquant::set_backend(xquant::Backend::cpu);
-            for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-              hwy::SetSupportedTargetsForTest(target);
-              run(yc, sc, oc);
-              if (std::memcmp(yr.data, yc.data, static_cast<std::size_t>(q == QuantDType::qint8 ? n : n / 2)) != 0) {
-                ++dt_bad;
-                std::printf("  DIFFERENCE: %s range [%g, %g] %s %s target %s\n", bf ? "bfloat16" : "float16", double(lo),
-                            double(hi), symmetric ? "symmetric" : "asymmetric", q == QuantDType::qint8 ? "int8" : "int4",
-                            hwy::TargetName(target));
-              }
-              checked += static_cast<std::uint64_t>(n);
-            }
-            hwy::SetSupportedTargetsForTest(0);
-          }
+        char label[96];
+        std::snprintf(label, sizeof label, "%s range [%g, %g]", bf ? "bfloat16" : "float16", double(lo), double(hi));
+        dt_bad += compare(x, 1, n, false, label);
       }
       bad += dt_bad;
       std::printf("mode %2d, %s: every value of each range (%llu values) x {asymmetric, symmetric} x {int8, int4} x "
