@@ -232,6 +232,17 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
                 static_cast<std::size_t>(count) * es);
     return value(f, 0);
   };
+  // int8 (and int4 through qtmp where vectors cannot pack it): one vector at i, or fewer through a buffer.
+  std::int8_t* dst = kInt4 ? qtmp : y8;
+  auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+    hwy::Prefetch(pf + i * pf_es);
+    StoreI8<kStream>(value(src, i), dst + i);
+  };
+  auto stage = [&](std::int64_t i, std::int64_t count) {
+    std::int8_t tmp[kMaxLanes] = {};
+    StoreI8(staged(i, count), tmp);
+    std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
+  };
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (kMode == DivMode::kRint) {
     // Two vectors per step with one check for both (RintPairWithin); a pair that fails it is divided.
@@ -275,26 +286,17 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
       }
     };
     if constexpr (kInt4) {  // n % 8 == 0; a last part vector goes through qtmp
-      auto step = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
+      auto step4 = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
         hwy::Prefetch(pf + i * pf_es);
         StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
       };
-      auto stage = [&](std::int64_t i, std::int64_t count) {
+      auto stage4 = [&](std::int64_t i, std::int64_t count) {
         const DI di;
         StoreI8(hn::Min(hn::Max(staged(i, count), hn::Set(di, -8)), hn::Set(di, 7)), qtmp);
         pack_int4_bytes(qtmp, count, y4 + i / 8);
       };
-      DriveSpanPairs(n, false, y4, 0, 1, pair, step, stage);
+      DriveSpanPairs(n, false, y4, 0, 1, pair, step4, stage4);
     } else {
-      auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-        hwy::Prefetch(pf + i * pf_es);
-        StoreI8<kStream>(value(src, i), y8 + i);
-      };
-      auto stage = [&](std::int64_t i, std::int64_t count) {
-        std::int8_t tmp[kMaxLanes] = {};
-        StoreI8(staged(i, count), tmp);
-        std::memcpy(y8 + i, tmp, static_cast<std::size_t>(count));
-      };
       DriveSpanPairs(n, out.stream, y8, 0, 1, pair, step, stage);
     }
     return;
@@ -316,16 +318,6 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     return;
   }
 #endif
-  std::int8_t* dst = kInt4 ? qtmp : y8;
-  auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-    hwy::Prefetch(pf + i * pf_es);
-    StoreI8<kStream>(value(src, i), dst + i);
-  };
-  auto stage = [&](std::int64_t i, std::int64_t count) {
-    std::int8_t tmp[kMaxLanes] = {};
-    StoreI8(staged(i, count), tmp);
-    std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
-  };
   DriveSpan(n, out.stream && !kInt4, dst, 0, 1, step, stage);
   if (kInt4) pack_int4_bytes(qtmp, n, y4);
 }
