@@ -67,12 +67,6 @@ struct SpanParams {
   HWY_INLINE VF get(const float* a, float s, std::int64_t i) const {
     return a ? hn::LoadU(DF(), a + i) : hn::Set(DF(), s);
   }
-  // The same with the choice made by the caller (kArr: arrays), so hot loops carry no test.
-  template <bool kArr>
-  HWY_INLINE VF at(const float* a, float s, std::int64_t i) const {
-    if constexpr (kArr) return hn::LoadU(DF(), a + i);
-    else return hn::Set(DF(), s);
-  }
   // Copies of the parameters of elements [i, i + count) padded to a whole vector, for staged steps.
   void stage(std::int64_t i, std::int64_t count, SpanParams& out, float (*buf)[kMaxLanes]) const {
     const float* arrays[6] = {a_scale, a_zero, a_glo, a_ghi, a_ratio, a_rscale};
