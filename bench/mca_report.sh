@@ -24,6 +24,7 @@ D='N_AVX3::SmoothAndReduce<(xquant::DType)'
 run "dynamic quant pass 1, bf16 int16-key min/max (per 16 elements)" dynamic_quant.cpp.o 'N_AVX3::ReduceHalfKeys<(xquant::DType)2>' 'vpminsw*2,vpsraw' 4
 run "dynamic quant pass 1, bf16 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmulps*2,vminps' 2
 run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vcmpunordps,vminps*2,!vmulps,!vmovups %zmm' 2
+run "dynamic quant pass 1, f32 * smooth into the row buffer (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vmulps*2,vminps,vmovups*4' 2
 R='N_AVX3::RowsT<(xquant::DType)2>'
 run "dynamic quant pass 2 bf16 -> int8, rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmovswb,vmovntdq' 2
 run "dynamic quant pass 2 bf16 -> int4, two vectors per check, pair packing (AMD)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmaddwd' 2
