@@ -9,7 +9,7 @@
 //   e1 = RN(q0 * s - x)      q1 = RN(q0 - e1 * r)      (fused: one rounding each)
 //   e2 = RN(q1 * s - x)      q2 = RN(q1 - e2 * r)      == RN(x / s), bit for bit
 //
-// Why q2 is the IEEE quotient (docs/performance.md has the whole argument): the steps scale exactly
+// Why q2 is the IEEE quotient (docs/fast-division.md has the whole argument): the steps scale exactly
 // with the exponents of x and s while nothing underflows or overflows, so take x, s in [1, 2).
 // |r - 1/s| <= 2^-25 puts q0 within 2^-23 of Q = x / s; one correction leaves q1 within
 // (1/2 + 2^-22) ulp(Q) of Q, so q1 is faithful; then e2 = q1 * s - x is exact (Markstein) and
