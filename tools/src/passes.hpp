@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "plan.hpp"
 #include "safetensors.hpp"
@@ -29,8 +30,15 @@ struct ErrorStats {
   double max_abs = 0.0;  // max |x - x'|
   std::int64_t nonfinite = 0;
   void merge(const ErrorStats& o) noexcept;
-  // 10 log10(signal / noise); +Inf when noise is 0 (an exact round trip).
+  // 10 log10(signal / noise); +Inf when noise is 0 (an exact round trip); NaN or -Inf when a sum is not
+  // finite (never reported as a number: see round_trip()).
   double sqnr_db() const noexcept;
+  // What the report says instead of a non-finite SQNR: "exact" (noise 0: every finite value came back
+  // exactly), "non-finite" (a sum is NaN or Inf: some dequantized value overflowed or is NaN; never
+  // counted as exact), else "lossy" (the SQNR is a finite number).
+  const char* round_trip() const noexcept;
+  // The SQNR as printed: "%.2f dB", "exact", or "not finite".
+  std::string sqnr_text() const;
 };
 
 // Stored value j of a quantized run: int8, or the sign-extended nibble j of packed int32 words.
