@@ -220,14 +220,18 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
   const int qmax = num_bits == 4 ? 7 : 127;
   const double top = scale_dt == StDType::F16 ? 65504.0 : scale_dt == StDType::BF16 ? 3.3895313892515355e38 : FLT_MAX;
   const std::string sdt(st_dtype_name(scale_dt));
-  char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "amax %.9g / %d gives the scale %.9g in %s and the largest dequantized value %d * scale = %.9g, "
-                "which %s cannot hold (its largest finite value is %.9g); refusing to write infinite or NaN weights "
-                "(the scale dtype is config.json's torch_dtype, else the weight's dtype)",
-                static_cast<double>(amax), qmax, static_cast<double>(s.widened), sdt.c_str(), qmax,
-                static_cast<double>(s.largest), sdt.c_str(), top);
-  return buf;
+  const auto num = [](double v) {
+    if (std::isnan(v)) return std::string("NaN");
+    if (std::isinf(v)) return std::string(v > 0 ? "+Inf" : "-Inf");
+    char b[32];
+    std::snprintf(b, sizeof b, "%.9g", v);
+    return std::string(b);
+  };
+  return "amax " + num(amax) + " / " + std::to_string(qmax) + " gives the scale " + num(s.widened) + " in " + sdt +
+         " and the largest dequantized value " + std::to_string(qmax) + " * scale = " + num(s.largest) + ", which " + sdt +
+         " cannot hold (its largest finite value is " + num(top) +
+         "); refusing to write infinite or NaN weights (the scale dtype is config.json's torch_dtype, else the weight's "
+         "dtype)";
 }
 
 // ---- shared helpers ----
