@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "xquant/anti_quant.hpp"
 #include "xquant/half.hpp"
 
 namespace xqcli {
@@ -262,24 +263,38 @@ ErrorStats piece_error(const std::byte* tensor, StDType dt, const Piece& p, cons
 }
 
 void dequantize_range(const void* q, int bits, const NormalForm& nf, const float* scale, const float* zero_point,
-                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out) noexcept {
-  std::int64_t i = begin;
-  std::int64_t j = 0;
-  while (i < end) {
-    // One run of elements that share a channel.
+                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out) {
+  // The library's anti_quant: out = narrow((q + offset) * scale) with offset = -zero_point, which is
+  // (q - zero_point) * scale exactly (a - b and a + (-b) are the same IEEE operation), one (scale,
+  // offset) per element of the run, from its channel.
+  const std::int64_t n = end - begin;
+  if (n <= 0) return;
+  static thread_local std::vector<float> sv, ov;
+  static thread_local std::vector<std::byte> staging;
+  sv.resize(static_cast<std::size_t>(n));
+  ov.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = begin; i < end;) {
     const std::int64_t c = (i / nf.inner) % nf.channels;
-    const std::int64_t run_end = std::min(end, (i / nf.inner + 1) * nf.inner);
-    const float s = scale[c], z = zero_point[c];
-    for (; i < run_end; ++i, ++j) {
-      const float v = dequantize_value(stored_value(q, bits, i), s, z);
-      if (out_dt == StDType::F32) {
-        std::memcpy(out + j * 4, &v, 4);
-      } else {
-        const std::uint16_t h = out_dt == StDType::F16 ? xquant::float_to_half(v) : xquant::float_to_bfloat16(v);
-        std::memcpy(out + j * 2, &h, 2);
-      }
-    }
+    const std::int64_t run_end = std::min(end, (i / nf.inner + 1) * nf.inner);  // a run of one channel
+    std::fill(sv.begin() + (i - begin), sv.begin() + (run_end - begin), scale[c]);
+    std::fill(ov.begin() + (i - begin), ov.begin() + (run_end - begin), -zero_point[c]);
+    i = run_end;
   }
+  const std::byte* src = static_cast<const std::byte*>(q) + (bits == 4 ? begin / 2 : begin);
+  if (bits == 4 && reinterpret_cast<std::uintptr_t>(src) % 4 != 0) {  // typed int32 reads: an aligned copy
+    staging.resize(static_cast<std::size_t>(n / 2));
+    std::memcpy(staging.data(), src, staging.size());
+    src = staging.data();
+  }
+  const xquant::DType odt = out_dt == StDType::F16 ? xquant::DType::float16
+                            : out_dt == StDType::BF16 ? xquant::DType::bfloat16
+                                                      : xquant::DType::float32;
+  const xquant::ConstTensorView xv = bits == 4 ? xquant::ConstTensorView(src, xquant::DType::int32, {n / 8})
+                                               : xquant::ConstTensorView(src, xquant::DType::int8, {n});
+  xquant::anti_quant_out(xquant::TensorView(out, odt, {n}), xv,
+                         xquant::ConstTensorView(sv.data(), xquant::DType::float32, {n}),
+                         xquant::ConstTensorView(ov.data(), xquant::DType::float32, {n}),
+                         bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
 }
 
 }  // namespace xqcli

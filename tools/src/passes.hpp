@@ -61,9 +61,10 @@ ErrorStats piece_error(const std::byte* tensor, StDType dt, const Piece& p, cons
                        const float* zero_point) noexcept;
 
 // Dequantizes elements [begin, end) of a quantized tensor (stored values at `q`, element 0 first; for
-// int4 `begin` is a multiple of 8) whose parameters follow normal form `nf`, into `out` (dtype
-// F32 / F16 / BF16, element `begin` first), narrowing with round-to-nearest-even.
+// int4 `begin` and `end` are multiples of 8) whose parameters follow normal form `nf`, into `out` (dtype
+// F32 / F16 / BF16, element `begin` first), narrowing with round-to-nearest-even: the library's
+// xquant::anti_quant_out with offset = -zero_point (a NaN result is its canonical quiet NaN).
 void dequantize_range(const void* q, int bits, const NormalForm& nf, const float* scale, const float* zero_point,
-                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out) noexcept;
+                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out);
 
 }  // namespace xqcli

@@ -346,6 +346,9 @@ SHA = {
     "fa.safetensors": "606211a662c28a679ca15a75e33d676f2962d9267b4c3e95b9b44bf28df3ea3c",
     "df8.safetensors": "054a89dbcc64995b1b89d3dcf42da782a2af6baf847fbf56b91b6975d4dea7cb",
     "df4.safetensors": "37e9835fd61a8db5231ed38adaac5f0c6ad3c5c108c178e955345d663cecefd4",
+    "dfa.safetensors": "626cf99af00e6843b41b20afa4922b822caed855560cddce559cc6b310ed5300",
+    "fa4.safetensors": "040a735bc3d82788cc4be72de64db7905cd712d7e5d428f051edd585a1b24b21",
+    "dfa4.safetensors": "bcbb585ba9ff2cf491364ef5f1dc965695715a4c8892879e43e490def3a01d3d",
 }
 # The report's numbers of the same runs (--report), also unchanged: total SQNR and max error.
 REPORT = {"W4A16": (13.783664011967023, 0.046875), "W8A16": (38.91919623076131, 0.0025634765625),
@@ -365,7 +368,10 @@ def test_outputs_are_unchanged(tmp_path, threads):
              ["quantize", SAMPLE_FILE, "-o", tmp_path / "f4.safetensors", "--bits", "4", *t],
              ["quantize", SAMPLE_FILE, "-o", tmp_path / "fa.safetensors", "--asymmetric", *t],
              ["dequantize", tmp_path / "f8.safetensors", "-o", tmp_path / "df8.safetensors", *t],
-             ["dequantize", tmp_path / "f4.safetensors", "-o", tmp_path / "df4.safetensors", *t]]
+             ["dequantize", tmp_path / "f4.safetensors", "-o", tmp_path / "df4.safetensors", *t],
+             ["dequantize", tmp_path / "fa.safetensors", "-o", tmp_path / "dfa.safetensors", *t],
+             ["quantize", SAMPLE_FILE, "-o", tmp_path / "fa4.safetensors", "--bits", "4", "--asymmetric", *t],
+             ["dequantize", tmp_path / "fa4.safetensors", "-o", tmp_path / "dfa4.safetensors", "--dtype", "F32", *t]]
     for args in runs:
         r = xquant(*args)
         assert r.returncode == 0, (args, r.stderr)
