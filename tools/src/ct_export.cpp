@@ -63,72 +63,107 @@ void widen(const std::byte* x, StDType dt, std::int64_t n, float* out) {
   }
 }
 
-// Largest finite |v| of v[0, n) (max is exact: any order gives the same); non-finite values are counted.
+// Largest finite |v| of v[0, n) (max is exact: the eight lanes, there for the compiler's vectorizer, do
+// not change the result); non-finite values are counted.
 float run_amax(const float* v, std::int64_t n, std::int64_t& nonfinite) {
-  float m = 0.0f;
-  std::int64_t bad = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(v[i]);
-    if (a <= FLT_MAX) m = a > m ? a : m;  // false for NaN and +-Inf
-    else ++bad;
+  float m[8] = {};
+  std::int32_t bad[8] = {};
+  std::int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float a = std::fabs(v[k + j]);
+      const bool ok = a <= FLT_MAX;  // false for NaN and +-Inf
+      m[j] = ok && a > m[j] ? a : m[j];
+      bad[j] += ok ? 0 : 1;
+    }
+  for (; k < n; ++k) {
+    const float a = std::fabs(v[k]);
+    const bool ok = a <= FLT_MAX;
+    m[0] = ok && a > m[0] ? a : m[0];
+    bad[0] += ok ? 0 : 1;
   }
-  nonfinite += bad;
-  return m;
+  float r = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    r = std::max(r, m[j]);
+    nonfinite += bad[j];
+  }
+  return r;
 }
 
-// Stored value i of the quantize call's output (before the storage offsets): int8, or the two's
-// complement nibble i of quint4x2 words (element 8k + j in bits [4j, 4j + 3] of word k, little endian).
+// The stored values of the quantize call's output (before the storage offsets) q[b, b + n) as float32:
+// int8, or the two's complement nibbles of quint4x2 words (element 8k + j in bits [4j, 4j + 3] of word
+// k, little endian; b even).
 template <int BITS>
-inline int stored(const std::byte* q, std::int64_t i) {
+void stored_values(const std::byte* q, std::int64_t b, std::int64_t n, float* out) {
   if constexpr (BITS == 8) {
-    return static_cast<int>(static_cast<std::int8_t>(q[i]));
+    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<std::int8_t>(q[b + i]));
   } else {
-    const auto b = static_cast<unsigned>(q[i >> 1]);
-    return static_cast<int>((((i & 1) ? (b >> 4) : b) & 0xFu) ^ 8u) - 8;
+    const std::byte* p = q + b / 2;
+    std::int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      const auto v = static_cast<unsigned>(p[i / 2]);
+      out[i] = static_cast<float>(static_cast<int>((v & 0xFu) ^ 8u) - 8);
+      out[i + 1] = static_cast<float>(static_cast<int>((v >> 4) ^ 8u) - 8);
+    }
+    if (i < n) out[i] = static_cast<float>(static_cast<int>((static_cast<unsigned>(p[i / 2]) & 0xFu) ^ 8u) - 8);
   }
 }
 
-// Round-trip error sums of `groups` groups of G: v (x widened) against q * s' in float32. Per group,
-// eight float32 lanes (lane = offset in the group mod 8) of x^2 and (x - q s')^2, added into eight
-// double lanes after each group; the lanes summed in a fixed order at the end. The same sums on every
-// machine and for every thread count. Non-finite inputs add nothing. A group whose float32 lanes
-// overflow (|x| above ~1.8e19) is summed again in double, so a large weight never turns the report into
-// Inf / Inf = NaN.
+std::vector<float>& error_scratch() {
+  static thread_local std::vector<float> v;
+  return v;
+}
+
+// Round-trip error sums of `groups` groups of G: v (x widened) against q * s' in float32
+// (dequantize_value(q, s', 0)). Per group, eight float32 lanes (lane = offset in the group mod 8) of x^2
+// and (x - q s')^2, added into eight double lanes after each group; the lanes summed in a fixed order at
+// the end. The same sums on every machine and for every thread count. Non-finite inputs add +0, which
+// leaves a lane as it is. A group whose float32 lanes overflow (|x| above ~1.8e19) is summed again in
+// double, so a large weight never turns the report into Inf / Inf = NaN.
 template <int BITS>
 ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G, const float* sw) {
   double sig[8] = {}, noi[8] = {};
   float mx[8] = {};
   double mxd = 0.0;
+  std::vector<float>& qf = error_scratch();
+  if (qf.size() < static_cast<std::size_t>(G)) qf.resize(static_cast<std::size_t>(G));
   for (std::int64_t g = 0; g < groups; ++g) {
     const float s = sw[g];
-    float gs[8] = {}, gn[8] = {};
+    float gs[8] = {}, gn[8] = {}, gm[8] = {};
     const std::int64_t b = g * G;
-    for (std::int64_t k = 0; k < G; ++k) {
-      const int j = static_cast<int>(k & 7);
-      const float x = v[b + k];
-      if (!(std::fabs(x) <= FLT_MAX)) continue;
-      const float r = dequantize_value(stored<BITS>(q, b + k), s, 0.0f);
-      const float e = x - r;
-      gs[j] += x * x;
+    const float* x = v + b;
+    stored_values<BITS>(q, b, G, qf.data());
+    const float* qv = qf.data();
+    const auto lane = [&](int j, std::int64_t k) {
+      const bool ok = std::fabs(x[k]) <= FLT_MAX;
+      const float r = qv[k] * s;
+      const float xs = ok ? x[k] : 0.0f;
+      const float e = ok ? x[k] - r : 0.0f;
+      gs[j] += xs * xs;
       gn[j] += e * e;
       const float ae = std::fabs(e);
-      mx[j] = ae > mx[j] ? ae : mx[j];
-    }
+      gm[j] = ae > gm[j] ? ae : gm[j];
+    };
+    std::int64_t k = 0;
+    for (; k + 8 <= G; k += 8)
+      for (int j = 0; j < 8; ++j) lane(j, k + j);
+    for (; k < G; ++k) lane(static_cast<int>(k & 7), k);
     bool finite = true;
-    for (int j = 0; j < 8; ++j) finite = finite && std::isfinite(gs[j]) && std::isfinite(gn[j]);
+    for (int j = 0; j < 8; ++j) finite = finite && std::isfinite(gs[j]) && std::isfinite(gn[j]) && std::isfinite(gm[j]);
     if (finite) {
       for (int j = 0; j < 8; ++j) {
         sig[j] += static_cast<double>(gs[j]);
         noi[j] += static_cast<double>(gn[j]);
+        mx[j] = gm[j] > mx[j] ? gm[j] : mx[j];
       }
       continue;
     }
-    for (std::int64_t k = 0; k < G; ++k) {
+    for (k = 0; k < G; ++k) {
       const int j = static_cast<int>(k & 7);
-      const double x = v[b + k];
-      if (!(std::fabs(x) <= FLT_MAX)) continue;
-      const double e = x - static_cast<double>(dequantize_value(stored<BITS>(q, b + k), s, 0.0f));
-      sig[j] += x * x;
+      const double xd = x[k];
+      if (!(std::fabs(xd) <= FLT_MAX)) continue;
+      const double e = xd - static_cast<double>(qv[k] * s);
+      sig[j] += xd * xd;
       noi[j] += e * e;
       mxd = std::max(mxd, std::fabs(e));
     }
@@ -137,8 +172,7 @@ ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups,
   for (int j = 0; j < 8; ++j) {
     err.signal += sig[j];
     err.noise += noi[j];
-    // A lane whose float32 |e| overflowed belongs to a group summed again in double (mxd).
-    if (std::isfinite(mx[j])) err.max_abs = std::max(err.max_abs, static_cast<double>(mx[j]));
+    err.max_abs = std::max(err.max_abs, static_cast<double>(mx[j]));
   }
   err.max_abs = std::max(err.max_abs, mxd);
   return err;

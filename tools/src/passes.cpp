@@ -92,10 +92,19 @@ inline void minmax_run(const std::byte* x, std::int64_t first, std::int64_t n, f
       h[j] = -inf;
       b[j] = 0;
     }
-    for (std::int64_t k = 0; k < n; ++k) {
+    std::int64_t k = 0;
+    for (; k + kLanes <= n; k += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = ld<DT>(x, first + k + j, ht);
+        const bool ok = std::fabs(v) <= FLT_MAX;  // false for NaN and +-Inf
+        l[j] = ok && v < l[j] ? v : l[j];
+        h[j] = ok && v > h[j] ? v : h[j];
+        b[j] += ok ? 0 : 1;
+      }
+    for (; k < n; ++k) {
       const int j = static_cast<int>(k % kLanes);
       const float v = ld<DT>(x, first + k, ht);
-      const bool ok = std::fabs(v) <= FLT_MAX;  // false for NaN and +-Inf
+      const bool ok = std::fabs(v) <= FLT_MAX;
       l[j] = ok && v < l[j] ? v : l[j];
       h[j] = ok && v > h[j] ? v : h[j];
       b[j] += ok ? 0 : 1;
@@ -124,23 +133,22 @@ void minmax_piece(const std::byte* base, const Piece& p, float* lo, float* hi, s
   }
 }
 
-// Per-lane double sums of x^2 and (x - x')^2 and the largest |x - x'| of a run; non-finite inputs add
-// nothing and are counted.
+// Per-lane double sums of x^2 and (x - x')^2 and the largest |x - x'| of a run. A non-finite input adds
+// +0 (which leaves a lane as it is) and is counted. Written branch-free over kLanes-wide blocks so that
+// the compiler can vectorize it; the lane layout, not the instructions, fixes the result.
 struct Lanes {
   double sig[kLanes] = {}, noi[kLanes] = {}, mx[kLanes] = {};
   std::int64_t bad = 0;
 
   void add(int j, float x, float xr) noexcept {
-    if (!(std::fabs(x) <= FLT_MAX)) {
-      ++bad;
-      return;
-    }
-    const double xd = x;
-    const double e = xd - static_cast<double>(xr);
+    const bool ok = std::fabs(x) <= FLT_MAX;
+    const double xd = ok ? static_cast<double>(x) : 0.0;
+    const double e = xd - (ok ? static_cast<double>(xr) : 0.0);
     const double ae = std::fabs(e);
     sig[j] += xd * xd;
     noi[j] += e * e;
-    if (mx[j] < ae) mx[j] = ae;
+    mx[j] = mx[j] < ae ? ae : mx[j];
+    bad += ok ? 0 : 1;
   }
 
   void into(ErrorStats& e) const noexcept {
@@ -163,7 +171,18 @@ template <StDType DT, int BITS, bool PER_ELEM>
 inline void error_run(const std::byte* x, const void* q, std::int64_t first, std::int64_t n, const float* scale,
                       const float* zero_point, ErrorStats& out, const float* ht) noexcept {
   Lanes a;
-  for (std::int64_t k = 0; k < n; ++k) {
+  std::int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    float xv[kLanes], xr[kLanes];
+    for (int j = 0; j < kLanes; ++j) {
+      const float s = PER_ELEM ? scale[k + j] : scale[0];
+      const float z = PER_ELEM ? zero_point[k + j] : zero_point[0];
+      xv[j] = ld<DT>(x, first + k + j, ht);
+      xr[j] = dequantize_value(stored_value(q, BITS, first + k + j), s, z);
+    }
+    for (int j = 0; j < kLanes; ++j) a.add(j, xv[j], xr[j]);
+  }
+  for (; k < n; ++k) {
     const float s = PER_ELEM ? scale[k] : scale[0];
     const float z = PER_ELEM ? zero_point[k] : zero_point[0];
     a.add(static_cast<int>(k % kLanes), ld<DT>(x, first + k, ht), dequantize_value(stored_value(q, BITS, first + k), s, z));
