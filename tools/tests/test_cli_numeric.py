@@ -325,6 +325,56 @@ def test_one_huge_row_in_bounded_memory(tmp_path, preset):
         assert last_word == 0xF8888888  # 7 + 8 in the top nibble, 0 + 8 elsewhere
 
 
+def _expected(x, bits, group, scale_dt):
+    """Stored scales (widened) and integers of an [N, K] weight, recomputed in float32 NumPy."""
+    n, k = x.shape
+    g = k if group == 0 else group
+    xg = x.astype(np.float32).reshape(n, k // g, g)
+    amax = np.where(np.isfinite(xg), np.abs(xg), np.float32(0)).max(axis=-1)
+    s = (amax / np.float32(7 if bits == 4 else 127)).astype(np.float32)
+    s = np.where(amax == 0, np.float32(1), np.maximum(s, np.finfo(np.float32).tiny)).astype(np.float32)
+    sw = bf16_bits_to_f32(f32_to_bf16_bits(s)).reshape(s.shape) if scale_dt == "BF16" else s.astype(np.float16).astype(np.float32)
+    if bits == 8:
+        q = np.clip(np.rint((xg / sw[..., None]).astype(np.float32)), -128, 127)
+    else:
+        q = np.clip(np.rint((xg * (np.float32(1) / sw)[..., None]).astype(np.float32)), -8, 7)
+    return sw, q.astype(np.int32).reshape(n, k)
+
+
+@pytest.mark.parametrize("preset,group", [("W8A8", None), ("W4A16", "0"), ("W4A16", "128"), ("W8A16", "0")])
+def test_rows_longer_than_a_piece(tmp_path, preset, group):
+    """K = 2^18 + 128: per channel, each row is a group longer than a piece (its scale from a first pass
+    over its pieces); with groups of 128, pieces of whole groups run across rows. The stored values are
+    those of the formula, and dequantize gives q * s' back."""
+    rs = np.random.RandomState(21)
+    k = (1 << 18) + 128
+    x = (rs.standard_normal((3, k)) * 0.05).astype(np.float32)
+    x[1, -1] = 0.9  # the largest value of row 1 in its last piece
+    src = tmp_path / "m"
+    write_model(src, {UP + ".weight": ("BF16", x)}, {"model_type": "llama", "torch_dtype": "bfloat16"})
+    out = tmp_path / "out"
+    r = xquant("quantize", src, "-o", out, "--preset", preset, *(["--group-size", group] if group else []), "-q")
+    assert r.returncode == 0, r.stderr
+    bits = 4 if preset == "W4A16" else 8
+    xb = bf16_bits_to_f32(f32_to_bf16_bits(x)).reshape(x.shape)
+    sw, q = _expected(xb, bits, int(group or 0), "BF16")
+    _, o = read_official(out / "model.safetensors")
+    np.testing.assert_array_equal(o[UP + ".weight_scale"][1], sw)
+    if preset == "W8A8":
+        np.testing.assert_array_equal(o[UP + ".weight"][1], q)
+    else:
+        words = o[UP + ".weight_packed"][1].astype(np.int64).astype(np.uint32)
+        per = 32 // bits
+        parts = (words[..., None] >> (bits * np.arange(per, dtype=np.uint32))) & ((1 << bits) - 1)
+        np.testing.assert_array_equal(parts.reshape(3, -1).astype(np.int32) - (1 << (bits - 1)), q)
+    dq = tmp_path / "dq"
+    r = xquant("dequantize", out, "-o", dq, "--dtype", "F32", "-q")
+    assert r.returncode == 0, r.stderr
+    g = k if not group or group == "0" else int(group)
+    want = (q.reshape(3, k // g, g) * sw[..., None]).astype(np.float32).reshape(3, k)
+    np.testing.assert_array_equal(read_official(dq / "model.safetensors")[1][UP + ".weight"][1], want)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 22.4: the outputs of the sample model and sample file, byte for byte those of the code before the
 # rewrite on the library's kernels (hashes taken with the main branch's binary at 6251e2a).
