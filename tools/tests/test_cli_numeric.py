@@ -244,6 +244,7 @@ def test_g_idx_of_minus_one_is_column_order(tmp_path):
     r = xquant("dequantize", src, "-o", out)
     assert r.returncode == 0, r.stderr
     _, o = read_official(out / "model.safetensors")
+    assert sorted(o) == [UP + ".weight"]  # weight_g_idx is a quantization parameter: not copied
     s32 = bf16_bits_to_f32(f32_to_bf16_bits(s)).reshape(s.shape)
     want = bf16_bits_to_f32(f32_to_bf16_bits(q * s32[:, np.arange(k) // g])).reshape(n, k)
     np.testing.assert_array_equal(o[UP + ".weight"][1], want)
