@@ -2,6 +2,11 @@
 // CompressedTensorsHfQuantizer and vLLM load): quantize a Hugging Face model directory with a preset
 // (W4A16, W8A16, W8A8), dequantize such a directory, inspect one. See docs/cli.md, "Model directories
 // and the compressed-tensors format".
+//
+// ct_presets.cpp: the presets, which modules are quantized, the config, the scales.
+// ct_export.cpp:  quantize a directory (the numbers: the library's quantize_out, scalar passes around it).
+// ct_read.cpp:    read a compressed-tensors directory or file: dequantize (the library's anti_quant_out),
+//                 inspect.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +15,7 @@
 #include <vector>
 
 #include "jobs.hpp"
+#include "plan.hpp"
 #include "safetensors.hpp"
 
 namespace xqcli {
@@ -46,16 +52,43 @@ struct CtDecision {
 bool is_embedding_module(const std::string& module);
 bool is_default_ignored_module(const std::string& module);
 
-// The quantization of one row block of a [rows, K] weight with group size G (K: per channel): scales
-// amax / qmax in float32 over the finite values, rounded to `scale_dt` (the stored scale), the weight
-// quantized with the widened stored scale by xquant::quantize_out (int8: qint8, div_mode=true,
-// q = rint(x / s); int4: quint4x2, div_mode=false, q = rint(x * (1 / s))) on the [rows * K / G, G] view,
-// then stored as compressed-tensors does: int4 words with each nibble offset by 8 (word ^ 0x88888888),
-// 8-bit packed words with each byte offset by 128, int-quantized int8 as is. `x` need not be aligned.
-// `q` receives rows * K bytes (8 bits) or rows * K / 2 (4 bits); `scale` rows * K / G entries of
-// `scale_dt`. Returns the round-trip error sums (x against q * s in float32).
-ErrorStats ct_quantize_rows(const std::byte* x, StDType dt, std::int64_t rows, std::int64_t K, std::int64_t G,
-                            const Preset& p, StDType scale_dt, std::byte* q, std::byte* scale);
+// The decision for one tensor (docs/cli.md, "Which modules are quantized"): `include` is --targets,
+// `exclude` --ignore; `tied`: config.json's tie_word_embeddings.
+CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bool tied);
+
+// config.json's "quantization_config" of a preset, `ignore` the module names left dense (sorted), as
+// JSON text (an object, keys in compressed-tensors' order).
+std::string quantization_config_json(const Preset& p, const std::vector<std::string>& ignore);
+
+// The stored scale of one group: s = amax / qmax in float32 (amax = 0: s = 1; s below FLT_MIN: FLT_MIN),
+// rounded to nearest even to `scale_dt` (F32, F16 or BF16; a float16 scale that rounds to 0 becomes
+// 2^-24). `bits` are the stored scale's bits (little endian, the low ssize bytes), `widened` the stored
+// scale back in float32 (s'). `ok` is false when the scale dtype cannot hold the group: s' is not
+// finite, or neither is the largest dequantized value qmax * s' rounded to the scale dtype (what the
+// loader computes); then nothing may be written (issue 17: such a model got +Inf scales and NaN weights).
+struct CtScale {
+  std::uint32_t bits = 0;
+  float widened = 0.0f;
+  float largest = 0.0f;  // qmax * s' rounded to the scale dtype
+  bool ok = false;
+};
+CtScale ct_scale(float amax, int num_bits, StDType scale_dt);
+// A message for a group whose scale is not ok: amax, the scale and its dtype, the largest value.
+std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const CtScale& s);
+
+// The quantization of `groups` consecutive groups of G elements of a weight (a run of whole groups in
+// row-major order; G = K per channel) at `x`, which need not be aligned: scales as ct_scale() over the
+// finite values of each group, the weight quantized with the widened stored scale by
+// xquant::quantize_out (int8: qint8, div_mode=true, q = rint(x / s'); int4: quint4x2, div_mode=false,
+// q = rint(x * (1 / s'))) on the [groups, G] view, then stored as compressed-tensors does: int4 nibbles
+// and 8-bit packed bytes offset by 8 / 128 (word ^ 0x88888888 / 0x80808080), int-quantized int8 as is.
+// `q` receives groups * G bytes (8 bits) or groups * G / 2 (4 bits); `scale` `groups` entries of
+// `scale_dt`. `first_group` (the index of the first group in the tensor) and `groups_per_row` (K / G)
+// only name the place of a scale that cannot be stored, in the CliError thrown (exit 1). Returns the
+// round-trip error sums (x against q * s' in float32).
+ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t groups, std::int64_t G, const Preset& p,
+                              StDType scale_dt, std::byte* q, std::byte* scale, std::int64_t first_group = 0,
+                              std::int64_t groups_per_row = 1);
 
 // xquant quantize DIR -o OUT (and --format compressed-tensors).
 QuantizeResult run_export(const QuantizeOptions& q, const ExportOptions& e);

@@ -1,10 +1,13 @@
-// xquant dequantize: back to floating point with the stored scales (and zero points), streamed in
-// chunks like quantize; tensors that were kept as they were are copied.
+// xquant dequantize: back to floating point with the stored scales (and zero points) by the library's
+// anti_quant (passes.hpp, dequantize_range), streamed in chunks like quantize; tensors that were kept as
+// they were are copied.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <set>
+#include <string>
 
 #include "errors.hpp"
 #include "files.hpp"
@@ -138,13 +141,20 @@ void run_dequantize(const DequantizeOptions& o) {
         const std::int64_t ce = std::min(n, cb + kChunkElems);
         buffer.resize(static_cast<std::size_t>((ce - cb) * osize));
         const std::int64_t npieces = (ce - cb + kPieceElems - 1) / kPieceElems;
+        std::string failure;
 #pragma omp parallel for schedule(dynamic, 1) if (npieces > 1)
         for (std::int64_t k = 0; k < npieces; ++k) {
           const std::int64_t b = cb + k * kPieceElems;  // a multiple of 8: packed words are not split
           const std::int64_t e = std::min(ce, b + kPieceElems);
-          dequantize_range(q, info->bits, nf, scale.data(), zero_point.data(), b, e, ot.dtype,
-                           buffer.data() + (b - cb) * osize);
+          try {
+            dequantize_range(q, info->bits, nf, scale.data(), zero_point.data(), b, e, ot.dtype,
+                             buffer.data() + (b - cb) * osize);
+          } catch (const std::exception& ex) {  // nothing may leave an OpenMP region
+#pragma omp critical
+            if (failure.empty()) failure = ex.what();
+          }
         }
+        if (!failure.empty()) bad_input(o.input + ": tensor " + quote_name(t.name) + ": " + failure);
         out.write_at(buffer.data(), buffer.size(), base_off + ot.offset + static_cast<std::uint64_t>(cb * osize));
         const auto qb = static_cast<std::uint64_t>(info->bits == 4 ? cb / 2 : cb);
         const auto qe = static_cast<std::uint64_t>(info->bits == 4 ? ce / 2 : ce);

@@ -4,10 +4,12 @@
 #include <array>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "xquant/anti_quant.hpp"
 #include "xquant/half.hpp"
 
 namespace xqcli {
@@ -50,51 +52,33 @@ float load_element(const std::byte* base, StDType dt, std::int64_t i) noexcept {
   }
 }
 
-// The hot loops are compiled for several x86-64 levels and picked at load time (GCC target_clones).
-// They keep kLanes independent accumulators in a fixed layout (lane = offset in the run mod kLanes),
-// so the sums do not depend on the vector width, the ISA or the thread count.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define XQCLI_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define XQCLI_CLONES
-#endif
-
+// The loops below are plain scalar code (the library's kernels do the quantization itself). They keep
+// kLanes independent accumulators in a fixed layout (lane = offset in the run mod kLanes), so the sums
+// do not depend on the compiler, the machine or the thread count.
 namespace {
 
 constexpr int kLanes = 16;
 
 // `ht` is half_table(), fetched once per piece (a function-local static costs a guard check per call).
 template <StDType DT>
-[[gnu::always_inline]] inline float ld(const std::byte* b, std::int64_t i, const float* ht) noexcept {
+inline float ld(const std::byte* b, std::int64_t i, const float* ht) noexcept {
   if constexpr (DT == StDType::F32) return ld_f32(b, i);
   else if constexpr (DT == StDType::BF16) return bf16_to_f32(ld_u16(b, i));
   else return ht[ld_u16(b, i)];
 }
 
-// Stored value k of a run whose first element is a multiple of 8 (int4): lane-constant shifts.
-template <int BITS>
-[[gnu::always_inline]] inline int ldq(const void* q, std::int64_t first, int j) noexcept {
-  if constexpr (BITS == 8) {
-    return static_cast<const std::int8_t*>(q)[first + j];
-  } else {
-    std::uint32_t w;
-    std::memcpy(&w, static_cast<const std::byte*>(q) + ((first >> 3) + (j >> 3)) * 4, 4);
-    const int nibble = static_cast<int>((w >> (4 * (j & 7))) & 0xFu);
-    return (nibble ^ 8) - 8;
-  }
-}
-
 // min / max / non-finite count of x[first, first + n) (one channel), or, with PER_ELEM, x[first + k]
-// updates lo[k] / hi[k] (channels along the last axis).
+// updates lo[k] / hi[k] (channels along the last axis). min and max are exact: the lanes only help the
+// compiler.
 template <StDType DT, bool PER_ELEM>
-[[gnu::always_inline]] inline void minmax_run(const std::byte* x, std::int64_t first, std::int64_t n, float* lo,
-                                              float* hi, std::int64_t& nonfinite, const float* ht) noexcept {
+inline void minmax_run(const std::byte* x, std::int64_t first, std::int64_t n, float* lo, float* hi,
+                       std::int64_t& nonfinite, const float* ht) noexcept {
   const float inf = std::numeric_limits<float>::infinity();
   if constexpr (PER_ELEM) {
     std::int64_t bad = 0;
     for (std::int64_t k = 0; k < n; ++k) {
       const float v = ld<DT>(x, first + k, ht);
-      const bool ok = __builtin_fabsf(v) <= FLT_MAX;
+      const bool ok = std::fabs(v) <= FLT_MAX;
       lo[k] = ok && v < lo[k] ? v : lo[k];
       hi[k] = ok && v > hi[k] ? v : hi[k];
       bad += ok ? 0 : 1;
@@ -102,7 +86,7 @@ template <StDType DT, bool PER_ELEM>
     nonfinite += bad;
   } else {
     float l[kLanes], h[kLanes];
-    std::int32_t b[kLanes];
+    std::int64_t b[kLanes];
     for (int j = 0; j < kLanes; ++j) {
       l[j] = inf;
       h[j] = -inf;
@@ -112,7 +96,7 @@ template <StDType DT, bool PER_ELEM>
     for (; k + kLanes <= n; k += kLanes)
       for (int j = 0; j < kLanes; ++j) {
         const float v = ld<DT>(x, first + k + j, ht);
-        const bool ok = __builtin_fabsf(v) <= FLT_MAX;  // false for NaN and +-Inf
+        const bool ok = std::fabs(v) <= FLT_MAX;  // false for NaN and +-Inf
         l[j] = ok && v < l[j] ? v : l[j];
         h[j] = ok && v > h[j] ? v : h[j];
         b[j] += ok ? 0 : 1;
@@ -120,7 +104,7 @@ template <StDType DT, bool PER_ELEM>
     for (; k < n; ++k) {
       const int j = static_cast<int>(k % kLanes);
       const float v = ld<DT>(x, first + k, ht);
-      const bool ok = __builtin_fabsf(v) <= FLT_MAX;
+      const bool ok = std::fabs(v) <= FLT_MAX;
       l[j] = ok && v < l[j] ? v : l[j];
       h[j] = ok && v > h[j] ? v : h[j];
       b[j] += ok ? 0 : 1;
@@ -134,7 +118,7 @@ template <StDType DT, bool PER_ELEM>
 }
 
 template <StDType DT>
-[[gnu::always_inline]] inline void minmax_piece(const std::byte* base, const Piece& p, float* lo, float* hi, std::int64_t& nonfinite) noexcept {
+void minmax_piece(const std::byte* base, const Piece& p, float* lo, float* hi, std::int64_t& nonfinite) noexcept {
   const NormalForm nf = normal_form(p.shape, p.ch_dim);
   const float* ht = DT == StDType::F16 ? half_table() : nullptr;
   std::int64_t i = 0;
@@ -149,100 +133,65 @@ template <StDType DT>
   }
 }
 
-// Per-lane sums of one run: lanes 0-7 and 8-15 as two 8-wide vectors (GCC vector extensions, compiled
-// for each target of XQCLI_CLONES; 2 x 4 or 4 x 2 registers where vectors are narrower). Lane j takes the
-// elements at offsets = j mod 16 of the run, so the sums are the same on every target.
-typedef float v8f __attribute__((vector_size(32)));
-typedef double v8d __attribute__((vector_size(64)));
-typedef std::int32_t v8i __attribute__((vector_size(32)));
-typedef std::int64_t v8l __attribute__((vector_size(64)));
-
+// Per-lane double sums of x^2 and (x - x')^2 and the largest |x - x'| of a run. A non-finite input adds
+// +0 (which leaves a lane as it is) and is counted. Written branch-free over kLanes-wide blocks so that
+// the compiler can vectorize it; the lane layout, not the instructions, fixes the result.
 struct Lanes {
-  v8d sig[2], noi[2], mx[2];
-  std::int64_t bad;
-};
+  double sig[kLanes] = {}, noi[kLanes] = {}, mx[kLanes] = {};
+  std::int64_t bad = 0;
 
-[[gnu::always_inline]] inline void lanes_init(Lanes& a) noexcept {
-  for (int g = 0; g < 2; ++g) a.sig[g] = a.noi[g] = a.mx[g] = v8d{};
-  a.bad = 0;
-}
-
-// Eight inputs x and their dequantized values xr into lane group g. Non-finite inputs add nothing.
-[[gnu::always_inline]] inline void lanes_add8(Lanes& a, int g, const float* xs, const float* xrs) noexcept {
-  v8f x, xr;
-  v8i bits;
-  std::memcpy(&x, xs, sizeof x);
-  std::memcpy(&xr, xrs, sizeof xr);
-  std::memcpy(&bits, xs, sizeof bits);
-  const v8i ok = (bits & 0x7fffffff) <= 0x7f7fffff;  // -1 where finite (|x| <= FLT_MAX), 0 for NaN / Inf
-  const v8l m = __builtin_convertvector(ok, v8l);
-  const v8d xd = (v8d)((v8l)__builtin_convertvector(x, v8d) & m);
-  const v8d rd = (v8d)((v8l)__builtin_convertvector(xr, v8d) & m);
-  const v8d e = xd - rd;
-  const v8d ae = (v8d)((v8l)e & 0x7fffffffffffffffLL);
-  a.sig[g] += xd * xd;
-  a.noi[g] += e * e;
-  a.mx[g] = a.mx[g] < ae ? ae : a.mx[g];
-}
-
-// One element into lane j (the tail of a run).
-[[gnu::always_inline]] inline void lane_add(Lanes& a, int j, float x, float xr) noexcept {
-  const bool ok = __builtin_fabsf(x) <= FLT_MAX;
-  const double xd = ok ? static_cast<double>(x) : 0.0;
-  const double e = xd - (ok ? static_cast<double>(xr) : 0.0);
-  const double ae = __builtin_fabs(e);
-  a.sig[j / 8][j % 8] += xd * xd;
-  a.noi[j / 8][j % 8] += e * e;
-  if (a.mx[j / 8][j % 8] < ae) a.mx[j / 8][j % 8] = ae;
-  a.bad += ok ? 0 : 1;
-}
-
-[[gnu::always_inline]] inline void lanes_into(const Lanes& a, ErrorStats& e) noexcept {
-  double s = 0.0, n = 0.0, m = 0.0;
-  for (int j = 0; j < kLanes; ++j) {
-    s += a.sig[j / 8][j % 8];
-    n += a.noi[j / 8][j % 8];
-    m = std::max(m, a.mx[j / 8][j % 8]);
+  void add(int j, float x, float xr) noexcept {
+    const bool ok = std::fabs(x) <= FLT_MAX;
+    const double xd = ok ? static_cast<double>(x) : 0.0;
+    const double e = xd - (ok ? static_cast<double>(xr) : 0.0);
+    const double ae = std::fabs(e);
+    sig[j] += xd * xd;
+    noi[j] += e * e;
+    mx[j] = mx[j] < ae ? ae : mx[j];
+    bad += ok ? 0 : 1;
   }
-  e.signal += s;
-  e.noise += n;
-  e.max_abs = std::max(e.max_abs, m);
-  e.nonfinite += a.bad;
-}
+
+  void into(ErrorStats& e) const noexcept {
+    double s = 0.0, n = 0.0, m = 0.0;
+    for (int j = 0; j < kLanes; ++j) {
+      s += sig[j];
+      n += noi[j];
+      m = std::max(m, mx[j]);
+    }
+    e.signal += s;
+    e.noise += n;
+    e.max_abs = std::max(e.max_abs, m);
+    e.nonfinite += bad;
+  }
+};
 
 // Round-trip error of x[first, first + n) against the stored values, with one (scale, zero point) or,
 // with PER_ELEM, scale[k] / zero_point[k] for element k.
 template <StDType DT, int BITS, bool PER_ELEM>
-[[gnu::always_inline]] inline void error_run(const std::byte* x, const void* q, std::int64_t first, std::int64_t n,
-                                             const float* scale, const float* zero_point, ErrorStats& out,
-                                             const float* ht) noexcept {
+inline void error_run(const std::byte* x, const void* q, std::int64_t first, std::int64_t n, const float* scale,
+                      const float* zero_point, ErrorStats& out, const float* ht) noexcept {
   Lanes a;
-  lanes_init(a);
   std::int64_t k = 0;
-  if (BITS == 8 || (first & 7) == 0) {
-    for (; k + kLanes <= n; k += kLanes) {
-      float xv[kLanes], xr[kLanes];
-      for (int j = 0; j < kLanes; ++j) {
-        const float s = PER_ELEM ? scale[k + j] : scale[0];
-        const float z = PER_ELEM ? zero_point[k + j] : zero_point[0];
-        xv[j] = ld<DT>(x, first + k + j, ht);
-        xr[j] = (static_cast<float>(ldq<BITS>(q, first + k, j)) - z) * s;  // dequantize_value
-      }
-      lanes_add8(a, 0, xv, xr);
-      lanes_add8(a, 1, xv + 8, xr + 8);
-      for (int j = 0; j < kLanes; ++j) a.bad += __builtin_fabsf(xv[j]) <= FLT_MAX ? 0 : 1;
+  for (; k + kLanes <= n; k += kLanes) {
+    float xv[kLanes], xr[kLanes];
+    for (int j = 0; j < kLanes; ++j) {
+      const float s = PER_ELEM ? scale[k + j] : scale[0];
+      const float z = PER_ELEM ? zero_point[k + j] : zero_point[0];
+      xv[j] = ld<DT>(x, first + k + j, ht);
+      xr[j] = dequantize_value(stored_value(q, BITS, first + k + j), s, z);
     }
+    for (int j = 0; j < kLanes; ++j) a.add(j, xv[j], xr[j]);
   }
   for (; k < n; ++k) {
     const float s = PER_ELEM ? scale[k] : scale[0];
     const float z = PER_ELEM ? zero_point[k] : zero_point[0];
-    lane_add(a, static_cast<int>(k % kLanes), ld<DT>(x, first + k, ht), dequantize_value(stored_value(q, BITS, first + k), s, z));
+    a.add(static_cast<int>(k % kLanes), ld<DT>(x, first + k, ht), dequantize_value(stored_value(q, BITS, first + k), s, z));
   }
-  lanes_into(a, out);
+  a.into(out);
 }
 
 template <StDType DT, int BITS>
-[[gnu::always_inline]] inline ErrorStats error_piece(const std::byte* base, const Piece& p, const void* q, const float* scale,
+ErrorStats error_piece(const std::byte* base, const Piece& p, const void* q, const float* scale,
                        const float* zero_point) noexcept {
   const NormalForm nf = normal_form(p.shape, p.ch_dim);
   const float* ht = DT == StDType::F16 ? half_table() : nullptr;
@@ -260,19 +209,18 @@ template <StDType DT, int BITS>
   return e;
 }
 
-XQCLI_CLONES void minmax_f32(const std::byte* b, const Piece& p, float* lo, float* hi, std::int64_t& n) noexcept {
+void minmax_f32(const std::byte* b, const Piece& p, float* lo, float* hi, std::int64_t& n) noexcept {
   minmax_piece<StDType::F32>(b, p, lo, hi, n);
 }
-XQCLI_CLONES void minmax_bf16(const std::byte* b, const Piece& p, float* lo, float* hi, std::int64_t& n) noexcept {
+void minmax_bf16(const std::byte* b, const Piece& p, float* lo, float* hi, std::int64_t& n) noexcept {
   minmax_piece<StDType::BF16>(b, p, lo, hi, n);
 }
-XQCLI_CLONES void minmax_f16(const std::byte* b, const Piece& p, float* lo, float* hi, std::int64_t& n) noexcept {
+void minmax_f16(const std::byte* b, const Piece& p, float* lo, float* hi, std::int64_t& n) noexcept {
   minmax_piece<StDType::F16>(b, p, lo, hi, n);
 }
 
 #define XQCLI_ERROR_FN(NAME, DT, BITS)                                                                  \
-  XQCLI_CLONES ErrorStats NAME(const std::byte* b, const Piece& p, const void* q, const float* s,     \
-                               const float* z) noexcept {                                             \
+  ErrorStats NAME(const std::byte* b, const Piece& p, const void* q, const float* s, const float* z) noexcept { \
     return error_piece<DT, BITS>(b, p, q, s, z);                                                      \
   }
 XQCLI_ERROR_FN(error_f32_8, StDType::F32, 8)
@@ -303,8 +251,23 @@ void ErrorStats::merge(const ErrorStats& o) noexcept {
 }
 
 double ErrorStats::sqnr_db() const noexcept {
-  if (noise == 0.0) return std::numeric_limits<double>::infinity();
+  if (noise == 0.0 && std::isfinite(signal)) return std::numeric_limits<double>::infinity();
   return 10.0 * std::log10(signal / noise);
+}
+
+const char* ErrorStats::round_trip() const noexcept {
+  if (!std::isfinite(signal) || !std::isfinite(noise) || !std::isfinite(max_abs)) return "non-finite";
+  return noise == 0.0 ? "exact" : "lossy";
+}
+
+std::string ErrorStats::sqnr_text() const {
+  const std::string rt = round_trip();
+  if (rt == "exact") return "exact";
+  const double sq = sqnr_db();
+  if (rt == "non-finite" || !std::isfinite(sq)) return "not finite";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f dB", sq);
+  return buf;
 }
 
 ErrorStats piece_error(const std::byte* tensor, StDType dt, const Piece& p, const void* q, int bits, const float* scale,
@@ -319,24 +282,38 @@ ErrorStats piece_error(const std::byte* tensor, StDType dt, const Piece& p, cons
 }
 
 void dequantize_range(const void* q, int bits, const NormalForm& nf, const float* scale, const float* zero_point,
-                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out) noexcept {
-  std::int64_t i = begin;
-  std::int64_t j = 0;
-  while (i < end) {
-    // One run of elements that share a channel.
+                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out) {
+  // The library's anti_quant: out = narrow((q + offset) * scale) with offset = -zero_point, which is
+  // (q - zero_point) * scale exactly (a - b and a + (-b) are the same IEEE operation), one (scale,
+  // offset) per element of the run, from its channel.
+  const std::int64_t n = end - begin;
+  if (n <= 0) return;
+  static thread_local std::vector<float> sv, ov;
+  static thread_local std::vector<std::byte> staging;
+  sv.resize(static_cast<std::size_t>(n));
+  ov.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = begin; i < end;) {
     const std::int64_t c = (i / nf.inner) % nf.channels;
-    const std::int64_t run_end = std::min(end, (i / nf.inner + 1) * nf.inner);
-    const float s = scale[c], z = zero_point[c];
-    for (; i < run_end; ++i, ++j) {
-      const float v = dequantize_value(stored_value(q, bits, i), s, z);
-      if (out_dt == StDType::F32) {
-        std::memcpy(out + j * 4, &v, 4);
-      } else {
-        const std::uint16_t h = out_dt == StDType::F16 ? xquant::float_to_half(v) : xquant::float_to_bfloat16(v);
-        std::memcpy(out + j * 2, &h, 2);
-      }
-    }
+    const std::int64_t run_end = std::min(end, (i / nf.inner + 1) * nf.inner);  // a run of one channel
+    std::fill(sv.begin() + (i - begin), sv.begin() + (run_end - begin), scale[c]);
+    std::fill(ov.begin() + (i - begin), ov.begin() + (run_end - begin), -zero_point[c]);
+    i = run_end;
   }
+  const std::byte* src = static_cast<const std::byte*>(q) + (bits == 4 ? begin / 2 : begin);
+  if (bits == 4 && reinterpret_cast<std::uintptr_t>(src) % 4 != 0) {  // typed int32 reads: an aligned copy
+    staging.resize(static_cast<std::size_t>(n / 2));
+    std::memcpy(staging.data(), src, staging.size());
+    src = staging.data();
+  }
+  const xquant::DType odt = out_dt == StDType::F16 ? xquant::DType::float16
+                            : out_dt == StDType::BF16 ? xquant::DType::bfloat16
+                                                      : xquant::DType::float32;
+  const xquant::ConstTensorView xv = bits == 4 ? xquant::ConstTensorView(src, xquant::DType::int32, {n / 8})
+                                               : xquant::ConstTensorView(src, xquant::DType::int8, {n});
+  xquant::anti_quant_out(xquant::TensorView(out, odt, {n}), xv,
+                         xquant::ConstTensorView(sv.data(), xquant::DType::float32, {n}),
+                         xquant::ConstTensorView(ov.data(), xquant::DType::float32, {n}),
+                         bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
 }
 
 }  // namespace xqcli

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "plan.hpp"
 #include "safetensors.hpp"
@@ -29,8 +30,15 @@ struct ErrorStats {
   double max_abs = 0.0;  // max |x - x'|
   std::int64_t nonfinite = 0;
   void merge(const ErrorStats& o) noexcept;
-  // 10 log10(signal / noise); +Inf when noise is 0 (an exact round trip).
+  // 10 log10(signal / noise); +Inf when noise is 0 (an exact round trip); NaN or -Inf when a sum is not
+  // finite (never reported as a number: see round_trip()).
   double sqnr_db() const noexcept;
+  // What the report says instead of a non-finite SQNR: "exact" (noise 0: every finite value came back
+  // exactly), "non-finite" (a sum is NaN or Inf: some dequantized value overflowed or is NaN; never
+  // counted as exact), else "lossy" (the SQNR is a finite number).
+  const char* round_trip() const noexcept;
+  // The SQNR as printed: "%.2f dB", "exact", or "not finite".
+  std::string sqnr_text() const;
 };
 
 // Stored value j of a quantized run: int8, or the sign-extended nibble j of packed int32 words.
@@ -53,9 +61,10 @@ ErrorStats piece_error(const std::byte* tensor, StDType dt, const Piece& p, cons
                        const float* zero_point) noexcept;
 
 // Dequantizes elements [begin, end) of a quantized tensor (stored values at `q`, element 0 first; for
-// int4 `begin` is a multiple of 8) whose parameters follow normal form `nf`, into `out` (dtype
-// F32 / F16 / BF16, element `begin` first), narrowing with round-to-nearest-even.
+// int4 `begin` and `end` are multiples of 8) whose parameters follow normal form `nf`, into `out` (dtype
+// F32 / F16 / BF16, element `begin` first), narrowing with round-to-nearest-even: the library's
+// xquant::anti_quant_out with offset = -zero_point (a NaN result is its canonical quiet NaN).
 void dequantize_range(const void* q, int bits, const NormalForm& nf, const float* scale, const float* zero_point,
-                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out) noexcept;
+                      std::int64_t begin, std::int64_t end, StDType out_dt, std::byte* out);
 
 }  // namespace xqcli

@@ -436,7 +436,8 @@ std::string report_json(const QuantizeOptions& o, const QuantizeResult& r) {
       e["axis"] = t.channel_dim < 0 ? J(nullptr) : J(t.channel_dim);
       e["channels"] = t.channels;
       e["sqnr_db"] = number_or_null(t.error.sqnr_db());
-      e["max_abs_error"] = t.error.max_abs;
+      e["round_trip"] = t.error.round_trip();
+      e["max_abs_error"] = number_or_null(t.error.max_abs);
       e["nonfinite"] = t.error.nonfinite;
     } else {
       e["reason"] = t.reason;
@@ -460,7 +461,8 @@ std::string report_json(const QuantizeOptions& o, const QuantizeResult& r) {
                  {"seconds", r.seconds},
                  {"gb_per_s", r.seconds > 0 ? static_cast<double>(r.file_bytes_in) / r.seconds / 1e9 : 0.0},
                  {"sqnr_db", number_or_null(r.total.sqnr_db())},
-                 {"max_abs_error", r.total.max_abs}};
+                 {"round_trip", quantized ? J(r.total.round_trip()) : J(nullptr)},
+                 {"max_abs_error", number_or_null(r.total.max_abs)}};
   return j.dump(2);
 }
 
@@ -476,11 +478,17 @@ void print_summary(std::FILE* out, const QuantizeResult& r, const char* stored, 
       if (quantized++ == 0)
         std::fprintf(out, "\n%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), "tensor", "dtype", "shape", "stored",
                      "SQNR dB", "max abs err");
+      // An exact round trip says "exact", a NaN / overflow "not finite": never "inf".
+      const std::string rt = t.error.round_trip();
       const double sq = t.error.sqnr_db();
       std::fprintf(out, "%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), t.name.c_str(),
                    std::string(st_dtype_name(t.dtype)).c_str(), dims_str(t.shape).c_str(),
                    stored ? stored : std::string(st_dtype_name(t.stored_dtype)).c_str(),
-                   std::isfinite(sq) ? fmt("%.2f", sq).c_str() : "inf", fmt("%.3e", t.error.max_abs).c_str());
+                   rt == "exact" ? "exact" : rt == "lossy" && std::isfinite(sq) ? fmt("%.2f", sq).c_str() : "not finite",
+                   fmt("%.3e", t.error.max_abs).c_str());
+      if (rt == "non-finite")
+        std::fprintf(out, "%-*s  (the round-trip error is not finite: a dequantized value overflowed or is NaN)\n",
+                     static_cast<int>(w), "");
       if (t.error.nonfinite)
         std::fprintf(out, "%-*s  (%lld NaN/Inf values: excluded from the scales, NaN -> 0, +-Inf saturate)\n",
                      static_cast<int>(w), "", static_cast<long long>(t.error.nonfinite));
@@ -494,9 +502,8 @@ void print_summary(std::FILE* out, const QuantizeResult& r, const char* stored, 
   }
   const double ratio =
       r.file_bytes_out ? static_cast<double>(r.file_bytes_in) / static_cast<double>(r.file_bytes_out) : 0.0;
-  const double sq = r.total.sqnr_db();
-  std::fprintf(out, "\ntotal: %zu of %zu tensors quantized, SQNR %s dB, max abs err %.3e\n", quantized, r.tensors.size(),
-               quantized == 0 ? "-" : (std::isfinite(sq) ? fmt("%.2f", sq).c_str() : "inf"), r.total.max_abs);
+  std::fprintf(out, "\ntotal: %zu of %zu tensors quantized, SQNR %s, max abs err %.3e\n", quantized, r.tensors.size(),
+               quantized == 0 ? "-" : r.total.sqnr_text().c_str(), r.total.max_abs);
   std::fprintf(out, "size:  %s -> %s%s (%.2fx %s)\n", Progress::bytes_str(static_cast<double>(r.file_bytes_in)).c_str(),
                Progress::bytes_str(static_cast<double>(r.file_bytes_out)).c_str(), size_what,
                ratio >= 1.0 || ratio == 0.0 ? ratio : 1.0 / ratio, ratio >= 1.0 || ratio == 0.0 ? "smaller" : "larger");
