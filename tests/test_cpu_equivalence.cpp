@@ -135,12 +135,15 @@ TEST(CpuEquivalence, ReportsTargets) {
   EXPECT_FALSE(hwy::SupportedAndGeneratedTargets().empty());
 }
 
+// float16 fake quant needs an amax exact in float16 (SPEC 1): made as a float16 tensor (values rounded).
+DType fq_amax_dtype(DType inputs) { return inputs == DType::float16 ? DType::float16 : DType::float32; }
+
 TEST(CpuEquivalence, FakeQuantPerTensor) {
   for (DType dt : kFloatTypes)
     for (std::int64_t n : kLengths)
       for (auto [nb, uns, narrow] : {std::tuple{8, false, true}, std::tuple{4, true, false}, std::tuple{16, false, false}}) {
         Placed x = placed_floats(dt, {n}, test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n)), 1);
-        Tensor amax = make_float(DType::float32, {1}, {2.5f});
+        Tensor amax = make_float(fq_amax_dtype(dt), {1}, {2.5f});
         // (init-captures: clang 14 cannot capture structured bindings)
         check_equivalent([&, nb = nb, uns = uns, narrow = narrow](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, uns, narrow}); },
                          {{dt, {n}}}, "fake_tensor_quant n=" + std::to_string(n) + " " + std::string(xquant::dtype_name(dt)));
@@ -161,7 +164,7 @@ TEST(CpuEquivalence, FakeQuantPerAxisLayouts) {
       const std::int64_t C = shape[static_cast<std::size_t>(ax)];
       std::vector<float> amax_v(static_cast<std::size_t>(C));
       for (std::int64_t c = 0; c < C; ++c) amax_v[static_cast<std::size_t>(c)] = c % 5 == 3 ? 0.f : 0.5f + 0.37f * static_cast<float>(c);
-      Tensor amax = make_float(DType::float32, {C}, amax_v);
+      Tensor amax = make_float(fq_amax_dtype(dt), {C}, amax_v);  // rounded to half for float16 inputs
       Placed x = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 99), 1);
       check_equivalent([&, axis = axis](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax, axis); },
                        {{dt, shape}}, "fake_tensor_quant_with_axis " + xquant::shape_str(shape) + " axis " + std::to_string(axis));
@@ -422,16 +425,17 @@ TEST(CpuEquivalence, FastDivisionBoundariesFakeQuant) {
   // too large for the domain) to huge (scale tiny), with degenerate channels (amax 0)
   for (DType dt : kFloatTypes)
     for (int nb : {4, 8, 12, 13, 16, 32})
-      for (float amax_v : {1e-30f, 1e-20f, 2.5f, 1e20f, 3e38f}) {
+      for (float amax_v : dt == DType::float16 ? std::vector<float>{5.9604645e-8f, 6.1035156e-5f, 2.5f, 1000.f, 65504.f}
+                                               : std::vector<float>{1e-30f, 1e-20f, 2.5f, 1e20f, 3e38f}) {
         Placed x = placed_floats(dt, {5, 70}, boundary_data(350, 23, amax_v), 1);
-        Tensor amax = make_float(DType::float32, {1}, {amax_v});
+        Tensor amax = make_float(fq_amax_dtype(dt), {1}, {amax_v});
         check_equivalent([&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, false, false}); },
                          {{dt, {5, 70}}}, "fake_tensor_quant boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
-        Tensor amax5 = make_float(DType::float32, {5}, {amax_v, 0.0f, 1.0f, amax_v * 0.5f, 7.0f});
+        Tensor amax5 = make_float(fq_amax_dtype(dt), {5}, {amax_v, 0.0f, 1.0f, amax_v * 0.5f, 7.0f});
         check_equivalent(
             [&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax5, 0, {nb, true, false}); },
             {{dt, {5, 70}}}, "fake_tensor_quant_with_axis boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
-        Tensor amax70 = make_float(DType::float32, {70}, std::vector<float>(70, amax_v));
+        Tensor amax70 = make_float(fq_amax_dtype(dt), {70}, std::vector<float>(70, amax_v));
         check_equivalent(
             [&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax70, 1, {nb, false, true}); },
             {{dt, {5, 70}}}, "fake_tensor_quant_with_axis last boundaries nb " + std::to_string(nb));

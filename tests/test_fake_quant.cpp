@@ -18,7 +18,7 @@ struct Expect {
   explicit Expect(float amax, int nb, bool uns, bool narrow) {
     const std::uint64_t bound = (std::uint64_t{1} << (nb - 1 + (uns ? 1 : 0))) - 1;
     max_b = static_cast<double>(bound);
-    min_b = uns ? 0.0 : -(static_cast<double>(bound) + (narrow ? 0.0 : 1.0));
+    min_b = -(static_cast<double>(bound) + (narrow ? 0.0 : 1.0));  // also unsigned (SPEC 1, revised)
     scale = static_cast<float>(max_b) / amax;
   }
   float forward(float x) const {
@@ -51,9 +51,12 @@ TEST(FakeQuant, HandComputedWideRangeAndUnsigned) {
   const std::vector<float> x = {-200.f, -128.f, -127.5f, -0.25f, 254.5f, 300.f};
   expect_floats_bitexact(run_per_tensor(DType::float32, x, 127.f, {8, false, false}),
                          {-128.f, -128.f, -128.f, -0.f, 127.f, 127.f}, "wide");
-  // unsigned 8 bit: bound 255, amax 255 -> scale 1, range [0, 255] (SPEC: unsigned clamps at 0).
+  // unsigned 8 bit: bound 255, amax 255 -> scale 1, range [-255, 255] (SPEC 1: is_unsigned only doubles
+  // the bound; the lower bound stays negative as in the seed's formula and the Ascend kernel).
   expect_floats_bitexact(run_per_tensor(DType::float32, x, 255.f, {8, true, true}),
-                         {0.f, 0.f, 0.f, -0.f, 254.f, 255.f}, "unsigned");
+                         {-200.f, -128.f, -128.f, -0.f, 254.f, 255.f}, "unsigned");
+  expect_floats_bitexact(run_per_tensor(DType::float32, {-300.f, -255.5f}, 255.f, {8, true, false}),
+                         {-256.f, -256.f}, "unsigned wide");
 }
 
 TEST(FakeQuant, ScaleNotOneDividesBack) {
@@ -96,7 +99,7 @@ TEST(FakeQuant, EveryNumBitsUnsignedNarrowCombination) {
     for (bool uns : {false, true})
       for (bool narrow : {false, true})
         for (float amax : {2.5f, 1.f, 0.f}) {
-          const Expect e(amax, nb, uns, narrow);
+          const Expect e(amax, nb, uns, narrow);  // float32 inputs
           std::vector<float> want;
           for (float v : x) want.push_back(e.forward(v));
           expect_floats_bitexact(run_per_tensor(DType::float32, x, amax, {nb, uns, narrow}), want,
@@ -112,15 +115,15 @@ TEST(FakeQuant, BoundsAtTheExtremeWidths) {
   EXPECT_EQ(got[1], -2147483648.f);
   // num_bits 1 signed: bound 0, scale 0 -> output 0.
   expect_floats_bitexact(run_per_tensor(DType::float32, {5.f, -5.f}, 1.f, {1, false, true}), {0.f, 0.f});
-  // num_bits 1 unsigned: bound 1, [0, 1].
-  expect_floats_bitexact(run_per_tensor(DType::float32, {0.4f, 0.6f, -1.f, 9.f}, 1.f, {1, true, true}),
-                         {0.f, 1.f, 0.f, 1.f});
+  // num_bits 1 unsigned: bound 1, [-1, 1].
+  expect_floats_bitexact(run_per_tensor(DType::float32, {0.4f, 0.6f, -1.f, 9.f, -9.f}, 1.f, {1, true, true}),
+                         {0.f, 1.f, -1.f, 1.f, -1.f});
 }
 
-TEST(FakeQuant, HalfAndBfloat16NarrowOnceFromFloat32) {
+TEST(FakeQuant, Bfloat16NarrowsOnceFromFloat32) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-4.f, 4.f);
-  for (DType dt : {DType::float16, DType::bfloat16}) {
+  for (DType dt : {DType::bfloat16}) {
     std::vector<float> x(1000);
     for (auto& v : x) v = u(rng);
     Tensor in = make_float(dt, {1000}, x);
@@ -136,6 +139,76 @@ TEST(FakeQuant, HalfAndBfloat16NarrowOnceFromFloat32) {
     }
     expect_floats_bitexact(to_floats(out), want, std::string(xquant::dtype_name(dt)));
   }
+}
+
+// float16 inputs follow the Ascend kernel's float16 arithmetic (SPEC 1), stated here with the compiler's
+// own _Float16 arithmetic (g++ on x86-64: each operation rounded once to float16), independent of the
+// library's conversions: scale = M / amax, t = x * scale, out = clamp(rint(t), m, M) / scale, all in half.
+#if defined(__FLT16_MAX__)
+namespace {
+float half_expect(_Float16 x, _Float16 amax, int nb, bool uns, bool narrow) {
+  const std::int64_t bound = (std::int64_t{1} << (nb - 1 + (uns ? 1 : 0))) - 1;
+  const auto M = static_cast<_Float16>(static_cast<float>(bound));
+  const auto m = static_cast<_Float16>(static_cast<float>(-(bound + (narrow ? 0 : 1))));
+  const _Float16 scale = M / amax;
+  if (x != x) return static_cast<float>(x);
+  if (!std::isfinite(static_cast<float>(scale)) || scale == static_cast<_Float16>(0.f)) return 0.f;
+  const _Float16 t = x * scale;
+  _Float16 q = static_cast<_Float16>(std::nearbyint(static_cast<float>(t)));
+  if (q > M) q = M;
+  if (q < m) q = m;
+  return static_cast<float>(static_cast<_Float16>(q / scale));
+}
+}  // namespace
+
+TEST(FakeQuant, Float16FollowsTheKernelsHalfArithmetic) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-6.f, 6.f);
+  std::vector<float> x(4000);
+  for (auto& v : x) v = u(rng);
+  x.insert(x.end(), {0.f, -0.f, 65504.f, -65504.f, kInf, -kInf, kNaN, 6e-8f, -3e-5f, 1e-4f});
+  Tensor in = make_float(DType::float16, {static_cast<std::int64_t>(x.size())}, x);
+  const std::vector<float> xw = to_floats(in);  // the float16 inputs, widened exactly
+  std::size_t differs_from_f32 = 0;
+  for (int nb : {2, 4, 8, 11, 12, 16})
+    for (bool uns : {false, true})
+      for (bool narrow : {false, true})
+        for (float amax : {5.f, 1.5f, 0.0999755859375f /* exact half */, 0.f, 6e-8f /* half subnormal */}) {
+          const auto a16 = static_cast<_Float16>(amax);
+          Tensor a = make_float(DType::float16, {1}, {amax});
+          Tensor out = xquant::fake_tensor_quant(in, a, {nb, uns, narrow});
+          std::vector<float> want;
+          for (float v : xw) want.push_back(half_expect(static_cast<_Float16>(v), a16, nb, uns, narrow));
+          const std::string what = "nb=" + std::to_string(nb) + " uns=" + std::to_string(uns) +
+                                   " narrow=" + std::to_string(narrow) + " amax=" + std::to_string(amax);
+          expect_floats_bitexact(to_floats(out), want, what);
+          // The same amax as a float32 tensor gives the same result (it is exact in float16).
+          EXPECT_TRUE(same_bytes(out.view(), xquant::fake_tensor_quant(in, make_float(DType::float32, {1}, {static_cast<float>(a16)}),
+                                                                       {nb, uns, narrow}).view())) << what;
+          if (nb == 8 && !uns && narrow && amax == 5.f) {
+            const Expect e(static_cast<float>(a16), nb, uns, narrow);
+            for (std::size_t i = 0; i < xw.size(); ++i)
+              differs_from_f32 += xquant::half_to_float(xquant::float_to_half(e.forward(xw[i]))) != want[i] && !std::isnan(want[i]);
+          }
+        }
+  // The float16 arithmetic is visible: the float32 formula narrowed once differs on some elements.
+  EXPECT_GT(differs_from_f32, 0u);
+}
+#else
+TEST(FakeQuant, Float16FollowsTheKernelsHalfArithmetic) {
+  GTEST_SKIP() << "this compiler has no _Float16 arithmetic for the independent statement (g++ 12 on x86-64 has)";
+}
+#endif
+
+TEST(FakeQuant, Float16AmaxMustBeExactInHalf) {
+  Tensor in = make_float(DType::float16, {3}, {1.f, 2.f, 3.f});
+  expect_error([&] { xquant::fake_tensor_quant(in, make_float(DType::float32, {1}, {0.1f})); },
+               ErrorCode::invalid_argument, "amax", {"amax[0]", "float16"});
+  expect_error([&] { xquant::fake_tensor_quant_with_axis(make_float(DType::float16, {2, 2}, {1.f, 2.f, 3.f, 4.f}),
+                                                         make_float(DType::float32, {2}, {1.f, 0.3f}), 0); },
+               ErrorCode::invalid_argument, "amax", {"amax[1]", "float16"});
+  // float32 / bfloat16 inputs take any finite amax >= 0.
+  EXPECT_NO_THROW(xquant::fake_tensor_quant(make_float(DType::float32, {1}, {1.f}), make_float(DType::float32, {1}, {0.1f})));
 }
 
 TEST(FakeQuant, AmaxInAnyFloatDtype) {
@@ -238,10 +311,17 @@ TEST(FakeQuantBackward, UnsignedAndWideRatios) {
   auto r = xquant::fake_tensor_quant_backward(g, x, a, std::nullopt, {8, false, false});
   expect_floats_bitexact(to_floats(r.grad_inputs), {1.f, 0.f, 1.f});
   expect_floats_bitexact(to_floats(r.grad_amax), {1.f});
-  // unsigned: bound 255, scale 255/127, window [0, 127]; x = -5 is below: ratio 0/255 = 0.
+  // unsigned: bound 255, scale 255/127, window [-127, 127] (the lower bound stays negative): x = -5 is
+  // inside, x = 300 above (factor 1).
   r = xquant::fake_tensor_quant_backward(g, x, a, std::nullopt, {8, true, true});
-  expect_floats_bitexact(to_floats(r.grad_inputs), {0.f, 0.f, 1.f});
+  expect_floats_bitexact(to_floats(r.grad_inputs), {1.f, 0.f, 1.f});
   expect_floats_bitexact(to_floats(r.grad_amax), {1.f});
+  // ... and x = -500 below: factor min_bound / max_bound = -255 / 255 = -1.
+  Tensor x2 = make_float(DType::float32, {2}, {-500.f, 300.f});
+  Tensor g2 = make_float(DType::float32, {2}, {2.f, 0.5f});
+  r = xquant::fake_tensor_quant_backward(g2, x2, a, std::nullopt, {8, true, true});
+  expect_floats_bitexact(to_floats(r.grad_inputs), {0.f, 0.f});
+  expect_floats_bitexact(to_floats(r.grad_amax), {-1.5f});
 }
 
 TEST(FakeQuantBackward, PerAxisBlockedSumsAgainstIndependentOrder) {

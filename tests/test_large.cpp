@@ -15,12 +15,14 @@ TEST(Large, FakeQuantInplaceFloat16BeyondTwoToThe31) {
   Tensor x(DType::float16, {kN});
   std::uint16_t table_in[kPeriod];
   std::uint16_t table_out[kPeriod];
-  const float amax = 4.0f;
-  const float scale = 127.0f / amax;
+  const float amax = 3.0f;
+  // float16 arithmetic (SPEC 1): scale = f16(127 / 3), t = f16(x * scale), out = f16(q / scale).
+  const float scale = xquant::half_to_float(xquant::float_to_half(127.0f / amax));
   for (std::int64_t k = 0; k < kPeriod; ++k) {
     const float v = static_cast<float>(k - kPeriod / 2) / 100.0f;  // [-5.1, 5.1]: some saturate
     table_in[k] = xquant::float_to_half(v);
-    float q = std::nearbyint(xquant::half_to_float(table_in[k]) * scale);
+    const float t = xquant::half_to_float(xquant::float_to_half(xquant::half_to_float(table_in[k]) * scale));
+    float q = std::nearbyint(t);
     q = q < -127.f ? -127.f : (q > 127.f ? 127.f : q);
     table_out[k] = xquant::float_to_half(q / scale);
   }

@@ -95,7 +95,9 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
   auto compute = [=]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi) XQUANT_LAMBDA_INLINE {
     const VF v = LoadF<DT>(xb, xi);
     const VF s = kA ? hn::LoadU(df, p.a_scale + pi) : s_b;
-    const VF q = ClampKeepNaN(RoundEven(hn::Mul(v, s)), lo, hi);
+    VF t = hn::Mul(v, s);
+    if constexpr (DT == DType::float16) t = RoundToHalf(t);  // SPEC 1: float16 arithmetic, t = f16(x * scale)
+    const VF q = ClampKeepNaN(RoundEven(t), lo, hi);
     VF r;
     if constexpr (kSteps == 0) r = hn::Div(q, s);
     else r = DivIntegral<kSteps>(q, s, kA ? hn::LoadU(df, p.a_rscale + pi) : r_b);
@@ -294,7 +296,7 @@ struct FqCall {
           s_max = std::max(s_max, params[c].scale);
         }
       }
-      const float q_max = channels > 0 ? std::max(std::abs(params[0].min_bound), std::abs(params[0].max_bound)) : 0.0f;
+      const float q_max = channels > 0 ? std::max(std::abs(params[0].qmin), std::abs(params[0].qmax)) : 0.0f;
       if (s_max > 0.0f) div_steps = fast_div_integral_steps(s_min, s_max, q_max);
     }
     const float *scale = nullptr, *zero = nullptr, *glo = nullptr, *ghi = nullptr, *ratio = nullptr, *rscale = nullptr;
@@ -323,8 +325,8 @@ struct FqCall {
                 x,
                 y,
                 g,
-                channels > 0 ? params[0].min_bound : 0.f,
-                channels > 0 ? params[0].max_bound : 0.f,
+                channels > 0 ? params[0].qmin : 0.f,  // the forward clamp (float16: rounded bounds)
+                channels > 0 ? params[0].qmax : 0.f,
                 any_zero,
                 use_stream(n * static_cast<std::int64_t>(dtype_size(dt))),
                 div_steps,

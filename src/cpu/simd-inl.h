@@ -80,6 +80,29 @@ HWY_INLINE VU FloatToHalfBits(VF v) {
   return hn::Or(o, sign);
 }
 
+// float -> the nearest float16 value, as a float (mirrors hd_round_to_half): ties to even, beyond
+// 65504 -> +-Inf, zero keeps its sign, NaN kept. Float16 arithmetic of SPEC 1 (fake quant).
+HWY_INLINE VF RoundToHalf(VF v) {
+  const DF df;
+  const DU du;
+  const DI di;
+  const VU x = hn::BitCast(du, v);
+  const VU sign = hn::And(x, hn::Set(du, 0x80000000u));
+  const VU a = hn::And(x, hn::Set(du, 0x7FFFFFFFu));
+  const VI ai = hn::BitCast(di, a);  // a <= 0x7FFFFFFF: signed compares are exact
+  // float16 normal range: keep 10 mantissa bits, ties to even (a carry ripples into the exponent).
+  const VU odd = hn::And(hn::ShiftRight<13>(a), hn::Set(du, 1u));
+  VU r = hn::And(hn::Add(hn::Add(a, hn::Set(du, 0xFFFu)), odd), hn::Set(du, ~0x1FFFu));
+  // Below 2^-14: multiples of 2^-24; adding 0.5f rounds there (ties to even), subtracting it is exact.
+  const VF half = hn::Set(df, 0.5f);
+  const VU sub = hn::BitCast(du, hn::Sub(hn::Add(hn::BitCast(df, a), half), half));
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Lt(ai, hn::Set(di, 113 << 23))), sub, r);
+  // 65520 and above (the tie above 65504 goes to even, 65536): Inf.
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x477FEFFF))), hn::Set(du, 0x7F800000u), r);
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x7F800000))), a, r);  // NaN
+  return hn::BitCast(df, hn::Or(r, sign));
+}
+
 // float -> bfloat16 bits in u32 lanes, round to nearest even, NaN quieted (mirrors float_to_bfloat16).
 HWY_INLINE VU FloatToBf16Bits(VF v) {
   const DU du;

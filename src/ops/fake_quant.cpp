@@ -58,13 +58,21 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
   const detail::HostCopy amax_host(amax);
   const ConstTensorView& amax_h = amax_host.view();
   const std::int64_t channels = amax.numel();
+  const bool half = inputs.dtype == DType::float16;
   pb.params.resize(static_cast<std::size_t>(channels));
   for (std::int64_t c = 0; c < channels; ++c) {
     const float a = detail::load_float(amax_h.dtype, amax_h.data, c);
     if (!std::isfinite(a) || a < 0.0f)
       fail(ErrorCode::invalid_argument, op, "amax",
            "amax[" + std::to_string(c) + "] is " + float_str(a) + " but expected a finite value >= 0");
-    pb.params[static_cast<std::size_t>(c)] = detail::init_fake_quant_params(a, o.num_bits, o.is_unsigned, o.narrow_range);
+    // float16 inputs compute in float16 (SPEC 1): the kernel's amax is a float16 value.
+    if (half && detail::hd_round_to_half(a) != a)
+      fail(ErrorCode::invalid_argument, op, "amax",
+           "amax[" + std::to_string(c) + "] is " + float_str(a) +
+               " but float16 inputs need an amax that float16 represents exactly (the NPU kernel computes in "
+               "float16; round amax to float16 first)");
+    pb.params[static_cast<std::size_t>(c)] =
+        detail::init_fake_quant_params(a, o.num_bits, o.is_unsigned, o.narrow_range, half);
   }
   return pb;
 }

@@ -97,7 +97,7 @@ def canonical_sum(terms) -> np.float32:
 def fake_quant_bounds(num_bits: int, is_unsigned: bool, narrow_range: bool) -> tuple[np.float32, np.float32]:
     bound = (1 << (num_bits - 1 + int(is_unsigned))) - 1  # exact Python integers
     max_bound = bound
-    min_bound = 0 if is_unsigned else -(bound + (0 if narrow_range else 1))
+    min_bound = -(bound + (0 if narrow_range else 1))  # also when unsigned: the formula and the kernel
     return F32(min_bound), F32(max_bound)  # converted to float32 once
 
 
@@ -111,7 +111,30 @@ def _channel_view(x32: np.ndarray, a32: np.ndarray, axis):
     return a32.reshape(shape)
 
 
+def _fake_quant_half(x, amax, axis, num_bits, is_unsigned, narrow_range):
+    """float16 inputs: every step in NumPy's float16 arithmetic (the Ascend kernel's half ops)."""
+    F16 = np.float16
+    lo, hi = fake_quant_bounds(num_bits, is_unsigned, narrow_range)
+    x16 = np.asarray(x)
+    a16 = widen(amax).reshape(-1).astype(F16)
+    assert np.array_equal(a16.astype(F32), widen(amax).reshape(-1)), "amax must be exact in float16"
+    with np.errstate(all="ignore"):
+        M, m = F16(hi), F16(lo)                                      # round to nearest even, overflow -> Inf
+        scale = (M / a16).astype(F16)                                # f16(M / amax)
+        s = _channel_view(x16, scale, axis)
+        t = (x16 * s).astype(F16)                                    # f16(x * scale)
+        q = np.rint(t)
+        q = np.where(q > M, M, q)                                    # ClampMax, ClampMin (NaN kept)
+        q = np.where(q < m, m, q).astype(F16)
+        out = (q / s).astype(F16)                                    # f16(q / scale)
+        zero = ~np.isfinite(s) | (s == 0)
+        out = np.where(zero, np.where(np.isnan(x16), x16, F16(0.0)), out).astype(F16)
+    return out
+
+
 def fake_quant(x, amax, axis=None, num_bits=8, is_unsigned=False, narrow_range=True):
+    if np.asarray(x).dtype == np.float16:
+        return _fake_quant_half(x, amax, axis, num_bits, is_unsigned, narrow_range)
     x32, a32 = widen(x), widen(amax).reshape(-1)
     lo, hi = fake_quant_bounds(num_bits, is_unsigned, narrow_range)
     with np.errstate(all="ignore"):
@@ -131,7 +154,10 @@ def fake_quant_backward(grad_out, x, amax, axis=None, num_bits=8, is_unsigned=Fa
     g32, x32, a32 = widen(grad_out), widen(x), widen(amax).reshape(-1)
     lo, hi = fake_quant_bounds(num_bits, is_unsigned, narrow_range)
     with np.errstate(all="ignore"):
-        scale = (hi / a32).astype(F32)
+        if np.asarray(x).dtype == np.float16:                        # the float16 scale, widened
+            scale = (np.float16(hi) / a32.astype(np.float16)).astype(np.float16).astype(F32)
+        else:
+            scale = (hi / a32).astype(F32)
         grad_lo = (lo / scale).astype(F32)
         grad_hi = (hi / scale).astype(F32)
         ratio = F32(lo / hi)

@@ -39,12 +39,19 @@ def test_fake_quant_ste_and_amax_grad_by_hand():
     assert x.grad.tolist() == [0.0, 2.0, 3.0, 4.0, 5.0, 0.0]
     assert amax.grad.item() == float(F(6.0) + F(1.0) * (F(-128) / F(127)))
 
-    # unsigned: window [0, 1], ratio 0
+    # unsigned (SPEC 1: the lower bound stays negative): bound 255, scale 255, window [-255/255, 1] = [-1, 1],
+    # ratio -255/255 = -1: the same gradients as narrow signed
     x.grad = None
     amax.grad = None
     xquant.npu_fake_tensor_quant(x, amax, is_unsigned=True).backward(g)
-    assert x.grad.tolist() == [0.0, 0.0, 3.0, 4.0, 5.0, 0.0]
-    assert amax.grad.item() == 6.0
+    assert x.grad.tolist() == [0.0, 2.0, 3.0, 4.0, 5.0, 0.0]
+    assert amax.grad.item() == 5.0
+    # unsigned wide: min_bound -256, window [-256/255, 1], ratio -256/255
+    x.grad = None
+    amax.grad = None
+    xquant.npu_fake_tensor_quant(x, amax, is_unsigned=True, narrow_range=False).backward(g)
+    assert x.grad.tolist() == [0.0, 2.0, 3.0, 4.0, 5.0, 0.0]
+    assert amax.grad.item() == float(F(6.0) + F(1.0) * (F(-256) / F(255)))
 
 
 def test_fake_quant_amax_without_grad():
