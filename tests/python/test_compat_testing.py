@@ -307,6 +307,8 @@ def test_moves_to_and_from_npu_copy(npu):
     assert separate(dev.cpu(), dev) and separate(dev.to("cpu"), dev) and separate(dev.to(device="cpu"), dev)
     arr = np.arange(6, dtype=np.float32)
     for make in (lambda: torch.as_tensor(arr, device="npu"), lambda: torch.asarray(arr, device="npu"),
+                 lambda: torch.as_tensor(arr, dtype=torch.float32, device="npu"),
+                 lambda: torch.as_tensor(data=arr, device="npu"),
                  lambda: torch.as_tensor(host, device="npu"), lambda: torch.asarray(host, device="npu")):
         t = make()
         t.fill_(-1)

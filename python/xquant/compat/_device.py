@@ -96,11 +96,9 @@ class NpuDeviceMode(TorchFunctionMode):
         if moved and func is torch.Tensor.to:
             kwargs = dict(kwargs)
             kwargs["copy"] = True  # one copy; a dtype conversion in the same call makes no second one
-        elif moved and func is torch.as_tensor:  # as_tensor(data, dtype=None, device=None) shares numpy memory
+        elif moved and func is torch.as_tensor:  # as_tensor(data, *, dtype, device) shares a host array's memory
             kw = dict(kwargs)
             data = args[0] if args else kw.pop("data")
-            if len(args) > 1:
-                kw["dtype"] = args[1]
             return torch.asarray(data, copy=True, **kw)
         elif moved and func is torch.asarray:
             return func(*args, **{**kwargs, "copy": True})
