@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -60,6 +61,19 @@ TEST(Runtime, RegistryHasEveryBackendComplete) {
   }
   EXPECT_EQ(&d::reference_kernels(), d::find_kernels(xquant::Backend::reference));
   xquant::set_backend(saved);
+}
+
+// The child's wait status, or -1 when it has not ended within `seconds` (it is then killed).
+int wait_for_child(pid_t pid, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (done == pid) return status;
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
 }
 
 // Every operator family on inputs large enough to split across threads (>= 2 MiB of traffic), each
@@ -122,17 +136,8 @@ TEST(Runtime, ForkedChildRunsOperatorsAfterParallelOne) {
     _exit(status);
   }
   // The parent: a hung child fails the test instead of blocking it.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  int status = 0;
-  pid_t done = 0;
-  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "the forked child did not finish its operators within 120 s (hung in the OpenMP runtime?)";
-  }
-  ASSERT_EQ(done, pid);
+  const int status = wait_for_child(pid, 120);
+  ASSERT_NE(status, -1) << "the forked child did not finish its operators within 120 s (hung in the OpenMP runtime?)";
   ASSERT_TRUE(WIFEXITED(status)) << "the child died from signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "2/4: a result differs from the parent's; 3: get_num_threads() != 1 in the "
                                        "child; 5: an operator threw";
@@ -142,6 +147,34 @@ TEST(Runtime, ForkedChildRunsOperatorsAfterParallelOne) {
   xquant::set_num_threads(0);
   // Leave the large-allocation cache empty, as the other tests expect to find it.
   const std::size_t limit = xquant::get_memory_cache_limit();
+  xquant::set_memory_cache_limit(0);
+  xquant::set_memory_cache_limit(limit);
+}
+
+// Regression: a fork() while another thread was inside the large-allocation cache (take / give) copied
+// its mutex locked into the child, whose first large allocation then waited forever.
+TEST(Runtime, ForkWhileAnotherThreadAllocates) {
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    while (!stop.load()) Tensor t(DType::float32, {1 << 20});  // 4 MiB: through the cache, twice per round
+  });
+  int forks = 0, hung = 0, failed = 0;
+  for (; forks < 200 && hung == 0; ++forks) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0) << "fork failed: " << std::strerror(errno);
+    if (pid == 0) {
+      Tensor t(DType::float32, {1 << 20});
+      _exit(t.data() != nullptr ? 0 : 1);
+    }
+    const int status = wait_for_child(pid, 20);
+    if (status == -1) ++hung;
+    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  stop.store(true);
+  churn.join();
+  EXPECT_EQ(hung, 0) << "a child hung on its first large allocation (after " << forks << " forks)";
+  EXPECT_EQ(failed, 0);
+  const std::size_t limit = xquant::get_memory_cache_limit();  // leave the cache empty for the next test
   xquant::set_memory_cache_limit(0);
   xquant::set_memory_cache_limit(limit);
 }
