@@ -10,9 +10,9 @@ inline constexpr int kMaxThreads = 1024;
 
 // Number of OpenMP threads the CPU kernels use (1 <= n <= kMaxThreads), or 0 to follow OpenMP's default
 // (OMP_NUM_THREADS / the number of cores). A negative n or n > kMaxThreads throws xquant::Error
-// (invalid_argument). Results are bit-identical for every thread count.
+// (invalid_argument). Results are bit-identical for every thread count. A fork()ed child runs on 1.
 void set_num_threads(int n);
-// The thread count in effect (>= 1).
+// The thread count in effect (>= 1; 1 in a child made by fork(): OpenMP's pool does not survive fork).
 int get_num_threads();
 
 enum class Backend {

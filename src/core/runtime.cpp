@@ -1,6 +1,7 @@
 #include "xquant/runtime.hpp"
 
 #include <omp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +13,18 @@ namespace xquant {
 namespace {
 std::atomic<int> g_threads{0};
 std::atomic<Backend> g_backend{Backend::cpu};
+
+// Fork safety. libgomp's thread pool does not survive fork(): the child has only the forking thread, and
+// its first parallel region waits forever for pool threads that are not there. Any library sharing the
+// runtime may have started the pool (PyTorch's wheels bring their own libgomp.so.1, which the dynamic
+// linker then hands to xquant too), so a forked child cannot know whether it is safe, and runs every
+// operator on its calling thread: get_num_threads() is 1 there, and every kernel takes its serial path
+// (which opens no OpenMP region). Results do not change: every kernel is thread-count independent.
+// LLVM's libomp would survive the fork, but one rule for both runtimes keeps results and costs alike.
+std::atomic<bool> g_forked_child{false};
+void mark_forked_child() { g_forked_child.store(true, std::memory_order_relaxed); }
+// Registered when the library is loaded (this translation unit is always linked: get_num_threads is).
+[[maybe_unused]] const bool g_atfork_registered = pthread_atfork(nullptr, nullptr, &mark_forked_child) == 0;
 }  // namespace
 
 void set_num_threads(int n) {
@@ -26,6 +39,7 @@ void set_num_threads(int n) {
 }
 
 int get_num_threads() {
+  if (g_forked_child.load(std::memory_order_relaxed)) return 1;  // see mark_forked_child
   const int n = g_threads.load(std::memory_order_relaxed);
   return n > 0 ? n : std::max(1, omp_get_max_threads());
 }

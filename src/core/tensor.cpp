@@ -1,5 +1,6 @@
 #include "xquant/tensor.hpp"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -90,6 +91,10 @@ class MappingCache {
     std::lock_guard<std::mutex> lock(m_);
     return limit_;
   }
+  // fork() handlers (see mapping_cache): the cache is held across fork, so the child never inherits it
+  // locked by a thread that does not exist there.
+  void lock() { m_.lock(); }
+  void unlock() { m_.unlock(); }
   void give_back_over_limit() {
     std::vector<std::pair<void*, std::size_t>> evicted;
     {
@@ -110,9 +115,19 @@ class MappingCache {
   std::size_t limit_ = std::size_t{2} << 30;  // 2 GiB
 };
 
+MappingCache* g_cache = nullptr;  // set once, by mapping_cache()
+void lock_cache_for_fork() { g_cache->lock(); }
+void unlock_cache_after_fork() { g_cache->unlock(); }  // in the parent, and in the child (the same thread)
+
 // Never destroyed: tensors with static storage duration may be freed after any other static.
 MappingCache& mapping_cache() {
-  static auto* cache = new MappingCache;
+  static MappingCache* cache = [] {
+    g_cache = new MappingCache;
+    // A fork() while another thread is inside take() / give() would copy the mutex locked into the child,
+    // whose first large allocation would then wait forever: fork takes the lock first.
+    pthread_atfork(&lock_cache_for_fork, &unlock_cache_after_fork, &unlock_cache_after_fork);
+    return g_cache;
+  }();
   return *cache;
 }
 

@@ -664,6 +664,106 @@ def test_uninstall_restores_everything():
     assert "torch works: 8.0" in r.stdout and "UNINSTALL OK" in r.stdout
 
 
+BLOCKER = textwrap.dedent('''
+    import sys
+    import xquant.compat as c
+    # a user's explicit "no torch_npu" (and no mx_driving): import blockers, as Python documents them
+    sys.modules["torch_npu"] = None
+    sys.modules["mx_driving"] = None
+    for round in range(2):
+        c.install()
+        import torch_npu, mx_driving  # the stand-in while installed
+        from torch_npu.testing.testcase import TestCase
+        assert torch_npu.__xquant_compat__ and mx_driving.__xquant_compat__
+        c.uninstall()
+        assert "torch_npu" in sys.modules and sys.modules["torch_npu"] is None, sys.modules.get("torch_npu", "absent")
+        assert "mx_driving" in sys.modules and sys.modules["mx_driving"] is None
+        assert "torch_npu.testing" not in sys.modules and "torch_npu.npu" not in sys.modules  # absent stays absent
+        try:
+            import torch_npu
+            raise AssertionError("the blocker is gone")
+        except ImportError as e:
+            assert "import of torch_npu halted; None in sys.modules" in str(e), e
+    print("BLOCKER OK")
+''')
+
+
+def test_install_and_uninstall_keep_an_import_blocker():
+    # Regression (issue #17): uninstall() removed a sys.modules['torch_npu'] = None blocker.
+    r = _run(["-c", BLOCKER])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "BLOCKER OK" in r.stdout
+
+
+THREADS = textwrap.dedent('''
+    import sys, threading, torch
+    from torch.overrides import _get_current_function_mode_stack
+    import xquant.compat as c
+
+    def on_thread(fn):
+        errors = []
+        def run():
+            try:
+                fn()
+            except BaseException as e:
+                errors.append(e)
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        if errors:
+            raise errors[0]
+
+    def plain():
+        return (not c.is_installed() and "torch_npu" not in sys.modules and not hasattr(torch, "npu")
+                and not hasattr(torch.ops.npu, "npu_quantize") and "npu" not in torch.Tensor.__dict__)
+
+    # installed from a worker thread, undone from the main thread (it raised "not the thread that called
+    # install()" before, and the stand-in could never be removed once that thread had ended)
+    on_thread(c.install)
+    assert c.is_installed()
+    import torch_npu
+    y, s = torch_npu.npu_dynamic_quant(torch.randn(4, 8))  # the operators are process-wide
+    c.uninstall()
+    assert plain()
+
+    # installed on the main thread, undone from a worker: the main thread's mode is switched off
+    c.install()
+    assert torch.randn(2, device="npu").is_npu and len(_get_current_function_mode_stack()) == 1
+    on_thread(c.uninstall)
+    assert plain()
+    try:
+        torch.randn(2, device="npu")
+        raise AssertionError("'npu' must fail again after uninstall")
+    except RuntimeError as e:
+        assert "npu" in str(e)
+    c.install()  # drops the switched-off mode of this thread before pushing its own
+    assert len(_get_current_function_mode_stack()) == 1 and torch.randn(2, device="npu").is_npu
+    c.uninstall()
+    assert plain() and len(_get_current_function_mode_stack()) == 0
+
+    # eight threads install at once: one install, the others see it (same device: nothing to do)
+    barrier = threading.Barrier(8)
+    def racer():
+        barrier.wait()
+        c.install()
+        assert c.is_installed()
+    threads = [threading.Thread(target=racer) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert c.is_installed()
+    c.uninstall()  # from the main thread, whichever thread won
+    assert plain()
+    print("THREADS OK")
+''')
+
+
+def test_install_and_uninstall_from_different_threads():
+    # Regression (issue #17): an install from a worker thread could not be undone from another thread.
+    r = _run(["-c", THREADS])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "THREADS OK" in r.stdout
+
+
 COMPILE = textwrap.dedent('''
     import torch, torch_npu
     torch.set_num_threads(2)

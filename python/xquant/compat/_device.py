@@ -9,12 +9,21 @@ Mechanism (fully reversible, nothing renamed in torch's C++ registry):
 * ``Tensor.npu()``, ``Tensor.is_npu``, ``Module.npu()`` are added to the torch classes;
 * a ``torch.npu`` namespace (is_available, device_count, current_device, set_device, synchronize, ...)
   is set as ``torch.npu`` and ``sys.modules['torch.npu']``.
+
+Copies: 'npu' tensors live on the chosen device, so a host tensor and an 'npu' tensor would be the same
+object where torch finds nothing to move. Moves therefore copy, as on the NPU: ``x.to('npu')``,
+``x.npu()``, ``Module.npu()``, ``torch.as_tensor`` / ``torch.asarray(..., device='npu')`` and, when 'npu'
+is the CPU, ``x.cpu()`` / ``x.to('cpu')`` return a new tensor (one copy; the NPU makes one too).
+``x.to(torch.device('npu'))`` and ``Module.to(...)`` follow torch's rule (no copy when already there):
+``torch.device('npu')`` *is* the chosen device, so such a call cannot be told from a no-op.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import threading
 import types
 from typing import Any
 
@@ -41,15 +50,23 @@ def _check_index(spec: str, index=None) -> None:
                            f"(mapped to {_TARGET[0] if _TARGET else 'the chosen device'})")
 
 
+def _is_host_spec(d: Any) -> bool:
+    return isinstance(d, str) and d.strip() in ("cpu", "cpu:0")
+
+
 class NpuDeviceMode(TorchFunctionMode):
-    """Maps 'npu' devices to ``target`` in every torch function call."""
+    """Maps 'npu' devices to ``target`` in every torch function call. ``active`` False (an uninstall from
+    another thread than the one whose mode stack holds it) makes it pass every call through unchanged."""
 
     def __init__(self, target: torch.device):
         super().__init__()
         self.target = target
+        self.active = True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not self.active:
+            return func(*args, **kwargs)
         if func is torch.device:
             spec = args[0] if args else kwargs.get("type")
             if is_npu_spec(spec):
@@ -57,20 +74,53 @@ class NpuDeviceMode(TorchFunctionMode):
                 _check_index(spec, index if isinstance(index, int) else None)
                 return self.target
             return func(*args, **kwargs)
+        moved = False  # an explicit move between the host and 'npu': the result must not alias the input
         dev = kwargs.get("device")
         if dev is not None and is_npu_spec(dev):
             _check_index(dev)
             kwargs = dict(kwargs)
             kwargs["device"] = self.target
+            moved = True
         if func in _POSITIONAL and any(is_npu_spec(a) for a in args):
             for a in args:
                 if is_npu_spec(a):
                     _check_index(a)
             args = tuple(self.target if is_npu_spec(a) else a for a in args)
+            moved = True
+        if self.target.type == "cpu":
+            if func is torch.Tensor.cpu:  # an 'npu' tensor may be this very CPU tensor: copy, as the NPU does
+                return torch.Tensor.to(args[0], "cpu", copy=True, **kwargs)
+            if func is torch.Tensor.to and (_is_host_spec(kwargs.get("device"))
+                                            or any(_is_host_spec(a) for a in args[1:])):
+                moved = True
+        if moved and func is torch.Tensor.to:
+            kwargs = dict(kwargs)
+            kwargs["copy"] = True  # one copy; a dtype conversion in the same call makes no second one
+        elif moved and func is torch.as_tensor:  # as_tensor(data, *, dtype, device) shares a host array's memory
+            kw = dict(kwargs)
+            data = args[0] if args else kw.pop("data")
+            return torch.asarray(data, copy=True, **kw)
+        elif moved and func is torch.asarray:
+            return func(*args, **{**kwargs, "copy": True})
         return func(*args, **kwargs)
 
 
-def make_npu_namespace(target: torch.device) -> types.ModuleType:
+_DEVICE_NAME_RE = re.compile(r"Ascend\d{3}\w*")
+DEFAULT_DEVICE_NAME = "Ascend910B4"
+
+
+def device_name_from_env() -> str:
+    """The NPU model torch.npu.get_device_name() reports: $XQUANT_NPU_DEVICE (unset or empty: Ascend910B4).
+    torch_npu.testing's SupportedDevices decides by it which peer tests run."""
+    name = os.environ.get("XQUANT_NPU_DEVICE", "") or DEFAULT_DEVICE_NAME
+    if not _DEVICE_NAME_RE.fullmatch(name):
+        raise ValueError(f"xquant.compat.install: XQUANT_NPU_DEVICE is {name!r} but expected an Ascend NPU model "
+                         "name such as 'Ascend910B4', 'Ascend910_9392' or 'Ascend310P3' (Ascend, three digits, "
+                         "then letters, digits or _)")
+    return name
+
+
+def make_npu_namespace(target: torch.device, device_name: str) -> types.ModuleType:
     """The ``torch.npu`` / ``torch_npu.npu`` namespace: one device, the chosen one."""
     m = types.ModuleType("torch.npu", "xquant.compat stand-in for torch.npu: one 'npu' device, mapped to "
                          f"{target}.")
@@ -116,8 +166,9 @@ def make_npu_namespace(target: torch.device) -> types.ModuleType:
         torch.manual_seed(seed)
 
     def get_device_name(device=None) -> str:
+        """The NPU model the stand-in reports: $XQUANT_NPU_DEVICE at install, default Ascend910B4."""
         _index(device)
-        return f"xquant.compat stand-in ({target})"
+        return device_name
 
     def is_initialized() -> bool:
         return True
@@ -146,7 +197,8 @@ def _npu_arg(what: str, device) -> torch.device:
 
 
 def _tensor_npu(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
-    return self.to(_npu_arg("Tensor", device), non_blocking=non_blocking, memory_format=memory_format)
+    # A new tensor, as on the NPU: an in-place operation on it must leave the host tensor as it was.
+    return self.to(_npu_arg("Tensor", device), non_blocking=non_blocking, memory_format=memory_format, copy=True)
 
 
 def _tensor_is_npu(self) -> bool:
@@ -156,7 +208,7 @@ def _tensor_is_npu(self) -> bool:
 
 def _module_npu(self, device=None):
     target = _npu_arg("Module", device)
-    return self._apply(lambda t: t.to(target))
+    return self._apply(lambda t: t.to(target, copy=True))  # parameters and buffers get their own memory
 
 
 _TARGET: list = []  # the chosen device while installed
@@ -176,15 +228,27 @@ _PATCHES = [
 ]
 
 
+def drop_inert_modes() -> None:
+    """Pops the switched-off NpuDeviceModes at the top of this thread's mode stack (see DeviceMapping.undo)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    while True:
+        stack = _get_current_function_mode_stack()
+        if not stack or not isinstance(stack[-1], NpuDeviceMode) or stack[-1].active:
+            return
+        stack[-1].__exit__(None, None, None)
+
+
 class DeviceMapping:
     """Everything the device mapping changes, and how to undo it."""
 
-    def __init__(self, target: torch.device):
+    def __init__(self, target: torch.device, device_name: str):
         self.target = target
         self.mode = NpuDeviceMode(target)
-        self.namespace = make_npu_namespace(target)
+        self.namespace = make_npu_namespace(target, device_name)
         self._saved: list = []
         self._active = False
+        self._thread = None  # the thread whose mode stack holds self.mode
 
     def apply(self) -> None:
         _TARGET[:] = [self.target]
@@ -196,6 +260,7 @@ class DeviceMapping:
         self._saved_module = sys.modules.get("torch.npu", _MISSING)
         sys.modules["torch.npu"] = self.namespace
         self.mode.__enter__()
+        self._thread = threading.get_ident()
         self._active = True
 
     def undo(self) -> None:
@@ -203,12 +268,16 @@ class DeviceMapping:
             return
         from torch.overrides import _get_current_function_mode_stack
 
-        stack = _get_current_function_mode_stack()
-        if not stack or stack[-1] is not self.mode:
-            raise RuntimeError("xquant.compat.uninstall(): another TorchFunctionMode entered after install() is "
-                               "still active on this thread (exit it first), or this is not the thread that "
-                               "called install()")
-        self.mode.__exit__(None, None, None)
+        if threading.get_ident() == self._thread:
+            stack = _get_current_function_mode_stack()
+            if not stack or stack[-1] is not self.mode:
+                raise RuntimeError("xquant.compat.uninstall(): another TorchFunctionMode entered after install() "
+                                   "is still active on this thread (exit it first)")
+            self.mode.__exit__(None, None, None)
+        else:
+            # Another thread's mode stack cannot be changed from here: the mode stays there, switched off
+            # (it passes every call through), until that thread ends or installs again.
+            self.mode.active = False
         for owner, name, old in reversed(self._saved):
             if old is _MISSING:
                 if name in owner.__dict__:
