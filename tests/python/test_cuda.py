@@ -100,14 +100,15 @@ def _build_cases():
         x = _floats(rng, (3, 37, 65), dt)
         for nb, uns, nr in ((8, False, True), (4, True, False), (16, False, False), (2, False, True)):
             add(f"fq-{d}-{nb}{uns}{nr}", (x, torch.tensor(3.0, dtype=dt), nb, uns, nr), xquant.npu_fake_tensor_quant)
-            add(f"fq-axis1-{d}-{nb}{uns}{nr}", (x, torch.rand(37) * 4, 1, nb, uns, nr),
+            # a float32 amax holding values of x's dtype (float16 inputs need a float16-exact amax, SPEC 1)
+            add(f"fq-axis1-{d}-{nb}{uns}{nr}", (x, (torch.rand(37) * 4).to(dt).float(), 1, nb, uns, nr),
                 xquant.npu_fake_tensor_quant_with_axis)
         add(f"fq-axis-1-{d}", (x, (torch.rand(65) * 4).to(dt), -1), xquant.npu_fake_tensor_quant_with_axis)
         add(f"fq-zero-amax-{d}", (x, torch.tensor([0.0])), xquant.npu_fake_tensor_quant)
         add(f"fq-number-amax-{d}", (x, 1.75), xquant.npu_fake_tensor_quant)
         add(f"fq-inplace-{d}", (x, torch.tensor([2.0]), 8, False, False), _inplace_fq)
         g = _floats(rng, (3, 37, 65), dt)
-        add(f"fq-backward-axis-{d}", (g, x, torch.rand(37) * 3 + 0.1, 1),
+        add(f"fq-backward-axis-{d}", (g, x, (torch.rand(37) * 3 + 0.1).to(dt).float(), 1),
             lambda g, x, a, ax: xquant.fake_tensor_quant_backward(g, x, a, ax, 8, False, True, True))
         add(f"fq-backward-tensor-{d}", (g, x, torch.tensor([1.5])),
             lambda g, x, a: xquant.fake_tensor_quant_backward(g, x, a, None, 4, True, False, True))
