@@ -143,8 +143,9 @@ def test_force_replaces_only_what_xquant_wrote(tmp_path):
     for target in [mine, tmp_path / "file.txt", tmp_path / "link"]:
         if target.name == "file.txt":
             target.write_text("x")
-        if target.name == "link":
-            os.symlink(out, target)
+        if target.name == "link":  # a link to another xquant output: the link is what -o names
+            assert xquant("quantize", SAMPLE_MODEL, "-o", tmp_path / "other", "-q").returncode == 0
+            os.symlink(tmp_path / "other", target)
         for cmd, src in [("quantize", SAMPLE_MODEL), ("dequantize", out)]:
             r = xquant(cmd, src, "-o", target, "-q", "--force")
             assert r.returncode == 1, (cmd, target, r.stderr)
@@ -430,7 +431,7 @@ def test_mistyped_quantization_config(tmp_path, field, value, needle):
 
 def test_inspect_json_with_non_utf8_paths(tmp_path):
     d = os.path.join(os.fsencode(tmp_path), b"m\xff\xfe")
-    shutil.copytree(SAMPLE_MODEL, d)
+    shutil.copytree(os.fsencode(SAMPLE_MODEL), d)
     with open(os.path.join(d, b"tok\xe9.txt"), "wb") as f:
         f.write(b"t")
     r = subprocess.run([XQ, "inspect", d, "--json"], capture_output=True, timeout=60)
