@@ -13,6 +13,14 @@ namespace xqcli::json {
 
 // ---- Value ----
 
+Value::~Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+
+Value Value::integer(std::int64_t v) { return number_text(std::to_string(v)); }
+
 Value Value::boolean(bool b) {
   Value v;
   v.kind_ = Kind::Bool;

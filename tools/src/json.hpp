@@ -31,10 +31,17 @@ class Value {
   struct Member;  // {key, value}, below
 
   Value() = default;  // null
+  // Defined in json.cpp, where Member is complete (clang instantiates them at the class's end otherwise).
+  ~Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
+
   static Value boolean(bool b);
   // A number from its JSON text (a JSON number, or Infinity / -Infinity / NaN); not validated here.
   static Value number_text(std::string text);
-  static Value integer(std::int64_t v) { return number_text(std::to_string(v)); }
+  static Value integer(std::int64_t v);
   static Value string(std::string s);
   static Value array();
   static Value object();
