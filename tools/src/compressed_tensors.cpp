@@ -770,6 +770,9 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
     for (const auto& f : outs) files.push_back(f.name);
     j["output_files"] = std::move(files);
     j["ignore"] = OJ(std::vector<std::string>(ignore.begin(), ignore.end()));
+    OJ skipped = OJ::array();  // entries of the input left out (links leaving it, loops): docs/cli.md
+    for (const auto& n : m.not_followed) skipped.push_back(utf8_safe(n));
+    j["not_followed"] = std::move(skipped);
     const std::string json = j.dump(2) + "\n";
     AtomicOutput rep(o.report_path, o.force);
     rep.write_at(json.data(), json.size(), 0);

@@ -237,10 +237,12 @@ def test_symlinks_leaving_the_model_are_not_followed(tmp_path):
     (d / "inner" / "a.txt").write_text("a")
     os.symlink("inner", d / "inner-link")            # inside: followed
     os.symlink("inner/a.txt", d / "a-link.txt")
-    r = xquant("quantize", d, "-o", tmp_path / "out", timeout=60)
+    r = xquant("quantize", d, "-o", tmp_path / "out", "--report", tmp_path / "r.json", timeout=60)
     assert r.returncode == 0, r.stderr
     for name in ["share", "secret.txt", "system"]:
         assert f"{name}: a symbolic link to " in r.stderr and "outside the model directory (not followed)" in r.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert sorted(e.split(":")[0] for e in report["not_followed"]) == ["secret.txt", "share", "system"]
     out = tmp_path / "out"
     assert not (out / "share").exists() and not (out / "secret.txt").exists() and not (out / "system").exists()
     assert (out / "inner-link" / "a.txt").read_text() == "a" and (out / "a-link.txt").read_text() == "a"
