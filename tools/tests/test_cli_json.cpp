@@ -203,7 +203,9 @@ TEST(OutputRule, RefusesOutputsThatAreContainOrLieInsideAnInput) {
       {t.p("link/llama/"), " is "},            {t.p("models/llama/quantized"), " lies inside "},
       {t.p("models/llama/config.json"), " lies inside "}, {t.root.string(), " contains "},
   };
-  for (const auto& [out, how] : refused) {
+  for (const auto& c : refused) {  // not a structured binding: clang 14 cannot capture one in a lambda
+    const std::string& out = c.first;
+    const char* how = c.second;
     const std::string msg = error_of([&] { check_apart(out, "-o", {in}); });
     EXPECT_NE(msg.find(how), std::string::npos) << out << ": " << msg;
     EXPECT_EQ(msg.rfind("-o " + out, 0), 0u) << msg;
