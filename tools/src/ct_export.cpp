@@ -458,12 +458,13 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   check_can_create_dir(o.output, o.input, o.force);
   if (!o.report_path.empty()) check_can_create(o.report_path, o.force);
 
-  const ModelDir m = open_model_dir(o.input);
+  const ModelDir m = open_model_dir(o.input, o.quiet);
+  check_apart(o.output, "-o", m.inputs);
+  if (!o.report_path.empty()) check_apart(o.report_path, "--report", m.inputs);
   if (m.config.contains("quantization_config"))
     bad_input(o.input + "/config.json: already has a quantization_config (the model is quantized)");
   // An output head tied to the input embedding cannot be quantized (the loader ties its .weight).
-  const bool tied = m.config.contains("tie_word_embeddings") && m.config["tie_word_embeddings"].is_boolean() &&
-                    m.config["tie_word_embeddings"].get<bool>();
+  const bool tied = m.config["tie_word_embeddings"].is_bool() && m.config["tie_word_embeddings"].as_bool();
   const std::optional<StDType> model_dt = ct::dtype_from_config(m.config);
 
   // Decide every tensor and lay out every output file before reading any data.
@@ -545,8 +546,9 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
     outs[i].header = build_header(outs[i].tensors, metas[i]);
   }
 
-  OJ config = m.config;
-  config["quantization_config"] = OJ::parse(quantization_config_json(p, std::vector<std::string>(ignore.begin(), ignore.end())));
+  json::Value config = m.config;
+  config.set("quantization_config",
+             json::Value::from_nlohmann(OJ::parse(quantization_config_json(p, std::vector<std::string>(ignore.begin(), ignore.end())))));
 
   if (!o.quiet)
     for (const auto& r : result.tensors)
@@ -554,8 +556,11 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
         std::fprintf(stderr, "xquant: warning: keeping '%s' dense (added to ignore): %s\n", r.name.c_str(), r.reason.c_str());
 
   configure_threads(o.threads);
+  ensure_open_files(outs.size(), "writing " + std::to_string(outs.size()) + " weight files");
+  std::vector<std::string> written = file_names;
+  written.insert(written.end(), {kConfigFile, kWeightsIndex});
   OutputDir out(o.output, o.force);
-  for (const auto& f : m.other_files) out.copy_file(m.path + "/" + f, f);
+  for (const auto& f : files_to_copy(m, written, o.quiet)) out.copy_file(m.path + "/" + f, f);
   out.write_file(kConfigFile, config.dump(2) + "\n");
   if (outs.size() > 1 || m.sharded || file_names[0] != kSingleWeights) out.write_file(kWeightsIndex, ct::index_json(outs));
 
@@ -638,6 +643,9 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
     for (const auto& f : outs) files.push_back(f.name);
     j["output_files"] = std::move(files);
     j["ignore"] = OJ(std::vector<std::string>(ignore.begin(), ignore.end()));
+    OJ skipped = OJ::array();  // entries of the input left out (links leaving it, loops): docs/cli.md
+    for (const auto& n : m.not_followed) skipped.push_back(utf8_safe(n));
+    j["not_followed"] = std::move(skipped);
     const std::string json = j.dump(2) + "\n";
     AtomicOutput rep(o.report_path, o.force);
     rep.write_at(json.data(), json.size(), 0);

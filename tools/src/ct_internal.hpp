@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json.hpp"
 #include "safetensors.hpp"
 #include "writer.hpp"
 #include "xquant/dtype.hpp"
@@ -42,7 +43,7 @@ inline bool ends_with(const std::string& s, const std::string& suffix) {
 float decode_scale(std::uint32_t bits, StDType dt);
 
 // config.json's torch_dtype (or transformers 5's dtype) as a scale dtype, if it names one.
-std::optional<StDType> dtype_from_config(const OJ& config);
+std::optional<StDType> dtype_from_config(const json::Value& config);
 
 // Output file metadata: the input file's, with format = pt.
 std::map<std::string, std::string> out_metadata(const std::map<std::string, std::string>& in);

@@ -238,10 +238,10 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
 
 namespace ct {
 
-std::optional<StDType> dtype_from_config(const OJ& config) {
+std::optional<StDType> dtype_from_config(const json::Value& config) {
   for (const char* key : {"torch_dtype", "dtype"}) {
-    if (!config.contains(key) || !config[key].is_string()) continue;
-    const std::string v = config[key].get<std::string>();
+    if (!config[key].is_string()) continue;
+    const std::string& v = config[key].text();
     if (v == "bfloat16") return StDType::BF16;
     if (v == "float16") return StDType::F16;
     if (v == "float32") return StDType::F32;
@@ -263,11 +263,14 @@ std::string index_json(const std::vector<OutPlan>& outs) {
       wmap[t.name] = o.name;
       total += t.nbytes;
     }
-  OJ j = OJ::object();
-  j["metadata"] = {{"total_size", total}};
-  OJ m = OJ::object();
-  for (const auto& [k, v] : wmap) m[k] = v;
-  j["weight_map"] = std::move(m);
+  // json::Value: hashed member insertion (ordered_json's operator[] scans: quadratic for 100k entries).
+  json::Value j = json::Value::object();
+  json::Value meta = json::Value::object();
+  meta.set("total_size", json::Value::number_text(std::to_string(total)));
+  j.set("metadata", std::move(meta));
+  json::Value m = json::Value::object();
+  for (const auto& [k, v] : wmap) m.set(k, json::Value::string(v));
+  j.set("weight_map", std::move(m));
   return j.dump(2) + "\n";
 }
 

@@ -10,6 +10,8 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "compressed_tensors.hpp"
 #include "ct_internal.hpp"
@@ -36,36 +38,38 @@ struct CtConfig {
 CtConfig read_ct_config(const ModelDir& m) {
   const std::string who = m.path + "/config.json: quantization_config";
   if (!m.config.contains("quantization_config")) bad_input(m.path + "/config.json: no quantization_config (not a quantized model)");
-  const OJ& c = m.config["quantization_config"];
-  if (!c.is_object() || c.value("quant_method", "") != "compressed-tensors")
-    bad_input(who + ": quant_method is not \"compressed-tensors\"");
+  const json::Value& c = m.config["quantization_config"];
+  if (!c.is_object()) bad_input(who + ": expected an object, got " + c.type_name());
+  // A string member, "" when absent; another type is an error naming the key.
+  const auto str = [](const json::Value& obj, const char* key, const std::string& where) -> std::string {
+    return obj.contains(key) ? json::get_string(obj[key], where + "." + key) : std::string();
+  };
+  if (str(c, "quant_method", who) != "compressed-tensors") bad_input(who + ": quant_method is not \"compressed-tensors\"");
   CtConfig r;
-  r.format = c.value("format", "");
+  r.format = str(c, "format", who);
   if (r.format != "pack-quantized" && r.format != "int-quantized")
     bad_input(who + ": format '" + r.format + "' is not read by xquant (pack-quantized or int-quantized)");
-  if (c.value("quantization_status", "") != "compressed")
-    bad_input(who + ": quantization_status is not \"compressed\"");
-  if (!c.contains("config_groups") || !c["config_groups"].is_object() || c["config_groups"].empty())
-    bad_input(who + ": no config_groups");
+  if (str(c, "quantization_status", who) != "compressed") bad_input(who + ": quantization_status is not \"compressed\"");
+  if (!c["config_groups"].is_object() || c["config_groups"].empty()) bad_input(who + ": no config_groups");
   bool first = true;
-  for (const auto& [name, g] : c["config_groups"].items()) {
+  for (const auto& [name, g] : c["config_groups"].members()) {
     const std::string gw = who + ".config_groups." + name;
-    if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object()) bad_input(gw + ": no weights");
-    const OJ& w = g["weights"];
-    if (w.value("type", "") != "int" || !w.value("symmetric", false))
-      bad_input(gw + ".weights: only symmetric int weights are read by xquant");
-    const std::string strategy = w.value("strategy", "");
+    if (!g.is_object() || !g["weights"].is_object()) bad_input(gw + ": no weights");
+    const json::Value& w = g["weights"];
+    const std::string ww = gw + ".weights";
+    const bool symmetric = w.contains("symmetric") && json::get_bool(w["symmetric"], ww + ".symmetric");
+    if (str(w, "type", ww) != "int" || !symmetric) bad_input(ww + ": only symmetric int weights are read by xquant");
+    const std::string strategy = str(w, "strategy", ww);
     CtConfig one = r;
-    one.bits = w.value("num_bits", 0);
-    if (one.bits != 4 && one.bits != 8) bad_input(gw + ".weights: num_bits must be 4 or 8");
+    one.bits = w.contains("num_bits") ? static_cast<int>(json::get_int(w["num_bits"], ww + ".num_bits", 4, 8)) : 0;
+    if (one.bits != 4 && one.bits != 8) bad_input(ww + ": num_bits must be 4 or 8");
     if (strategy == "group") {
-      if (!w.contains("group_size") || !w["group_size"].is_number_integer() || w["group_size"].get<std::int64_t>() <= 0)
-        bad_input(gw + ".weights: group strategy without a positive group_size");
-      one.group = w["group_size"].get<std::int64_t>();
+      if (w["group_size"].is_null()) bad_input(ww + ": group strategy without a positive group_size");
+      one.group = json::get_int(w["group_size"], ww + ".group_size", 1, INT64_MAX);
     } else if (strategy != "channel") {
-      bad_input(gw + ".weights: strategy '" + strategy + "' is not read by xquant (group or channel)");
+      bad_input(ww + ": strategy '" + strategy + "' is not read by xquant (group or channel)");
     }
-    one.act8 = g.contains("input_activations") && g["input_activations"].is_object();
+    one.act8 = g["input_activations"].is_object();
     if (!first && (one.bits != r.bits || one.group != r.group))
       bad_input(who + ": config groups with different weight quantizations are not read by xquant");
     r = one;
@@ -390,7 +394,7 @@ void run_dequantize_ct_file(const DequantizeOptions& o) {
 
 void run_dequantize_dir(const DequantizeOptions& o) {
   check_can_create_dir(o.output, o.input, o.force);
-  const ModelDir m = open_model_dir(o.input);
+  const ModelDir m = open_model_dir(o.input, o.quiet);
   const CtConfig c = read_ct_config(m);
   std::vector<FilePlan> plans;
   for (const auto& f : m.files) plans.push_back(plan_dequantize(f, c, o.dtype));
@@ -400,7 +404,7 @@ void run_dequantize_dir(const DequantizeOptions& o) {
     idx[i].tensors = plans[i].tensors;
   }
   ct::check_unique_names(idx, o.input);  // a dense P.weight in one shard, P compressed in another
-  OJ config = m.config;
+  json::Value config = m.config;
   config.erase("quantization_config");
 
   configure_threads(o.threads);
@@ -424,15 +428,17 @@ void run_dequantize_dir(const DequantizeOptions& o) {
 }
 
 void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
-  const ModelDir m = open_model_dir(o.path);
+  const ModelDir m = open_model_dir(o.path);  // warnings on stderr, the listing on `out`
   std::optional<CtConfig> c;
   if (m.config.contains("quantization_config")) c = read_ct_config(m);
   if (o.json) {
     OJ j = OJ::object();
-    j["directory"] = o.path;
+    j["directory"] = utf8_safe(o.path);
     j["sharded"] = m.sharded;
-    j["quantization_config"] = m.config.contains("quantization_config") ? m.config["quantization_config"] : OJ(nullptr);
-    j["other_files"] = m.other_files;
+    j["quantization_config"] = m.config["quantization_config"].to_nlohmann();
+    OJ others = OJ::array();
+    for (const auto& f : m.other_files) others.push_back(utf8_safe(f));
+    j["other_files"] = std::move(others);
     OJ files = OJ::array();
     for (const auto& f : m.files) {
       char* text = nullptr;
@@ -451,31 +457,31 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
       std::free(text);
       if (c) {
         const auto mods = find_modules(f, *c);
+        // tensor name -> (role, module): one lookup per tensor (a scan of the modules per tensor is
+        // quadratic for 100k tensors).
+        std::unordered_map<std::string, std::pair<const char*, const std::pair<const std::string, CtModule>*>> role_of;
+        for (const auto& e : mods) {
+          role_of[e.second.q->name] = {"quantized", &e};
+          role_of[e.second.scale->name] = {"scale", &e};
+          if (e.second.shape) role_of[e.second.shape->name] = {"shape", &e};
+          if (e.second.g_idx) role_of[e.second.g_idx->name] = {"g_idx", &e};
+        }
         for (auto& t : fj["tensors"]) {
-          const std::string n = t["name"].get<std::string>();
-          for (const auto& [mod, cm] : mods) {
-            if (n == cm.q->name) {
-              t["role"] = "quantized";
-              t["of"] = mod + ".weight";
-              t["original_shape"] = Dims{cm.N, cm.K};
-              t["group_size"] = cm.G;
-            } else if (n == cm.scale->name) {
-              t["role"] = "scale";
-              t["of"] = mod + ".weight";
-            } else if (cm.shape && n == cm.shape->name) {
-              t["role"] = "shape";
-              t["of"] = mod + ".weight";
-            } else if (cm.g_idx && n == cm.g_idx->name) {
-              t["role"] = "g_idx";
-              t["of"] = mod + ".weight";
-            }
+          const auto it = role_of.find(t["name"].get<std::string>());
+          if (it == role_of.end()) continue;
+          const auto& [mod, cm] = *it->second.second;
+          t["role"] = it->second.first;
+          t["of"] = mod + ".weight";
+          if (std::string_view(it->second.first) == "quantized") {
+            t["original_shape"] = Dims{cm.N, cm.K};
+            t["group_size"] = cm.G;
           }
         }
       }
       files.push_back(std::move(fj));
     }
     j["files"] = std::move(files);
-    std::fprintf(out, "%s\n", j.dump(2).c_str());
+    std::fprintf(out, "%s\n", j.dump(2, ' ', false, OJ::error_handler_t::replace).c_str());
     return;
   }
   std::fprintf(out, "%s: model directory, %zu weight file%s%s, %zu other file%s\n", o.path.c_str(), m.files.size(),

@@ -4,11 +4,16 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <memory>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -52,7 +57,10 @@ void write_stderr(std::string_view s) noexcept {
   }
 }
 
+std::atomic<void (*)() noexcept> g_hook{nullptr};
+
 extern "C" void on_fatal_signal(int sig) {
+  if (auto* hook = g_hook.load()) hook();
   for (int i = 0; i < kSlots; ++i)
     if (g_used[i].load()) ::unlink(g_paths[i]);
   if (sig == SIGBUS) {
@@ -87,6 +95,98 @@ mode_t current_umask() {
 }
 
 }  // namespace
+
+sigset_t cleanup_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kCleanupSignals) sigaddset(&set, sig);
+  return set;
+}
+
+void set_signal_cleanup_hook(void (*hook)() noexcept) { g_hook.store(hook); }
+
+std::string resolve_path(const std::string& path) {
+  std::string abs = path;
+  if (abs.empty() || abs[0] != '/') {
+    std::unique_ptr<char, decltype(&std::free)> cwd(::getcwd(nullptr, 0), &std::free);
+    if (!cwd) io_error("cannot get the current directory", errno);
+    abs = std::string(cwd.get()) + "/" + abs;
+  }
+  // Peel components off the end until an existing ancestor resolves.
+  std::vector<std::string> rest;  // reversed
+  std::string head = abs;
+  std::string real;
+  for (;;) {
+    while (head.size() > 1 && head.back() == '/') head.pop_back();
+    std::unique_ptr<char, decltype(&std::free)> r(::realpath(head.c_str(), nullptr), &std::free);
+    if (r) {
+      real = r.get();
+      break;
+    }
+    if (head == "/") {
+      real.assign(1, '/');
+      break;
+    }
+    const auto slash = head.rfind('/');
+    rest.push_back(head.substr(slash + 1));
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
+  for (auto it = rest.rbegin(); it != rest.rend(); ++it) {
+    if (it->empty() || *it == ".") continue;
+    if (*it == "..") {
+      const auto slash = real.rfind('/');
+      real.resize(slash == 0 ? 1 : slash);  // "/a/b" -> "/a", "/a" -> "/"
+      continue;
+    }
+    real += real == "/" ? *it : "/" + *it;
+  }
+  return real;
+}
+
+bool path_within(const std::string& inner, const std::string& outer) {
+  if (outer == "/") return true;
+  return inner == outer || (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+                            inner[outer.size()] == '/');
+}
+
+void check_apart(const std::string& path, const char* option, const std::vector<std::string>& inputs) {
+  const std::string out = resolve_path(path);
+  for (const auto& in : inputs) {
+    if (in.empty()) continue;
+    const std::string rin = resolve_path(in);
+    const char* how = out == rin ? "is" : path_within(out, rin) ? "lies inside" : path_within(rin, out) ? "contains" : nullptr;
+    if (!how) continue;
+    std::string msg = std::string(option) + " " + path + " " + how + " " + in;
+    if (out != path || rin != in) msg += " (resolved: " + out + " and " + rin + ")";
+    bad_input(msg + "; an output may not be, contain or lie inside an input: choose a path outside it");
+  }
+}
+
+std::string temp_template(const std::string& path) {
+  constexpr std::size_t kNameMax = 255;
+  constexpr std::string_view kSuffix = ".xquant-XXXXXX";
+  std::string base = base_of(path);
+  const std::size_t room = kNameMax - 1 - kSuffix.size();
+  if (base.size() > room) base.resize(room);
+  return dir_of(path) + "/." + base + std::string(kSuffix);
+}
+
+void ensure_open_files(std::size_t needed, const std::string& why) {
+  constexpr std::size_t kMargin = 64;  // stdio, the inputs being opened and mapped, OpenMP, ...
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  const auto want = static_cast<rlim_t>(needed + kMargin);
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max == RLIM_INFINITY || want <= rl.rlim_max ? want : rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+    throw CliError(kExitIo, why + " needs " + std::to_string(needed) + " files open at once (+" + std::to_string(kMargin) +
+                                " spare), but the limit of open files is " + std::to_string(rl.rlim_cur) +
+                                " (hard limit " + std::to_string(rl.rlim_max) +
+                                "): raise it (ulimit -n) or write fewer, larger shards (--max-shard-size)");
+}
 
 void install_signal_cleanup() {
   static bool installed = false;
@@ -164,11 +264,9 @@ void check_can_create(const std::string& path, bool force) {
 AtomicOutput::AtomicOutput(const std::string& path, bool force) : path_(path), force_(force) {
   check_can_create(path, force);
   install_signal_cleanup();
-  std::string tmpl = dir_of(path) + "/." + base_of(path) + ".xquant-XXXXXX";
+  std::string tmpl = temp_template(path);
   // Signals are held while the file is created and registered, so no SIGINT can fall between the two.
-  sigset_t block, old;
-  sigemptyset(&block);
-  for (int sig : kCleanupSignals) sigaddset(&block, sig);
+  sigset_t block = cleanup_signal_set(), old;
   ::pthread_sigmask(SIG_BLOCK, &block, &old);
   fd_ = ::mkostemp(tmpl.data(), O_CLOEXEC);
   const int create_err = errno;

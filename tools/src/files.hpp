@@ -5,6 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <signal.h>
 
 namespace xqcli {
 
@@ -60,6 +63,34 @@ class AtomicOutput {
 
 // Refuses (exit 1) when `path` exists and not `force`: checked before any work starts.
 void check_can_create(const std::string& path, bool force);
+
+// The absolute path that `path` designates with every symbolic link resolved: realpath() of it, or, for a
+// path that does not exist (yet), realpath() of its deepest existing ancestor with the remaining
+// components appended ("." dropped, ".." removing the component before it).
+std::string resolve_path(const std::string& path);
+
+// Whether resolved path `inner` is `outer` or lies inside it.
+bool path_within(const std::string& inner, const std::string& outer);
+
+// The one rule for outputs: refuses (exit 1) an output `path` (named by `option`: "-o", "--report") that
+// is, contains or lies inside one of `inputs`, compared after resolve_path(), so that neither writing
+// nor --force can overwrite or remove an input.
+void check_apart(const std::string& path, const char* option, const std::vector<std::string>& inputs);
+
+// The temporary name beside `path` for the atomic write: ".<name>.xquant-XXXXXX" in its directory, the
+// name shortened (bytes) so that the whole stays within NAME_MAX (255 bytes).
+std::string temp_template(const std::string& path);
+
+// The signals whose handlers install_signal_cleanup() sets (to block them around a registration).
+sigset_t cleanup_signal_set();
+
+// A function the signal handler calls before it exits (async-signal-safe calls only), e.g. to remove a
+// temporary directory; nullptr for none.
+void set_signal_cleanup_hook(void (*hook)() noexcept);
+
+// Raises the soft limit of open files (RLIMIT_NOFILE) to at least `needed` plus a margin, up to the hard
+// limit; fails (exit 2) naming `why` and both limits when that is still too few.
+void ensure_open_files(std::size_t needed, const std::string& why);
 
 // Installs the handlers that remove registered temporary files and exit: SIGBUS (exit 2) and the
 // terminating signals SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2, SIGXCPU,

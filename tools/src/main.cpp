@@ -10,6 +10,7 @@
 
 #include "compressed_tensors.hpp"
 #include "errors.hpp"
+#include "files.hpp"
 #include "jobs.hpp"
 #include "model_dir.hpp"
 #include "xquant/error.hpp"
@@ -106,6 +107,15 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : xqcli::kExitBadInput;
+  }
+
+  // The one rule for outputs (files.hpp, check_apart): -o and --report are not, do not contain and do not
+  // lie inside an input (or each other), whatever --force says.
+  if (qc->parsed()) {
+    xqcli::check_apart(q.output, "-o", {q.input});
+    if (!q.report_path.empty()) xqcli::check_apart(q.report_path, "--report", {q.input, q.output});
+  } else if (dc->parsed()) {
+    xqcli::check_apart(d.output, "-o", {d.input});
   }
 
   if (qc->parsed() && (format == "compressed-tensors" || (format.empty() && xqcli::is_directory(q.input)))) {

@@ -10,10 +10,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <memory>
 #include <set>
+#include <unordered_map>
 
 #include "errors.hpp"
+#include "xquant/version.hpp"
 
 namespace xqcli {
 
@@ -96,61 +101,106 @@ void remove_tree(const char* path) noexcept {
 constexpr std::size_t kPathMax = 4096;
 char g_temp_dir[kPathMax];
 volatile sig_atomic_t g_temp_dir_set = 0;
-struct sigaction g_previous[3];
-constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGBUS};
 
-extern "C" void on_signal_remove_dir(int sig) {
+// Called by files.cpp's handler of every cleanup signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE,
+// SIGUSR1, SIGALRM, SIGXCPU, ..., SIGBUS) before it removes its files and exits.
+void remove_temp_dir_on_signal() noexcept {
   if (g_temp_dir_set) remove_tree(g_temp_dir);
-  // Chain to the handler of files.cpp (removes its temporary files, prints, exits with the code).
-  for (int i = 0; i < 3; ++i)
-    if (kSignals[i] == sig && g_previous[i].sa_handler != SIG_DFL && g_previous[i].sa_handler != SIG_IGN &&
-        !(g_previous[i].sa_flags & SA_SIGINFO)) {
-      g_previous[i].sa_handler(sig);
-    }
-  ::_exit(sig == SIGBUS ? kExitIo : 128 + sig);
 }
 
 void install_dir_cleanup() {
-  static bool installed = false;
-  if (installed) return;
-  installed = true;
-  install_signal_cleanup();  // files.cpp's handler first, so ours can chain to it
-  struct sigaction sa {};
-  sa.sa_handler = on_signal_remove_dir;
-  sigemptyset(&sa.sa_mask);
-  for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &g_previous[i]);
+  install_signal_cleanup();
+  set_signal_cleanup_hook(remove_temp_dir_on_signal);
 }
 
-nlohmann::ordered_json parse_json_file(const std::string& path) {
-  const std::string text = read_small_file(path);
-  try {
-    return nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    bad_input(path + ": malformed JSON: " + e.what());
-  }
+bool is_symlink(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
 }
 
-void list_files(const std::string& root, const std::string& rel, int depth, std::vector<std::string>& out) {
-  const std::string dir = rel.empty() ? root : join(root, rel);
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) io_error("cannot list " + dir, errno);
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;  // ".", "..", hidden files (.git, .cache, our own temporaries)
-    names.emplace_back(e->d_name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  for (const auto& n : names) {
-    const std::string r = rel.empty() ? n : rel + "/" + n;
+// Lists the regular files below a model directory, following only the symbolic links that stay inside
+// one of `roots` and entering no directory twice on one path.
+class Lister {
+ public:
+  Lister(std::string root, std::vector<std::string> roots, std::vector<std::string>& out, std::vector<std::string>& skipped)
+      : root_(std::move(root)), roots_(std::move(roots)), out_(out), skipped_(skipped) {}
+
+  void run() {
     struct stat st {};
-    if (::stat(join(root, r).c_str(), &st) != 0) continue;  // a dangling link: nothing to copy
-    if (S_ISDIR(st.st_mode)) {
-      if (depth < 8) list_files(root, r, depth + 1, out);
-    } else if (S_ISREG(st.st_mode)) {
-      out.push_back(r);
+    if (::stat(root_.c_str(), &st) != 0) io_error("cannot stat " + root_, errno);
+    ancestors_.push_back({st.st_dev, st.st_ino});
+    list("", 0);
+  }
+
+ private:
+  static constexpr int kMaxDepth = 8;
+
+  bool inside_roots(const std::string& real) const {
+    for (const auto& r : roots_)
+      if (path_within(real, r)) return true;
+    return false;
+  }
+
+  void list(const std::string& rel, int depth) {
+    const std::string dir = rel.empty() ? root_ : join(root_, rel);
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) io_error("cannot list " + dir, errno);
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;  // ".", "..", hidden files (.git, .cache, our own temporaries)
+      names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+      const std::string r = rel.empty() ? n : rel + "/" + n;
+      const std::string full = join(root_, r);
+      if (is_symlink(full)) {
+        std::unique_ptr<char, decltype(&std::free)> real(::realpath(full.c_str(), nullptr), &std::free);
+        if (!real) continue;  // a dangling link (or a loop of links): nothing to copy
+        if (!inside_roots(real.get())) {
+          skipped_.push_back(r + ": a symbolic link to " + real.get() + ", outside the model directory (not followed)");
+          continue;
+        }
+      }
+      struct stat st {};
+      if (::stat(full.c_str(), &st) != 0) continue;
+      if (S_ISDIR(st.st_mode)) {
+        const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+        if (std::find(ancestors_.begin(), ancestors_.end(), id) != ancestors_.end()) {
+          skipped_.push_back(r + ": a directory that contains itself (a symbolic link loop; not followed)");
+          continue;
+        }
+        if (depth >= kMaxDepth) {
+          skipped_.push_back(r + ": deeper than " + std::to_string(kMaxDepth) + " levels of directories (not copied)");
+          continue;
+        }
+        ancestors_.push_back(id);
+        list(r, depth + 1);
+        ancestors_.pop_back();
+      } else if (S_ISREG(st.st_mode)) {
+        out_.push_back(r);
+      }
     }
   }
+
+  std::string root_;
+  std::vector<std::string> roots_;
+  std::vector<std::string>& out_;
+  std::vector<std::string>& skipped_;
+  std::vector<std::pair<dev_t, ino_t>> ancestors_;
+};
+
+// The directories a model's files may link into: the model directory, and for a Hugging Face cache
+// snapshot (".../models--org--name/snapshots/REV") the cache's ".../models--org--name/blobs".
+std::vector<std::string> model_roots(const std::string& path) {
+  std::vector<std::string> roots{resolve_path(path)};
+  const std::string parent = dir_of(roots[0]);
+  if (base_of(parent) == "snapshots") {
+    const std::string blobs = join(dir_of(parent), "blobs");
+    if (is_directory(blobs)) roots.push_back(resolve_path(blobs));
+  }
+  return roots;
 }
 
 }  // namespace
@@ -197,12 +247,12 @@ std::string read_small_file(const std::string& path) {
   return s;
 }
 
-ModelDir open_model_dir(const std::string& path) {
+ModelDir open_model_dir(const std::string& path, bool quiet) {
   ModelDir m;
   m.path = path;
   const std::string cfg = join(path, kConfigFile);
   if (!exists_regular(cfg)) bad_input(path + ": not a regular file, and not a model directory: it has no config.json");
-  m.config = parse_json_file(cfg);
+  m.config = json::parse_file(cfg);
   if (!m.config.is_object()) bad_input(cfg + ": expected a JSON object, got " + std::string(m.config.type_name()));
 
   const bool single = exists_regular(join(path, kSingleWeights));
@@ -221,17 +271,18 @@ ModelDir open_model_dir(const std::string& path) {
   } else {
     m.sharded = true;
     const std::string ipath = join(path, kWeightsIndex);
-    m.index = parse_json_file(ipath);
-    if (!m.index.is_object() || !m.index.contains("weight_map") || !m.index["weight_map"].is_object())
+    m.index = json::parse_file(ipath);
+    if (!m.index.is_object() || !m.index["weight_map"].is_object())
       bad_input(ipath + ": expected a JSON object with a \"weight_map\" object");
-    std::map<std::string, std::string> wmap;
+    std::unordered_map<std::string, std::string> wmap;
     std::set<std::string> shard_names;
-    for (const auto& [tensor, file] : m.index["weight_map"].items()) {
-      if (!file.is_string()) bad_input(ipath + ": weight_map['" + tensor + "'] must be a file name, got " + file.dump());
-      const std::string f = file.get<std::string>();
+    for (const auto& [tensor, file] : m.index["weight_map"].members()) {
+      const std::string who = ipath + ": weight_map[" + quote_name(tensor) + "]";
+      if (!file.is_string()) bad_input(who + " must be a file name, got " + file.type_name() + " " + file.excerpt());
+      const std::string& f = file.text();
       if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || f[0] == '.')
-        bad_input(ipath + ": weight_map['" + tensor + "'] is '" + f + "', expected a file name in the directory");
-      wmap[tensor] = f;
+        bad_input(who + " is " + quote_name(f) + ", expected a file name in the directory");
+      wmap.emplace(tensor, f);
       shard_names.insert(f);
     }
     if (shard_names.empty()) bad_input(ipath + ": the weight_map is empty");
@@ -241,7 +292,7 @@ ModelDir open_model_dir(const std::string& path) {
       m.files.push_back(open_weight_file(join(path, f)));
       weight_names.insert(f);
     }
-    std::map<std::string, std::string> found;  // tensor -> the shard holding it
+    std::unordered_map<std::string, std::string> found;  // tensor -> the shard holding it
     for (const auto& w : m.files)
       for (const auto& t : w.header.tensors) {
         const auto [it, fresh] = found.emplace(t.name, w.name);
@@ -254,16 +305,35 @@ ModelDir open_model_dir(const std::string& path) {
         if (e->second != w.name)
           bad_input(ipath + ": maps tensor '" + t.name + "' to " + e->second + " but it is in " + w.name);
       }
-    for (const auto& [tensor, f] : wmap)
-      if (!found.count(tensor)) bad_input(ipath + ": maps tensor '" + tensor + "' to " + f + ", which does not hold it");
+    for (const auto& [tensor, f] : m.index["weight_map"].members())
+      if (!found.count(tensor))
+        bad_input(ipath + ": maps tensor '" + tensor + "' to " + f.text() + ", which does not hold it");
   }
   for (const auto& w : m.files) m.weight_bytes += w.map->size();
 
+  m.inputs = model_roots(path);
   std::vector<std::string> all;
-  list_files(path, "", 0, all);
+  Lister(path, m.inputs, all, m.not_followed).run();
   for (auto& f : all)
     if (f != kConfigFile && f != kWeightsIndex && !weight_names.count(f)) m.other_files.push_back(std::move(f));
+  if (!quiet)
+    for (const auto& s : m.not_followed) std::fprintf(stderr, "xquant: warning: %s\n", utf8_safe(join(path, s)).c_str());
   return m;
+}
+
+std::vector<std::string> files_to_copy(const ModelDir& m, const std::vector<std::string>& written, bool quiet) {
+  const std::set<std::string> names(written.begin(), written.end());
+  std::vector<std::string> copy;
+  for (const auto& f : m.other_files) {
+    if (!names.count(f)) {
+      copy.push_back(f);
+      continue;
+    }
+    if (!quiet)
+      std::fprintf(stderr, "xquant: warning: not copying %s: the output writes its own %s\n",
+                   utf8_safe(join(m.path, f)).c_str(), utf8_safe(f).c_str());
+  }
+  return copy;
 }
 
 std::uint64_t parse_size(const std::string& text, const char* option) {
@@ -292,30 +362,52 @@ std::uint64_t parse_size(const std::string& text, const char* option) {
   return n * mult;
 }
 
+std::optional<std::string> why_not_replaceable(const std::string& target) {
+  struct stat st {};
+  if (::lstat(target.c_str(), &st) != 0) return std::nullopt;  // nothing to replace
+  if (S_ISLNK(st.st_mode)) return "is a symbolic link";
+  if (!S_ISDIR(st.st_mode)) return "is not a directory";
+  if (exists_regular(join(target, kOutputMarker))) return std::nullopt;
+  DIR* d = ::opendir(target.c_str());
+  if (!d) return std::string("cannot be listed (") + std::strerror(errno) + ")";
+  bool empty = true;
+  while (const dirent* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  ::closedir(d);
+  if (empty) return std::nullopt;
+  return std::string("is a directory that xquant did not write (it has no ") + kOutputMarker + " file) and is not empty";
+}
+
 void check_can_create_dir(const std::string& target, const std::string& input, bool force) {
-  struct stat st {}, in {};
-  if (::stat(target.c_str(), &st) == 0 && ::stat(input.c_str(), &in) == 0 && st.st_dev == in.st_dev &&
-      st.st_ino == in.st_ino)
-    bad_input("output " + target + " is the input directory; write the quantized model somewhere else");
-  if (exists_any(target) && !force) bad_input("output " + target + " exists (use --force to replace it)");
-  if (!is_directory(dir_of(target))) {
-    errno = ENOENT;
-    io_error("cannot create " + target + ": its parent directory " + dir_of(target) + " does not exist", ENOENT);
+  check_apart(target, "-o", {input});
+  if (!exists_any(target)) {
+    if (!is_directory(dir_of(target)))
+      io_error("cannot create " + target + ": its parent directory " + dir_of(target) + " does not exist", ENOENT);
+    return;
   }
+  if (!force) bad_input("output " + target + " exists (use --force to replace it)");
+  if (const auto why = why_not_replaceable(target))
+    bad_input("output " + target + " " + *why + "; --force replaces only an empty directory or one that xquant wrote: "
+              "remove it yourself or choose another output");
 }
 
 // ---- OutputDir ----
 
 OutputDir::OutputDir(const std::string& target, bool force) : target_(target), force_(force) {
   while (target_.size() > 1 && target_.back() == '/') target_.pop_back();
-  if (exists_any(target_) && !force) bad_input("output " + target_ + " exists (use --force to replace it)");
+  if (exists_any(target_)) {
+    if (!force) bad_input("output " + target_ + " exists (use --force to replace it)");
+    if (const auto why = why_not_replaceable(target_))
+      bad_input("output " + target_ + " " + *why + "; --force replaces only an empty directory or one that xquant wrote");
+  }
   install_dir_cleanup();
-  std::string tmpl = dir_of(target_) + "/." + base_of(target_) + ".xquant-XXXXXX";
+  std::string tmpl = temp_template(target_);
   if (tmpl.size() + 1 > kPathMax) bad_input("output path too long: " + target_);
-  sigset_t block, old;
-  sigemptyset(&block);
-  sigaddset(&block, SIGINT);
-  sigaddset(&block, SIGTERM);
+  // Every cleanup signal is held while the directory is created and registered.
+  sigset_t block = cleanup_signal_set(), old;
   ::pthread_sigmask(SIG_BLOCK, &block, &old);
   const char* made = ::mkdtemp(tmpl.data());
   const int err = errno;
@@ -330,6 +422,14 @@ OutputDir::OutputDir(const std::string& target, bool force) : target_(target), f
   const mode_t um = ::umask(022);
   ::umask(um);
   ::chmod(temp_.c_str(), 0777 & ~um);
+  try {
+    write_file(kOutputMarker, std::string("This directory was written by xquant ") + xquant::kVersion +
+                                  ". `xquant ... -o DIR --force` replaces a directory holding this file (and no other).\n");
+  } catch (...) {
+    g_temp_dir_set = 0;
+    remove_tree(temp_.c_str());
+    throw;
+  }
 }
 
 OutputDir::~OutputDir() {
@@ -440,14 +540,22 @@ void OutputDir::commit() {
   if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_NOREPLACE) != 0) {
     if (errno == EEXIST || errno == ENOTEMPTY) {
       if (!force_) bad_input("output " + target_ + " appeared while writing (use --force to replace it)");
-      // Swap the new directory in atomically; the old target is then at temp_ and is removed.
+      // Swap the new directory in atomically; the old target is then at temp_ and is removed, unless it
+      // changed since the check into something --force may not replace: then it is swapped back.
       if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) != 0)
         io_error("cannot replace " + target_ + " with " + temp_, errno);
+      if (const auto why = why_not_replaceable(temp_)) {
+        if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) != 0)
+          io_error("cannot swap back " + target_ + " (now at " + temp_ + ")", errno);
+        bad_input("output " + target_ + " changed while writing and now " + *why + "; not replaced");
+      }
       replaced = true;
     } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
       // A file system without renameat2 flags: check, then rename (not atomic against a racing writer).
       if (exists_any(target_)) {
         if (!force_) bad_input("output " + target_ + " appeared while writing (use --force to replace it)");
+        if (const auto why = why_not_replaceable(target_))
+          bad_input("output " + target_ + " changed while writing and now " + *why + "; not replaced");
         g_temp_dir_set = 0;
         const std::string old = temp_ + ".old";
         if (::rename(target_.c_str(), old.c_str()) != 0) io_error("cannot move " + target_ + " aside", errno);

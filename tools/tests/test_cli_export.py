@@ -187,7 +187,7 @@ def test_sample_model_main_command(tmp_path):
     assert r.stderr == ""
     assert "compressed-tensors W4A16" in r.stdout and "SQNR dB" in r.stdout
     assert "total: 14 of 21 tensors quantized" in r.stdout and "GB/s" in r.stdout
-    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == [".xquant-output", "config.json", "generation_config.json", "model.safetensors"]
     qc, quantized = check_output(SAMPLE_MODEL, out, "W4A16")
     assert len(quantized) == 14 and qc["ignore"] == ["lm_head", "model.embed_tokens"]
     assert not leftovers(tmp_path, "sample-w4a16")
@@ -267,7 +267,7 @@ def test_sharded_input_keeps_its_shards(tmp_path):
     out = tmp_path / "out"
     r = xquant("quantize", src, "-o", out)
     assert r.returncode == 0, r.stderr
-    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model-00001-of-00003.safetensors",
+    assert sorted(os.listdir(out)) == [".xquant-output", "config.json", "generation_config.json", "model-00001-of-00003.safetensors",
                                        "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
                                        "model.safetensors.index.json", "sub", "tokenizer.json"]
     o, index = check_index(out)
@@ -349,12 +349,19 @@ def test_force_replaces_directory(tmp_path):
     (out / "old.txt").write_text("old")
     r = xquant("quantize", SAMPLE_MODEL, "-o", out, "-q")
     assert r.returncode == 1 and "exists" in r.stderr and os.listdir(out) == ["old.txt"]
+    # --force replaces only an empty directory or one that xquant wrote (test_cli_fs.py has the rest)
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "-q", "--force")
+    assert r.returncode == 1 and "xquant did not write" in r.stderr and os.listdir(out) == ["old.txt"]
+    os.unlink(out / "old.txt")
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "-q", "--force")
+    assert r.returncode == 0, r.stderr
+    (out / "old.txt").write_text("old")
     r = xquant("quantize", SAMPLE_MODEL, "-o", out, "-q", "--force")
     assert r.returncode == 0, r.stderr
     assert "old.txt" not in os.listdir(out) and "model.safetensors" in os.listdir(out)
     assert not leftovers(tmp_path, "out")
     r = xquant("quantize", SAMPLE_MODEL, "-o", SAMPLE_MODEL, "--force")
-    assert r.returncode == 1 and "input directory" in r.stderr
+    assert r.returncode == 1 and "an output may not be, contain or lie inside an input" in r.stderr
 
 
 def test_group_not_dividing_k(tmp_path):
@@ -614,11 +621,12 @@ def test_io_failure_leaves_no_directory(tmp_path):
     assert "cannot write" in r.stderr and "File too large" in r.stderr
     assert os.listdir(tmp_path) == []
     out.mkdir()
+    (out / ".xquant-output").write_text("an earlier output")  # one that --force may replace
     (out / "old.txt").write_text("old")
     r = subprocess.run([XQ, "quantize", SAMPLE_MODEL, "-o", str(out), "--force"], capture_output=True, text=True,
                        preexec_fn=limit, timeout=300)
     assert r.returncode == 2
-    assert os.listdir(tmp_path) == ["out"] and os.listdir(out) == ["old.txt"]
+    assert os.listdir(tmp_path) == ["out"] and sorted(os.listdir(out)) == [".xquant-output", "old.txt"]
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
