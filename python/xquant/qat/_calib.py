@@ -100,7 +100,7 @@ class MaxCalibrator:
 class HistogramCalibrator:
     """Histogram of ``|x|`` (per tensor) for the percentile, mse and entropy methods (see the module doc)."""
 
-    def __init__(self, method: str, num_bins: int = 2048, percentile: float = 99.99, start_bin: int = 128,
+    def __init__(self, method: str, num_bins: int = 2048, percentile: float = 99.99, start_bin: Optional[int] = None,
                  num_bits: int = 8, is_unsigned: bool = False, narrow_range: bool = True, who: str = "?"):
         if method not in ("percentile", "mse", "entropy"):
             raise ValueError(f"xquant.qat: quantizer {who}: histogram method {method!r} is not one of "
@@ -109,6 +109,8 @@ class HistogramCalibrator:
             raise ValueError(f"xquant.qat: quantizer {who}: num_bins is {num_bins!r} but expected an int >= 2")
         if not (isinstance(percentile, (int, float)) and 0 < percentile <= 100):
             raise ValueError(f"xquant.qat: quantizer {who}: percentile is {percentile!r} but expected a number in (0, 100]")
+        if start_bin is None:
+            start_bin = min(128, num_bins)
         if not isinstance(start_bin, int) or not 1 <= start_bin <= num_bins:
             raise ValueError(f"xquant.qat: quantizer {who}: start_bin is {start_bin!r} but expected an int in [1, num_bins={num_bins}]")
         self.method, self.num_bins, self.percentile, self.start_bin = method, num_bins, float(percentile), start_bin

@@ -9,12 +9,15 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+import xquant
+
 from ..npu import acts_ulq, npu_dynamic_quant, npu_fake_tensor_quant, npu_fake_tensor_quant_with_axis, npu_quantize
-from .._backward import fake_tensor_quant_backward
 from ._calib import CALIBRATORS, MaxCalibrator, _dist_world, make_calibrator
 
 __all__ = ["QuantizerBase", "TensorQuantizer", "WeightQuantizer", "DynamicQuantizer", "ActsULQQuantizer",
            "MODES", "weight_scales"]
+
+xquant.register_torch_ops()  # torch.ops.xquant.* (the weight quantizer's backward calls one)
 
 MODES = ("quantize", "calibrate", "disabled")
 _FLT_MIN = torch.finfo(torch.float32).tiny
@@ -265,8 +268,9 @@ class _WeightFakeQuant(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         wv, a = ctx.saved_tensors
         need_a = ctx.needs_input_grad[1]
-        gw, ga = fake_tensor_quant_backward(g.float().contiguous(), wv.float().contiguous(), a, 0, ctx.num_bits,
-                                            False, True, need_a)
+        # the documented operator (docs/python.md "PyTorch integration"): traceable inside a compiled backward
+        gw, ga = torch.ops.xquant.fake_tensor_quant_backward(g.float().contiguous(), wv.float().contiguous(), a, 0,
+                                                             ctx.num_bits, False, True, need_a)
         return gw.to(wv.dtype), (ga if need_a else None), None, None
 
 
