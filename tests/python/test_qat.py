@@ -435,20 +435,22 @@ def test_compile_fullgraph_forward_and_backward(act):
     if act != "static":
         torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
-        a = {"dynamic": {"dynamic": "token"}, "actsulq": {"type": "actsulq", "collect_loss": False}}[act]
+        a = {"dynamic": {"dynamic": "token"}, "actsulq": {"type": "actsulq"}}[act]
         xqat.prepare(m, {"weights": {"num_bits": 8, "strategy": "channel", "learn_amax": True}, "input_activations": a})
         x = torch.randn(8, 16)
         xqat.calibrate(m, lambda mm: mm(x))
     torch._dynamo.reset()
     cm = torch.compile(m, fullgraph=True, backend="aot_eager")
     y1 = cm(x)
-    y1.square().sum().backward()
+    l1 = xqat.quant_loss(m)  # ActsULQ: the loss kept by the compiled forward, differentiable
+    (y1.square().sum() + l1).backward()
     g1 = [p.grad.clone() for p in m.parameters()]
     m.zero_grad()
     y0 = m(x)
-    y0.square().sum().backward()
+    l0 = xqat.quant_loss(m)
+    (y0.square().sum() + l0).backward()
     g0 = [p.grad.clone() for p in m.parameters()]
-    assert torch.equal(y0, y1)
+    assert torch.equal(y0, y1) and torch.equal(l0, l1) and (act != "actsulq" or float(l0) > 0)
     assert all(torch.equal(a, b) for a, b in zip(g0, g1))
 
 
