@@ -188,6 +188,8 @@ class TensorQuantizer(QuantizerBase):
         if a is None:
             raise RuntimeError(f"xquant.qat: quantizer {self.qname} has no amax: calibrate the model first "
                                "(xquant.qat.calibrate(model, forward_loop)) or call set_amax")
+        if hasattr(a, "full_tensor") and not hasattr(x, "full_tensor"):  # FSDP2-sharded, read outside forward
+            a = a.full_tensor()
         if self.learn_amax:
             a = a.clamp_min(0)
         if a.device != x.device:
