@@ -154,11 +154,13 @@ def test_llama_bf16_weights_exact(tmp_path):
 
 
 @hf
-@pytest.mark.parametrize("act", ["W8A8", "static"])
+@pytest.mark.parametrize("act", ["W8A8", "static", "actsulq"])
 def test_llama_activation_quantization_export(tmp_path, act):
     m = tiny_llama()
     if act == "W8A8":
         cfg = "W8A8"
+    elif act == "actsulq":
+        cfg = {"weights": {"num_bits": 8, "strategy": "channel"}, "input_activations": {"type": "actsulq"}}
     else:
         cfg = {"weights": {"num_bits": 8, "strategy": "channel"},
                "input_activations": {"num_bits": 8, "calibrator": "max", "learn_amax": True}}
@@ -169,14 +171,21 @@ def test_llama_activation_quantization_export(tmp_path, act):
     qc = json.loads((tmp_path / act / "config.json").read_text())["quantization_config"]
     ia = qc["config_groups"]["group_0"]["input_activations"]
     assert qc["format"] == "int-quantized"
-    assert (ia["strategy"], ia["dynamic"]) == (("token", True) if act == "W8A8" else ("tensor", False))
+    assert (ia["strategy"], ia["dynamic"], ia["symmetric"]) == \
+        {"W8A8": ("token", True, True), "static": ("tensor", False, True), "actsulq": ("tensor", False, False)}[act]
     ref, got = load_and_compare(m, tmp_path / act, torch.float32)
     # The weights are bit-exact; the activation path differs by design: xquant trains with the Ascend
     # operators (W8A8: npu_dynamic_quant, scale = rowmax / 127; static: npu_fake_tensor_quant, x * (127 / amax))
-    # while compressed-tensors' loader fake-quantizes with its own rule (x / scale, token scale rowmax / 127.5).
+    # while compressed-tensors' loader fake-quantizes with its own rule (x / scale, token scale rowmax / 127.5;
+    # ActsULQ: the same grid as (q - zero_point) * scale, rounded by the loader in its own arithmetic).
     cos = torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), dim=0).item()
     print(f"{act}: logits max |diff| {(ref - got).abs().max().item():.3g}, cosine {cos:.6f}")
     assert cos > 0.999
+    # the loader does quantize the activations: without them our logits are further from its
+    xqat.set_quantizer_mode(m, "disabled", "re:.*input_quantizer")
+    with torch.no_grad():
+        plain = m(input_ids=ids()).logits
+    assert (plain - got).abs().max() > (ref - got).abs().max()
 
 
 @hf

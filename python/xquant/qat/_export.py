@@ -33,6 +33,23 @@ def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     return words.to(torch.int32)
 
 
+def actsulq_qparams(iq: ActsULQQuantizer):
+    """(scale, zero_point) of an 8-bit ActsULQ range as compressed-tensors' asymmetric int8: ActsULQ's grid
+    is ``s * k`` for ``k`` in ``[off, off + 255]`` (docs/semantics.md 6.1: ``s = (ori_max - ori_min) / 255``,
+    ``off = rint(ori_min / s)``), which is ``(q - zp) * s`` for ``q`` in ``[-128, 127]`` with ``zp = -off - 128``."""
+    levels = float((1 << iq.num_bits) - 1)
+    lo = iq.clamp_min.detach().float().reshape(1)
+    hi = iq.clamp_max.detach().float().reshape(1)
+    lo = lo.full_tensor() if hasattr(lo, "full_tensor") else lo
+    hi = hi.full_tensor() if hasattr(hi, "full_tensor") else hi
+    eps = torch.tensor(2.0 ** -23, dtype=torch.float32)
+    ori_min = torch.zeros_like(lo) if iq.fixed_min else torch.minimum(lo, torch.zeros_like(lo))
+    ori_max = torch.maximum(hi, levels * eps)
+    s = (ori_max - ori_min) / levels
+    off = torch.round(ori_min / s)
+    return s, (-off - 128).to(torch.int8)
+
+
 def _weights_args(wq: WeightQuantizer) -> dict:
     strategy = wq.strategy
     return {"num_bits": wq.num_bits, "type": "int", "symmetric": True,
@@ -51,10 +68,12 @@ def _input_args(iq) -> Optional[dict]:
                              f"{iq.num_bits}, unsigned={iq.unsigned})")
         return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor", "dynamic": False}
     if isinstance(iq, ActsULQQuantizer):
-        raise ValueError(f"xquant.qat.export: quantizer {iq.qname}: ActsULQ activation ranges have no "
-                         "compressed-tensors form xquant writes yet; disable the input quantizers "
-                         "(xquant.qat.set_quantizer_mode(model, 'disabled', 're:.*input_quantizer')) to export the "
-                         "weights only")
+        if iq.num_bits != 8:
+            raise ValueError(f"xquant.qat.export: quantizer {iq.qname}: ActsULQ with num_bits={iq.num_bits} has no "
+                             "compressed-tensors form (8 bits map to asymmetric int8); disable the input quantizers "
+                             "(xquant.qat.set_quantizer_mode(model, 'disabled', 're:.*input_quantizer')) to export "
+                             "the weights only")
+        return {"num_bits": 8, "type": "int", "symmetric": False, "strategy": "tensor", "dynamic": False}
     raise ValueError(f"xquant.qat.export: quantizer {getattr(iq, 'qname', '?')} of type {type(iq).__name__} cannot be exported")
 
 
@@ -112,7 +131,17 @@ def export_state_dict(model: nn.Module):
             out[name + ".weight"] = q.to(torch.int8)
         out[name + ".weight_scale"] = s
         iq = mod.input_quantizer
-        if iargs is not None and not iargs["dynamic"]:
+        if isinstance(iq, ActsULQQuantizer) and iargs is not None:
+            if not iq.is_calibrated():
+                raise ValueError(f"xquant.qat.export: quantizer {iq.qname} has no clamp range (calibrate first)")
+            sc, zp = actsulq_qparams(iq)
+            sc = sc.to(w.dtype)
+            if not bool(torch.isfinite(sc).all()) or float(sc) == 0:
+                raise ValueError(f"xquant.qat.export: quantizer {iq.qname}: its clamp range gives the scale "
+                                 f"{float(sc)} in {w.dtype} (expected finite and non-zero)")
+            out[name + ".input_scale"] = sc
+            out[name + ".input_zero_point"] = zp
+        elif iargs is not None and not iargs["dynamic"]:
             if not iq.is_calibrated():
                 raise ValueError(f"xquant.qat.export: quantizer {iq.qname} has no amax (calibrate first)")
             a = iq.amax.detach().float().reshape(1).clamp_min(0)
