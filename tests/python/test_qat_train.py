@@ -181,11 +181,12 @@ def test_llama_activation_quantization_export(tmp_path, act):
     cos = torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), dim=0).item()
     print(f"{act}: logits max |diff| {(ref - got).abs().max().item():.3g}, cosine {cos:.6f}")
     assert cos > 0.999
-    # the loader does quantize the activations: without them our logits are further from its
+    # the loader does quantize the activations (its weights are ours bit for bit, so without activation
+    # quantization it would compute exactly our model with the input quantizers disabled)
     xqat.set_quantizer_mode(m, "disabled", "re:.*input_quantizer")
     with torch.no_grad():
         plain = m(input_ids=ids()).logits
-    assert (plain - got).abs().max() > (ref - got).abs().max()
+    assert not torch.equal(plain, got)
 
 
 @hf
