@@ -231,16 +231,20 @@ def test_export_refuses_and_leaves_nothing(tmp_path):
         xqat.export(m, tmp_path / "out", force=True)
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(tmp_path / "out") == ["keep"]
     m[1].weight_quantizer.calibrate_from(m[1].weight)
-    xqat.export(m, tmp_path / "out", force=True)
+    xqat.export(torch.compile(m), tmp_path / "out", force=True)  # a compiled (or DDP-wrapped) model is unwrapped
     assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
     assert sorted(os.listdir(tmp_path)) == ["out"]
+    from safetensors.torch import load_file
+    t = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(t) == [f"{i}.{k}" for i in (0, 1) for k in ("bias", "input_scale", "weight", "weight_scale")]
+    assert t["0.weight"].dtype == torch.int8 and t["0.weight_scale"].shape == (16, 1)
+    assert torch.equal(t["1.input_scale"], m[1].input_quantizer.amax / 127)
     qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
     assert qc["config_groups"]["group_0"]["targets"] == ["Linear"] and qc["ignore"] == []
     # convolutions: written dense, with the fake-quantized weights they compute with
     c = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 8))
     xqat.prepare(c, xqat.preset("W8A16", group_size=0))
     xqat.export(c, tmp_path / "conv")
-    from safetensors.torch import load_file
     t = load_file(tmp_path / "conv" / "model.safetensors")
     assert sorted(t) == ["0.bias", "0.weight", "2.bias", "2.weight_packed", "2.weight_scale", "2.weight_shape"]
     assert torch.equal(t["0.weight"], c[0].quantized_weight()) and not torch.equal(t["0.weight"], c[0].weight)

@@ -77,10 +77,22 @@ def _input_args(iq) -> Optional[dict]:
     raise ValueError(f"xquant.qat.export: quantizer {getattr(iq, 'qname', '?')} of type {type(iq).__name__} cannot be exported")
 
 
+def _unwrap(model: nn.Module) -> nn.Module:
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # torch.compile's wrapper
+            model = model._orig_mod
+        else:
+            return model
+
+
 @torch.no_grad()
 def export_state_dict(model: nn.Module):
     """(tensors, quantization_config): the checkpoint's tensors (CPU, contiguous) and config.json's
-    ``quantization_config``. Validates everything first (finite scales, one format); raises ValueError."""
+    ``quantization_config``. Validates everything first (finite scales, one format); raises ValueError.
+    A DDP wrapper or a torch.compile'd module is unwrapped first."""
+    model = _unwrap(model)
     for n, q in quantizers(model):
         q.qname = n
     qmods = dict(quant_modules(model))
@@ -199,6 +211,7 @@ def export(model: nn.Module, out_dir, *, force: bool = False) -> str:
     out_dir = os.fspath(out_dir)
     if os.path.lexists(out_dir) and not force:
         raise FileExistsError(f"xquant.qat.export: out_dir {out_dir!r} exists (pass force=True to replace it)")
+    model = _unwrap(model)
     tensors, qc = export_state_dict(model)
     cfg = getattr(model, "config", None)
     if cfg is not None and hasattr(cfg, "to_dict"):
