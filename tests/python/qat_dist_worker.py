@@ -81,6 +81,8 @@ def one(torch, xqat, rank, world, mode):
         a = q.amax
         a = a.full_tensor() if hasattr(a, "full_tensor") else a
         final[n] = a.detach().clone()
+    if mode == "fsdp2":  # export gathers the sharded tensors on every rank; rank 0 writes
+        xqat.export(net, os.environ["QAT_EXPORT_DIR"])
     return {"amax0": amax0, "losses": losses, "final": final}
 
 

@@ -375,7 +375,6 @@ def test_match_modules_compressed_tensors_semantics():
 
 
 def test_prepare_defaults_targets_ignore_and_misfits():
-    n = xqat.prepare(Net(), "w8a16", strict=False) if False else None  # noqa
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         n = xqat.prepare(Net(), xqat.preset("W8A16", group_size=0))
@@ -384,7 +383,6 @@ def test_prepare_defaults_targets_ignore_and_misfits():
     assert qn == ["layers.0.q_proj", "layers.0.up_proj", "layers.0.conv", "layers.1.q_proj", "layers.1.up_proj",
                   "layers.1.conv"]  # lm_head dense by default, convolutions per channel
     assert type(n.layers[0].conv).__name__ == "QuantConv1d"
-    n = xqat.prepare(Net(), "W4A16", targets=["re:.*q_proj"], ignore=["layers.1.q_proj"]) if False else None
     with pytest.warns(UserWarning, match=r"'layers.0.q_proj' \(Linear, weight \[16, 16\]\) stays dense: input dimension 16 "
                                           r"is not divisible by the group size 128"):
         with pytest.raises(ValueError, match="no module of Net was quantized"):

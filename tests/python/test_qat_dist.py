@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import xquant  # noqa: E402
+import xquant.qat  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "qat_dist_worker.py")
@@ -44,7 +45,7 @@ def test_ddp_and_fsdp2_match_single_process(tmp_path):
     qat_dist_worker.run(0, 1, "single", 0, str(single), _xquant_path())
     out = tmp_path / "two.pt"
     port = _port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", QAT_EXPORT_DIR=str(tmp_path / "export"))
     procs = [subprocess.Popen([sys.executable, WORKER, str(r), "2", "ddp,fsdp2", str(port), str(out), _xquant_path()],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
     try:
@@ -69,3 +70,13 @@ def test_ddp_and_fsdp2_match_single_process(tmp_path):
             assert torch.allclose(r["final"][k], v, rtol=1e-5, atol=1e-7), (mode, k, r["final"][k], v)
             moved += int(not torch.equal(v, ref["amax0"][k]))
         assert moved == len(ref["final"]), "every learnable amax should have moved in 8 steps"
+    # FSDP2's export: the gathered learned ranges, written once
+    from safetensors.torch import load_file
+
+    t = load_file(tmp_path / "export" / "model.safetensors")
+    fin = res["fsdp2"]["final"]
+    for i in (0, 2, 4):
+        want = xquant.qat.weight_scales(fin[f"{i}.weight_quantizer"], 4, torch.float32).reshape(-1, 1)
+        assert torch.equal(t[f"{i}.weight_scale"], want), i
+        assert torch.equal(t[f"{i}.input_scale"], fin[f"{i}.input_quantizer"].clamp_min(0) / 127), i
+    assert sorted(os.listdir(tmp_path / "export")) == ["config.json", "model.safetensors"]

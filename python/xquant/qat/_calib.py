@@ -154,9 +154,7 @@ class HistogramCalibrator:
         if self.batches == 0:
             return None
         dev = self.hist.device if self.hist is not None else torch.device("cpu")
-        if self.width is None:
-            if sync and _dist_world() > 1:  # every rank saw only zeros: the max was all-reduced already
-                pass
+        if self.width is None:  # only zeros (every rank: the batch max is all-reduced in collect)
             return torch.zeros(1, device=dev)
         hist = self.hist.clone()
         if sync and _dist_world() > 1:

@@ -184,8 +184,6 @@ def export_state_dict(model: nn.Module):
     qc = {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
           "config_groups": groups_cfg, "ignore": sorted(dense_linear), "kv_cache_scheme": None,
           "global_compression_ratio": None}
-    if not single:
-        qc["ignore"] = sorted(dense_linear)
     return out, qc
 
 
@@ -205,14 +203,23 @@ def export(model: nn.Module, out_dir, *, force: bool = False) -> str:
 
     Everything is validated and computed first, written into a temporary directory beside ``out_dir`` and
     renamed into place; an existing ``out_dir`` is a FileExistsError unless ``force`` (then it is replaced
-    only once the new one is complete). On any error nothing is left behind."""
+    only once the new one is complete). On any error nothing is left behind.
+
+    With ``torch.distributed`` initialized (more than one rank) call it on every rank: the tensors are
+    gathered on all of them (FSDP2's DTensors) and only rank 0 writes."""
     from safetensors.torch import save_file
 
     out_dir = os.fspath(out_dir)
-    if os.path.lexists(out_dir) and not force:
+    d = torch.distributed
+    writer = not (d.is_available() and d.is_initialized() and d.get_world_size() > 1) or d.get_rank() == 0
+    if writer and os.path.lexists(out_dir) and not force and not (d.is_available() and d.is_initialized()):
         raise FileExistsError(f"xquant.qat.export: out_dir {out_dir!r} exists (pass force=True to replace it)")
     model = _unwrap(model)
-    tensors, qc = export_state_dict(model)
+    tensors, qc = export_state_dict(model)  # every rank: the gathers are collectives
+    if not writer:
+        return out_dir
+    if os.path.lexists(out_dir) and not force:
+        raise FileExistsError(f"xquant.qat.export: out_dir {out_dir!r} exists (pass force=True to replace it)")
     cfg = getattr(model, "config", None)
     if cfg is not None and hasattr(cfg, "to_dict"):
         conf = cfg.to_dict()

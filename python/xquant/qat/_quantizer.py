@@ -328,6 +328,9 @@ class WeightQuantizer(TensorQuantizer):
         if bool(bad.any()):
             raise ValueError(f"xquant.qat: quantizer {self.qname}: amax has {int(bad.sum())} value(s) that are NaN, "
                              "Inf or negative (expected finite values >= 0)")
+        if self.amax is not None and tuple(self.amax.shape) != tuple(a.shape):
+            raise ValueError(f"xquant.qat: quantizer {self.qname}: amax has shape {list(a.shape)} but the quantizer's "
+                             f"amax has shape {list(self.amax.shape)} (one per {self.strategy})")
         _set_range(self, "amax", a, self.learn_amax)
 
     def _new_calibrator(self):
