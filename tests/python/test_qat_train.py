@@ -251,3 +251,21 @@ def test_export_refuses_and_leaves_nothing(tmp_path):
     u = torch.nn.Linear(4, 4)
     with pytest.raises(ValueError, match="no enabled quantized Linear module"):
         xqat.export(u, tmp_path / "none")
+
+
+@hf
+def test_docs_qat_md_example_runs(tmp_path, monkeypatch):
+    """docs/qat.md's "In a dozen lines" block runs as written (in a temporary directory)."""
+    import re
+
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "qat.md")
+    with open(doc) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    runnable = [b for b in blocks if b.startswith("import ")]
+    assert len(runnable) == 1
+    monkeypatch.chdir(tmp_path)
+    g = {}
+    exec(compile(runnable[0], "docs/qat.md", "exec"), g)
+    assert (tmp_path / "llama-w4a16-qat" / "model.safetensors").exists()
+    with torch.no_grad():
+        assert torch.equal(g["served"](input_ids=g["batches"][0]).logits, g["model"].eval()(input_ids=g["batches"][0]).logits)
