@@ -337,6 +337,26 @@ def test_actsulq_quantizer_and_quant_loss(rng):
     assert float(xqat.quant_loss(torch.nn.Linear(2, 2))) == 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", [{"num_bits": 8, "learn_amax": True}, {"dynamic": "token"}, {"type": "actsulq"}],
+                         ids=["static", "dynamic", "actsulq"])
+def test_half_precision_models_train(dtype, act):
+    # regression: ActsULQ passed float32 clamps with bfloat16 / float16 activations (a TypeError)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 8)).to(dtype)
+    xqat.prepare(m, {"weights": {"num_bits": 4, "strategy": "channel", "learn_amax": True}, "input_activations": act})
+    x = torch.randn(4, 16, dtype=dtype)
+    xqat.calibrate(m, lambda mm: mm(x))
+    y = m(x)
+    y.float().sum().backward()
+    assert y.dtype == dtype and m[0].weight.grad.dtype == dtype and m[0].weight_quantizer.amax.grad is not None
+    if act.get("type") == "actsulq":
+        q = m[0].input_quantizer
+        from xquant.npu import acts_ulq
+        want = acts_ulq(x, q.clamp_min.detach().to(dtype), q.clamp_max.detach().to(dtype), False, 8)[0]
+        assert torch.equal(q(x), want) and q.clamp_max.grad is not None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Targets, prepare, configs
 

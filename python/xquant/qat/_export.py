@@ -33,15 +33,16 @@ def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     return words.to(torch.int32)
 
 
-def actsulq_qparams(iq: ActsULQQuantizer):
+def actsulq_qparams(iq: ActsULQQuantizer, dtype: torch.dtype = torch.float32):
     """(scale, zero_point) of an 8-bit ActsULQ range as compressed-tensors' asymmetric int8: ActsULQ's grid
     is ``s * k`` for ``k`` in ``[off, off + 255]`` (docs/semantics.md 6.1: ``s = (ori_max - ori_min) / 255``,
-    ``off = rint(ori_min / s)``), which is ``(q - zp) * s`` for ``q`` in ``[-128, 127]`` with ``zp = -off - 128``."""
+    ``off = rint(ori_min / s)``), which is ``(q - zp) * s`` for ``q`` in ``[-128, 127]`` with ``zp = -off - 128``.
+    The clamps are first rounded to ``dtype``, the activations' dtype, as the forward passes them."""
     levels = float((1 << iq.num_bits) - 1)
     lo = iq.clamp_min.detach().float().reshape(1)
     hi = iq.clamp_max.detach().float().reshape(1)
-    lo = lo.full_tensor() if hasattr(lo, "full_tensor") else lo
-    hi = hi.full_tensor() if hasattr(hi, "full_tensor") else hi
+    lo = (lo.full_tensor() if hasattr(lo, "full_tensor") else lo).to(dtype).float()
+    hi = (hi.full_tensor() if hasattr(hi, "full_tensor") else hi).to(dtype).float()
     eps = torch.tensor(2.0 ** -23, dtype=torch.float32)
     ori_min = torch.zeros_like(lo) if iq.fixed_min else torch.minimum(lo, torch.zeros_like(lo))
     ori_max = torch.maximum(hi, levels * eps)
@@ -146,7 +147,7 @@ def export_state_dict(model: nn.Module):
         if isinstance(iq, ActsULQQuantizer) and iargs is not None:
             if not iq.is_calibrated():
                 raise ValueError(f"xquant.qat.export: quantizer {iq.qname} has no clamp range (calibrate first)")
-            sc, zp = actsulq_qparams(iq)
+            sc, zp = actsulq_qparams(iq, w.dtype)
             sc = sc.to(w.dtype)
             if not bool(torch.isfinite(sc).all()) or float(sc) == 0:
                 raise ValueError(f"xquant.qat.export: quantizer {iq.qname}: its clamp range gives the scale "

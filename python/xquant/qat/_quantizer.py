@@ -506,7 +506,10 @@ class ActsULQQuantizer(QuantizerBase):
         if self.clamp_min is None:
             raise RuntimeError(f"xquant.qat: quantizer {self.qname} has no clamp range: calibrate the model first "
                                "(xquant.qat.calibrate(model, forward_loop)) or call set_range")
-        y, _mn, _mx, loss = acts_ulq(x, self.clamp_min, self.clamp_max, self.fixed_min, self.num_bits)
+        lo, hi = self.clamp_min, self.clamp_max
+        if lo.dtype != x.dtype:  # the operator takes the clamps in x's dtype (the cast passes gradients on)
+            lo, hi = lo.to(x.dtype), hi.to(x.dtype)
+        y, _mn, _mx, loss = acts_ulq(x, lo, hi, self.fixed_min, self.num_bits)
         if self.collect_loss:
             self.last_loss = (y.float() - x.float()).square().mean()
             self.clamped_loss = loss.detach().float().mean()
