@@ -98,6 +98,7 @@ def _set_range(mod: nn.Module, name: str, value: torch.Tensor, learn: bool) -> N
 
 
 class TensorQuantizer(QuantizerBase):
+    _half_amax = True  # float16 inputs: amax rounded to float16 for the fake-quant operator
     """Fake quantization with xquant's operators (``npu_fake_tensor_quant`` per tensor,
     ``npu_fake_tensor_quant_with_axis`` per channel along ``axis``), the Ascend numbers::
 
@@ -194,7 +195,7 @@ class TensorQuantizer(QuantizerBase):
             a = a.clamp_min(0)
         if a.device != x.device:
             a = a.to(x.device)
-        if x.dtype == torch.float16:  # the float16 operator needs a float16-representable amax
+        if x.dtype == torch.float16 and self._half_amax:  # the float16 operator needs a float16-representable amax
             a = a.to(torch.float16)
         return a
 
@@ -284,6 +285,8 @@ class WeightQuantizer(TensorQuantizer):
     ``sat(rint(w / s'))``, int4: ``sat(rint(w * (1 / s')))``), ``out = q * s'`` narrowed once to the weight's
     dtype. Backward: the fake-quant operator's straight-through gradient with the window ``[-amax, amax]``,
     and its grad_amax when ``learn_amax``. Calibrator: 'max' over the finite weight values (the CLI's rule)."""
+
+    _half_amax = False  # the scale rule takes the float32 amax whatever the weight's dtype (as the CLI)
 
     def __init__(self, num_bits: int = 4, strategy: str = "group", group_size: Optional[int] = 128,
                  learn_amax: bool = False) -> None:
