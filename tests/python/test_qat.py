@@ -312,6 +312,45 @@ def test_weight_quantizer_refuses_overflowing_scales():
         wq.set_amax(torch.tensor([1.0, float("nan")]))
 
 
+def test_dynamic_quantizer_is_per_token_int8(rng):
+    x = (rng.standard_normal((3, 5, 32)) * 2).astype(F32)
+    x[0, 1] = 0  # an all-zero token: scale 0, output 0
+    q = xqat.DynamicQuantizer()
+    xt = torch.from_numpy(x).requires_grad_()
+    y = q(xt)
+    s = (np.abs(x).max(axis=-1, keepdims=True) / F32(127)).astype(F32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = np.where(s == 0, 0, np.clip(np.rint((x / s).astype(F32)), -128, 127))
+    assert torch.equal(y.detach(), torch.from_numpy((v.astype(F32) * s).astype(F32)))
+    y.sum().backward()
+    assert torch.equal(xt.grad, torch.ones_like(xt))  # straight through
+    q.disable()
+    assert q(xt) is xt
+
+
+def test_per_axis_tensor_quantizer(rng):
+    x = torch.from_numpy(rng.standard_normal((4, 6, 5)).astype(F32))
+    q = xqat.TensorQuantizer(num_bits=6, axis=1, unsigned=True, narrow_range=False)
+    q.enable_calib()
+    q(x)
+    q.load_calib_amax()
+    q.enable_quant()
+    from xquant.npu import npu_fake_tensor_quant_with_axis
+    assert torch.equal(q(x), npu_fake_tensor_quant_with_axis(x, x.abs().amax(dim=(0, 2)), 1, 6, True, False))
+    assert "axis=1" in repr(q) and "x (6,)" in repr(q)
+
+
+def test_summary_and_set_quantizer_mode():
+    m = xqat.prepare(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)), "W8A8",
+                     targets=["Linear"])
+    text = xqat.summary(m)
+    assert "0.weight_quantizer: WeightQuantizer(strategy=channel" in text and "2 quant modules, 4 quantizers" in text
+    assert xqat.set_quantizer_mode(m, "disabled", "re:.*input_quantizer") == 2
+    assert [q.mode for _, q in xqat.quantizers(m)] == ["disabled", "quantize", "disabled", "quantize"]
+    with pytest.raises(ValueError, match="pattern 'nothing' matches no quantizer"):
+        xqat.set_quantizer_mode(m, "quantize", "nothing")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # ActsULQ and quant_loss
 
