@@ -167,6 +167,33 @@ def test_zeros_before_the_first_non_zero_batch_land_in_bin_0():
     assert c.hist.tolist() == [6, 0, 0, 0, 0, 0, 0, 1] and float(c.width) == 0.5
 
 
+def test_histogram_range_growth_is_bounded():
+    # a first batch of tiny values, then a huge one: the bins are merged instead of growing without bound
+    c = xqat.HistogramCalibrator("percentile", num_bins=16, percentile=100.0)
+    c.collect(torch.full((10,), 1e-3))
+    c.collect(torch.tensor([1e3, 5e-4]))
+    assert c.hist.numel() <= c.max_bins == 16 * 64 and int(c.hist.sum()) == 12
+    w0 = np.float32(1e-3) / np.float32(16)
+    k = math.log2(float(c.width) / float(w0))
+    assert k == int(k) and k > 0  # the width doubled k times
+    assert float(c.compute_amax()) >= 1e3
+    with pytest.raises(ValueError, match="max_bins is 8 but expected an int >= num_bins=16"):
+        xqat.HistogramCalibrator("mse", num_bins=16, max_bins=8)
+
+
+def test_quantizer_argument_errors():
+    with pytest.raises(ValueError, match=r"quantizer \(TensorQuantizer\): num_bits is 0 but expected an int in \[1, 32\]"):
+        xqat.TensorQuantizer(num_bits=0)
+    with pytest.raises(TypeError, match=r"quantizer \(TensorQuantizer\): axis is 1.5 but expected None"):
+        xqat.TensorQuantizer(axis=1.5)
+    with pytest.raises(ValueError, match=r"quantizer \(ActsULQQuantizer\): num_bits is 1 but expected an int in \[2, 16\]"):
+        xqat.ActsULQQuantizer(num_bits=1)
+    with pytest.raises(ValueError, match="strategy is 'row' but expected 'channel', 'group' or 'tensor'"):
+        xqat.WeightQuantizer(strategy="row")
+    with pytest.raises(ValueError, match="give both clamp_min and clamp_max"):
+        xqat.ActsULQQuantizer(clamp_min=-1.0)
+
+
 def test_calibrator_argument_errors():
     with pytest.raises(ValueError, match="calibrator is 'minmax' but expected one of"):
         xqat.TensorQuantizer(calibrator="minmax")

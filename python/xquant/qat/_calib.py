@@ -11,8 +11,9 @@
 The histogram (deterministic, additive, identical in one process and across ranks):
 ``width`` is fixed by the first batch holding a non-zero value (``max|x| / num_bins``, float32);
 ``bin = min(floor(|x| / width), nbins - 1)`` (float32 division); a later batch whose max exceeds
-``nbins * width`` appends ``ceil(max / width) - nbins`` empty bins (the width never changes). Zeros seen
-before the width exists are added to bin 0.
+``nbins * width`` appends ``ceil(max / width) - nbins`` empty bins; only when that would make more than
+``max_bins`` (default 64 * num_bins) bins, the width is doubled (bins merged in pairs) until it does not.
+Zeros seen before the width exists are added to bin 0.
 
 Data rules: NaN or +-Inf in the calibration data is a ``ValueError`` naming the quantizer and the count
 (a non-finite activation means a broken model; the weight quantizer instead leaves non-finite values out,
@@ -101,7 +102,8 @@ class HistogramCalibrator:
     """Histogram of ``|x|`` (per tensor) for the percentile, mse and entropy methods (see the module doc)."""
 
     def __init__(self, method: str, num_bins: int = 2048, percentile: float = 99.99, start_bin: Optional[int] = None,
-                 num_bits: int = 8, is_unsigned: bool = False, narrow_range: bool = True, who: str = "?"):
+                 num_bits: int = 8, is_unsigned: bool = False, narrow_range: bool = True, who: str = "?",
+                 max_bins: Optional[int] = None):
         if method not in ("percentile", "mse", "entropy"):
             raise ValueError(f"xquant.qat: quantizer {who}: histogram method {method!r} is not one of "
                              "'percentile', 'mse', 'entropy'")
@@ -113,6 +115,12 @@ class HistogramCalibrator:
             start_bin = min(128, num_bins)
         if not isinstance(start_bin, int) or not 1 <= start_bin <= num_bins:
             raise ValueError(f"xquant.qat: quantizer {who}: start_bin is {start_bin!r} but expected an int in [1, num_bins={num_bins}]")
+        if max_bins is None:
+            max_bins = 64 * num_bins
+        if not isinstance(max_bins, int) or max_bins < num_bins:
+            raise ValueError(f"xquant.qat: quantizer {who}: max_bins is {max_bins!r} but expected an int >= "
+                             f"num_bins={num_bins}")
+        self.max_bins = max_bins
         self.method, self.num_bins, self.percentile, self.start_bin = method, num_bins, float(percentile), start_bin
         self.num_bits, self.is_unsigned, self.narrow_range, self.who = num_bits, is_unsigned, narrow_range, who
         self.reset()
@@ -142,6 +150,13 @@ class HistogramCalibrator:
                 self.zeros = 0
         nb = self.hist.numel()
         if float(m) > float(self.width) * nb:
+            while math.ceil(float(m) / float(self.width)) > self.max_bins:  # a far larger batch: coarser bins
+                h = self.hist
+                if h.numel() % 2:
+                    h = torch.cat([h, h.new_zeros(1)])
+                self.hist = h.reshape(-1, 2).sum(dim=1)
+                self.width = self.width * 2
+            nb = self.hist.numel()
             grow = math.ceil(float(m) / float(self.width)) - nb
             if grow > 0:
                 self.hist = torch.cat([self.hist, torch.zeros(grow, dtype=torch.int64, device=a.device)])

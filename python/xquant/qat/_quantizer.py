@@ -46,7 +46,7 @@ class QuantizerBase(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._mode = "quantize"
-        self.qname = "?"  # the dotted name, set by xquant.qat.prepare (error messages)
+        self.qname = f"({type(self).__name__})"  # the dotted name once prepare / calibrate set it (messages)
 
     @property
     def mode(self) -> str:
@@ -118,13 +118,14 @@ class TensorQuantizer(QuantizerBase):
         super().__init__()
         self.num_bits = _check_int(self.qname, "num_bits", num_bits, 1, 32)
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
-            raise TypeError(f"xquant.qat: quantizer: axis is {axis!r} but expected None (per tensor) or an int")
+            raise TypeError(f"xquant.qat: quantizer {self.qname}: axis is {axis!r} but expected None (per tensor) or an int")
         self.axis = axis
         self.unsigned = _check_bool(self.qname, "unsigned", unsigned)
         self.narrow_range = _check_bool(self.qname, "narrow_range", narrow_range)
         self.learn_amax = _check_bool(self.qname, "learn_amax", learn_amax)
         if calibrator not in CALIBRATORS:
-            raise ValueError(f"xquant.qat: quantizer: calibrator is {calibrator!r} but expected one of {CALIBRATORS}")
+            raise ValueError(f"xquant.qat: quantizer {self.qname}: calibrator is {calibrator!r} but expected one of "
+                             f"{CALIBRATORS}")
         self.calibrator = calibrator
         self.calib_options = dict(calib_options or {})
         make_calibrator(calibrator, axis, num_bits, unsigned, narrow_range, self.qname, **self.calib_options)  # validate
@@ -445,9 +446,9 @@ class ActsULQQuantizer(QuantizerBase):
     def __init__(self, num_bits: int = 8, fixed_min: bool = False, clamp_min: Optional[float] = None,
                  clamp_max: Optional[float] = None, collect_loss: bool = True) -> None:
         super().__init__()
-        self.num_bits = _check_int("?", "num_bits", num_bits, 2, 16)
-        self.fixed_min = _check_bool("?", "fixed_min", fixed_min)
-        self.collect_loss = _check_bool("?", "collect_loss", collect_loss)
+        self.num_bits = _check_int(self.qname, "num_bits", num_bits, 2, 16)
+        self.fixed_min = _check_bool(self.qname, "fixed_min", fixed_min)
+        self.collect_loss = _check_bool(self.qname, "collect_loss", collect_loss)
         self.register_parameter("clamp_min", None)
         self.register_parameter("clamp_max", None)
         self._range = None
