@@ -367,6 +367,20 @@ def test_per_axis_tensor_quantizer(rng):
     assert "axis=1" in repr(q) and "x (6,)" in repr(q)
 
 
+def test_quant_modules_built_directly(rng):
+    lin = xqat.QuantLinear(16, 8)  # W8A8: int8 per output channel, per-token activations
+    assert lin.weight_quantizer.strategy == "channel" and isinstance(lin.input_quantizer, xqat.DynamicQuantizer)
+    lin.weight_quantizer.calibrate_from(lin.weight)
+    x = torch.randn(4, 16)
+    assert torch.equal(lin(x), torch.nn.functional.linear(lin.input_quantizer(x), lin.quantized_weight(), lin.bias))
+    conv = xqat.QuantConv2d(3, 4, 3, padding=1)
+    assert conv.weight_quantizer.strategy == "channel" and isinstance(conv.input_quantizer, xqat.TensorQuantizer)
+    with pytest.warns(UserWarning, match="dynamic per-token activations apply to Linear inputs"):
+        m = xqat.prepare(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 8)),
+                         "W8A8")
+    assert [n for n, _ in xqat.quant_modules(m)] == ["2"]
+
+
 def test_summary_and_set_quantizer_mode():
     m = xqat.prepare(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)), "W8A8",
                      targets=["Linear"])

@@ -46,9 +46,13 @@ class QuantLinear(QuantModuleMixin, nn.Linear):
         return nn.functional.linear(self.input_quantizer(x), self.weight_quantizer(self.weight), self.bias)
 
 
+# convolutions: int8 weights per output channel, static int8 activations (calibrate before use)
+CONV_DEFAULT = {"weights": {"num_bits": 8, "strategy": "channel"}, "input_activations": {"num_bits": 8}}
+
+
 def _conv_class(base):
     class QuantConv(QuantModuleMixin, base):
-        def __init__(self, *args, quant_config="W8A8", **kw) -> None:
+        def __init__(self, *args, quant_config=CONV_DEFAULT, **kw) -> None:
             base.__init__(self, *args, **kw)
             self._setup_quantizers(quant_config)
 
@@ -57,7 +61,8 @@ def _conv_class(base):
 
     QuantConv.__name__ = QuantConv.__qualname__ = "Quant" + base.__name__
     QuantConv.__doc__ = f"``nn.{base.__name__}`` computing the convolution of ``input_quantizer(x)`` with " \
-                        "``weight_quantizer(weight)`` (per output channel by default)."
+                        "``weight_quantizer(weight)`` (by default int8 per output channel, and static int8 " \
+                        "activations to calibrate)."
     return QuantConv
 
 

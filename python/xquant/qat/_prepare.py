@@ -38,6 +38,8 @@ def _fit_problem(module: nn.Module, cfg: dict) -> Optional[str]:
             return "strategy 'group' applies to Linear weights only (use 'channel' for convolutions)"
         if k % w["group_size"]:
             return f"input dimension {k} is not divisible by the group size {w['group_size']}"
+    if a is not None and a.get("dynamic") == "token" and not isinstance(module, nn.Linear):
+        return "dynamic per-token activations apply to Linear inputs (use static activations for convolutions)"
     packed = not (w["num_bits"] == 8 and a is not None)
     per = 32 // w["num_bits"]
     if isinstance(module, nn.Linear) and packed and k % per:
