@@ -28,6 +28,8 @@ class QuantModuleMixin:
         self.quant_config = cfg
         self.input_quantizer = make_input_quantizer(cfg["input_activations"])
         self.weight_quantizer = make_weight_quantizer(cfg["weights"])
+        if not self.weight.is_meta:  # amax from the initial weight, as prepare does
+            self.weight_quantizer.calibrate_from(self.weight)
 
     def quantized_weight(self) -> torch.Tensor:
         """The weight as the forward uses it (fake-quantized, or as is when the weight quantizer is off)."""
