@@ -122,7 +122,7 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
                 {.base = j.out[1], .offset = pos, .es = es},
                 {.base = j.out[2], .offset = pos, .es = es},
                 {.base = j.out[3], .offset = pos, .es = es}},
-               [&](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  auto at = [&](int m) { return hn::LoadU(df, StagedF(in[m]) + k); };
                  UlqStep<DT, false, kFast>(in[0], k, out, k, at(1), at(2), at(3), at(4), levels, kFast ? at(5) : levels, f);
                });
@@ -187,7 +187,7 @@ void BwdChunkT(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin
                 {.base = in[2], .offset = pos, .es = es},
                 {.base = in[3], .offset = pos, .es = es}},
                {{.base = xg, .offset = pos, .es = es}, {.base = tmin}, {.base = tmax}},
-               [&](const void* const* sin, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [=](const void* const* sin, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  BwdStep<DT>(sin, k, out[0], k, static_cast<float*>(out[1]) + k, static_cast<float*>(out[2]) + k);
                });
   };

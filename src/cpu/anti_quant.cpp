@@ -140,7 +140,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
                 StageIn::Param(kArr ? sa : nullptr, s),
                 {.base = kOff && kArr ? oa : nullptr, .fill = kOff && !kArr ? o : 0.0f}},
                {{.base = out, .offset = pos, .es = es}},
-               [&](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE {
+               [=](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE {
                  const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(DI8(), static_cast<const std::int8_t*>(in[0]) + m)));
                  StoreAq<DT>(AntiQuantVec<kOff>(x, hn::LoadU(df, StagedF(in[2]) + m), hn::LoadU(df, StagedF(in[1]) + m)), outs[0], m);
                });

@@ -88,17 +88,20 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
   }
   if (i < n) {
     // The tail; its pad lanes repeat its first element (x and smooth scale), so min / max are unchanged.
+    // (Only `last` is captured by reference: the loops' accumulators stay in registers.)
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    VF last;
     StagedTail(i, n - i,
                {{.base = x, .offset = pos, .es = es, .repeat_first = true},
                 {.base = smooth, .fill = 1.0f, .repeat_first = true}},
                {{.base = buf}},
-               [&](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [=, &last](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  VF v = LoadF<DT>(in[0], k);
                  if (smooth) v = hn::Mul(v, hn::LoadU(df, StagedF(in[1]) + k));
                  if (buf) hn::StoreU(v, df, static_cast<float*>(out[0]) + k);
-                 step(v);
+                 last = v;
                });
+    step(last);
   }
   RowMinMax r{};
   r.nan = !hn::AllFalse(df, nan);
@@ -236,14 +239,14 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     StagedTail(i, count, {{.base = src, .es = es}}, {{.base = dst, .es = 1}},
-               [&](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  StoreI8(value(in[0], k), static_cast<std::int8_t*>(outs[0]) + k);
                });
   };
   // int4 packed in registers: fewer than a vector of values at i, clamped to [-8, 7] and packed into words.
   [[maybe_unused]] auto stage4 = [&](std::int64_t i, std::int64_t count) {
     StagedTail(i, count, {{.base = src, .es = es}}, {{.base = y4, .es = 0}},
-               [&](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  const DI di;
                  StoreI8(hn::Min(hn::Max(value(in[0], k), hn::Set(di, -8)), hn::Set(di, 7)), static_cast<std::int8_t*>(outs[0]) + k);
                });

@@ -109,7 +109,7 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
                {{.base = x, .offset = pos, .es = es}, StageIn::Param(sp.a_scale, sp.scale),
                 StageIn::Param(sp.a_zero, sp.zero), StageIn::Param(sp.a_rscale, sp.rscale)},
                {{.base = y, .offset = pos, .es = es}},
-               [&](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  const SpanParams p{.a_scale = StagedF(in[1]), .a_zero = StagedF(in[2]), .a_rscale = StagedF(in[3])};
                  StoreF<DT>(compute.template operator()<true>(in[0], k, p, k), out[0], k);
                });
@@ -163,7 +163,7 @@ void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams&
                {{.base = j.g, .offset = pos, .es = es}, {.base = j.x, .offset = pos, .es = es},
                 StageIn::Param(sp.a_glo, sp.glo), StageIn::Param(sp.a_ghi, sp.ghi), StageIn::Param(sp.a_ratio, sp.ratio)},
                {{.base = j.y, .offset = pos, .es = es}, {.base = t}},
-               [&](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  const SpanParams p{.a_glo = StagedF(in[2]), .a_ghi = StagedF(in[3]), .a_ratio = StagedF(in[4])};
                  compute(in[0], in[1], k, out[0], k, p, k, t ? static_cast<float*>(out[1]) + k : nullptr, std::false_type());
                });

@@ -105,7 +105,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
         {{.base = x, .offset = pos, .es = es}, StageIn::Param(sa, s), {.base = za, .fill = za != nullptr ? 0.0f : z},
          StageIn::Param(rsa, rs)},
         {{.base = y, .offset = pos, .es = Q == QuantDType::quint4x2 ? 0 : kOutSize}},
-        [&](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+        [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
           StoreQ<Q>(value(in[0], k, k, StagedF(in[1]), StagedF(in[2]), StagedF(in[3])), out[0], k);
         });
   };

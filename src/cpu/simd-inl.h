@@ -252,7 +252,9 @@ struct StageOut {
 // Runs body(in, out, k) (in: const void* const*, out: void* const*, one pointer per operand, in order)
 // for k = 0, N, 2 N, ... < count on buffers holding elements [i, i + count) of the operands (count <=
 // kLen; N = Lanes(DF)), then copies the outputs' count elements back. Input lanes past the data are 0
-// (or as StageIn says), so the body may read whole vectors.
+// (or as StageIn says), so the body may read whole vectors. Not inlined: the tail stays out of the hot
+// loop's function, and bodies capture by value ([=]) so that no local of the hot loop has its address
+// taken (GCC would then keep it in memory, e.g. a min / max accumulator stored on every iteration).
 template <std::size_t kLen = kMaxLanes, std::size_t kIn, std::size_t kOut, class Body>
 HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (&in)[kIn], const StageOut (&out)[kOut],
                              Body&& body) {

@@ -37,7 +37,7 @@ void TileRow(const float* src, std::int64_t cols, float scale, float offset, voi
   auto step = [=]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE { quantize(src, out, k); };
   auto stage = [&](std::int64_t k, std::int64_t count) {
     StagedTail(k, count, {{.base = src}}, {{.base = out, .es = 1}},
-               [&](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE { quantize(in[0], outs[0], m); });
+               [=](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE { quantize(in[0], outs[0], m); });
   };
   DriveSpan(cols, false, out, 0, 1, step, stage);
 }
