@@ -169,7 +169,7 @@ AntiQuantRangeFn SelectAntiQuantRange(DType dt, QuantDType src) {
     if (src == QuantDType::quint4x2) return &RangeT<DT, true>;
     if (src != QuantDType::qint8)
       fail_internal("cpu kernel", "anti_quant has no kernel for " + std::string(quant_dtype_name(src)) +
-                                           " input (expected qint8 or quint4x2)");
+                                      " input (expected qint8 or quint4x2)");
     return &RangeT<DT, false>;
   });
 }

@@ -206,8 +206,8 @@ HWY_INLINE decltype(auto) VisitFloatDType(DType dt, F&& f) {
     case DType::bfloat16: return f.template operator()<DType::bfloat16>();
     default: break;
   }
-  fail_internal("cpu kernel", "no kernel for dtype " + std::string(dtype_name(dt)) +
-                                       " (expected float32, float16 or bfloat16)");
+  fail_internal("cpu kernel",
+                "no kernel for dtype " + std::string(dtype_name(dt)) + " (expected float32, float16 or bfloat16)");
 }
 // The same for the quantized output types (qint8, quint8, qint32, quint4x2).
 template <class F>
@@ -256,8 +256,8 @@ struct StageOut {
 // loop's function, and bodies capture by value ([=]) so that no local of the hot loop has its address
 // taken (GCC would then keep it in memory, e.g. a min / max accumulator stored on every iteration).
 template <std::size_t kLen = kMaxLanes, std::size_t kIn, std::size_t kOut, class Body>
-HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (&in)[kIn], const StageOut (&out)[kOut],
-                             Body&& body) {
+HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (&in)[kIn],
+                             const StageOut (&out)[kOut], Body&& body) {
   alignas(64) unsigned char ibuf[kIn][kLen * 4];
   alignas(64) unsigned char obuf[kOut][kLen * 4];
   const void* ip[kIn];
@@ -271,12 +271,13 @@ HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (
       for (std::size_t m = 0; m < kLen; ++m) std::memcpy(b + 4 * m, &s.fill, 4);
       continue;
     }
+    const std::int64_t e = s.offset + i;  // the operand's first staged element
     std::size_t es = s.es;
     if (es == 0) {
-      unpack_int4_bytes(static_cast<const std::int32_t*>(s.base), s.offset + i, count, reinterpret_cast<std::int8_t*>(b));
+      unpack_int4_bytes(static_cast<const std::int32_t*>(s.base), e, count, reinterpret_cast<std::int8_t*>(b));
       es = 1;
     } else {
-      std::memcpy(b, static_cast<const unsigned char*>(s.base) + (s.offset + i) * static_cast<std::int64_t>(es), n * es);
+      std::memcpy(b, static_cast<const unsigned char*>(s.base) + e * static_cast<std::int64_t>(es), n * es);
     }
     if (s.repeat_first) {
       for (std::size_t m = n; m < kLen; ++m) std::memcpy(b + m * es, b, es);
@@ -292,10 +293,11 @@ HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (
   for (std::size_t k = 0; k < kOut; ++k) {
     const StageOut& s = out[k];
     if (s.base == nullptr) continue;
+    const std::int64_t e = s.offset + i;
     if (s.es == 0)
-      pack_int4_bytes(reinterpret_cast<const std::int8_t*>(obuf[k]), count, static_cast<std::int32_t*>(s.base) + (s.offset + i) / 8);
+      pack_int4_bytes(reinterpret_cast<const std::int8_t*>(obuf[k]), count, static_cast<std::int32_t*>(s.base) + e / 8);
     else
-      std::memcpy(static_cast<unsigned char*>(s.base) + (s.offset + i) * static_cast<std::int64_t>(s.es), obuf[k], n * s.es);
+      std::memcpy(static_cast<unsigned char*>(s.base) + e * static_cast<std::int64_t>(s.es), obuf[k], n * s.es);
   }
 }
 // The float lanes of a staged operand at k.
