@@ -400,6 +400,9 @@ TEST(ErrorTest, CodeNames) {
   EXPECT_STREQ(xquant::error_code_name(ErrorCode::not_contiguous), "not_contiguous");
   EXPECT_STREQ(xquant::error_code_name(ErrorCode::aliasing), "aliasing");
   EXPECT_STREQ(xquant::error_code_name(ErrorCode::out_of_memory), "out_of_memory");
+  EXPECT_STREQ(xquant::error_code_name(ErrorCode::device_mismatch), "device_mismatch");
+  EXPECT_STREQ(xquant::error_code_name(ErrorCode::device_error), "device_error");
+  EXPECT_STREQ(xquant::error_code_name(ErrorCode::internal_error), "internal_error");
 }
 
 // =====================================================================================================

@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 
+#include "cpu/cpu.hpp"
 #include "cpu/fastdiv-inl.h"
 #include "cpu/parallel.hpp"
 #include "params/dynamic_quant.hpp"
@@ -689,6 +690,120 @@ TEST(CpuEquivalence, AntiQuantZeroAndSparseOffsets) {
                                        std::string(xquant::dtype_name(pdt)) + " -> " + std::string(xquant::dtype_name(dst)));
               }
             }
+}
+
+
+// ---- The cpu kernels' own contract (src/cpu/cpu.hpp), below the operators' validation ----
+
+// A dtype the kernels have no code for is a bug in their caller: on every target, the one dtype dispatch
+// (VisitFloatDType, src/cpu/simd-inl.h) throws ErrorCode::internal_error before anything is written.
+// (Each kernel used to switch on its own with a `default:` that ran the data as float32.)
+TEST(CpuKernels, DtypeWithoutKernelIsAnInternalError) {
+  namespace xd = xquant::detail;
+  constexpr std::int64_t n = 100;
+  std::vector<float> x(n, 1.5f), cmin(1, -1.0f), cmax(1, 2.0f);
+  std::vector<std::uint8_t> y(4 * n, 0xA5), y2(4 * n, 0xA5), y3(4 * n, 0xA5), y4(4 * n, 0xA5);
+  std::vector<float> grad(1, 7.0f), scale(n, 7.0f), offset(n, 7.0f);
+  const xd::FakeQuantParams fq = xd::init_fake_quant_params(4.0f, 8, false, true);
+  const xd::QuantizeParams qp{.scale = 2.0f, .zero_point = 0.0f};
+  const xd::AntiQuantParams ap{.scale = 2.0f, .offset = 0.0f};
+  const xquant::ChannelLayout layout{.outer = 1, .channels = 1, .inner = n};
+  xd::BroadcastPlan plan{};
+  plan.rank = 1;
+  plan.shape[0] = n;
+  plan.stride_x[0] = 1;  // x dense, clamps broadcast: a layout the SIMD walk takes
+  const auto bad = [](const std::function<void()>& f, const std::string& what, const std::string& dtype) {
+    SCOPED_TRACE(what);
+    expect_error(f, xquant::ErrorCode::internal_error, "", {"internal error", dtype});
+  };
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    bad([&] { xd::cpu_fake_quant({.dt = DType::int8, .x = x.data(), .y = y.data(), .layout = layout, .params = &fq}); },
+        "fake_quant", "int8");
+    bad([&] {
+          xd::cpu_fake_quant_backward({.dt = DType::int32, .grad_out = x.data(), .x = x.data(), .grad_in = y.data(),
+                                       .layout = layout, .params = &fq, .grad_amax = grad.data()});
+        },
+        "fake_quant_backward with grad_amax", "int32");
+    bad([&] {
+          xd::cpu_fake_quant_backward({.dt = DType::uint8, .grad_out = x.data(), .x = x.data(), .grad_in = y.data(),
+                                       .layout = layout, .params = &fq, .grad_amax = nullptr});
+        },
+        "fake_quant_backward", "uint8");
+    bad([&] {
+          xd::cpu_quantize({.dt = DType::int8, .x = x.data(), .q = QuantDType::qint8, .y = y.data(), .layout = layout,
+                            .params = &qp, .div_mode = true});
+        },
+        "quantize", "int8");
+    bad([&] {
+          xd::cpu_quantize({.dt = DType::float32, .x = x.data(), .q = static_cast<QuantDType>(9), .y = y.data(),
+                            .layout = layout, .params = &qp, .div_mode = false});
+        },
+        "quantize output type", "quantized type 9");
+    for (bool per_tensor : {false, true})
+      bad([&] {
+            xd::cpu_dynamic_quant({.dt = DType::int8, .x = x.data(), .rows = 4, .cols = 25, .smooth_dt = DType::float32,
+                                   .smooth = nullptr, .group_ends = nullptr, .num_groups = 0, .dst = QuantDType::qint8,
+                                   .symmetric = false, .per_tensor = per_tensor, .y = y.data(),
+                                   .scale = scale.data(), .offset = offset.data()});
+          },
+          per_tensor ? "dynamic_quant per tensor" : "dynamic_quant per token", "int8");
+    bad([&] {
+          (void)xd::cpu_acts_ulq({.dt = DType::int8, .plan = plan, .x = x.data(), .clamp_min = cmin.data(),
+                                  .clamp_max = cmax.data(), .fixed_min = false, .num_bits = 8, .y = y.data(),
+                                  .clamp_min_mask = y2.data(), .clamp_max_mask = y3.data(), .x_clamped_loss = y4.data()});
+        },
+        "acts_ulq", "int8");
+    bad([&] {
+          (void)xd::cpu_acts_ulq_backward({.dt = DType::int64, .plan = plan, .y_grad = x.data(), .clamp_min = cmin.data(),
+                                           .clamp_max = cmax.data(), .clamp_min_mask = x.data(),
+                                           .clamp_max_mask = x.data(), .x_clamped_loss = x.data(), .fixed_min = false,
+                                           .num_bits = 8, .x_grad = y.data(), .clamp_min_grad = y2.data(),
+                                           .clamp_max_grad = y3.data()});
+        },
+        "acts_ulq_backward", "int64");
+    bad([&] {
+          xd::cpu_anti_quant({.src = QuantDType::qint8, .x = y2.data(), .dt = DType::int8, .out = y.data(), .layout = layout,
+                              .params = &ap});
+        },
+        "anti_quant", "int8");
+    bad([&] {
+          xd::cpu_anti_quant({.src = QuantDType::qint32, .x = y2.data(), .dt = DType::float32, .out = y.data(),
+                              .layout = layout, .params = &ap});
+        },
+        "anti_quant input type", "qint32");
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  for (const auto* v : {&y, &y2, &y3, &y4})
+    for (std::uint8_t b : *v) ASSERT_EQ(b, 0xA5) << "an output was written";
+  EXPECT_EQ(grad[0], 7.0f);
+  EXPECT_EQ(scale[0], 7.0f);
+  EXPECT_EQ(offset[0], 7.0f);
+}
+
+// ActsULQ layouts without a SIMD walk (here x broadcast against a larger clamp tensor) are declined by
+// the cpu kernels, which then write nothing; the backend registry runs the reference kernel for them
+// (src/backends/registry.cpp; the results are compared in CpuEquivalence.ActsUlq).
+TEST(CpuKernels, ActsUlqDeclinesLayoutsWithoutSimdWalk) {
+  namespace xd = xquant::detail;
+  std::vector<float> x(1, 0.5f), cmin(8, -1.0f), cmax(8, 2.0f), g(8, 1.0f);
+  std::vector<std::uint8_t> y(32, 0xA5), y2(32, 0xA5), y3(32, 0xA5), y4(32, 0xA5);
+  xd::BroadcastPlan plan{};
+  plan.rank = 1;
+  plan.shape[0] = 8;
+  plan.stride_x[0] = 0;
+  plan.stride_min[0] = 1;
+  plan.stride_max[0] = 1;
+  EXPECT_FALSE(xd::cpu_acts_ulq({.dt = DType::float32, .plan = plan, .x = x.data(), .clamp_min = cmin.data(),
+                                 .clamp_max = cmax.data(), .fixed_min = false, .num_bits = 8, .y = y.data(),
+                                 .clamp_min_mask = y2.data(), .clamp_max_mask = y3.data(), .x_clamped_loss = y4.data()}));
+  EXPECT_FALSE(xd::cpu_acts_ulq_backward({.dt = DType::float32, .plan = plan, .y_grad = g.data(), .clamp_min = cmin.data(),
+                                          .clamp_max = cmax.data(), .clamp_min_mask = g.data(), .clamp_max_mask = g.data(),
+                                          .x_clamped_loss = g.data(), .fixed_min = false, .num_bits = 8,
+                                          .x_grad = y.data(), .clamp_min_grad = y2.data(), .clamp_max_grad = y3.data()}));
+  for (const auto* v : {&y, &y2, &y3, &y4})
+    for (std::uint8_t b : *v) ASSERT_EQ(b, 0xA5) << "a declined call wrote an output";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/cuda.hpp"
 #include "test_util.hpp"
 #include "xquant/runtime.hpp"
 #include "xquant/xquant.hpp"
@@ -108,6 +109,20 @@ class CudaEquivalence : public ::testing::Test {
 };
 
 // ---- fake tensor quant (forward), per tensor and per axis ----
+// Every family has a CUDA kernel (operators call the table's entries without a null check). Needs no GPU.
+TEST(CudaTable, Complete) {
+  const xquant::detail::KernelTable& t = xquant::detail::cuda::kernels();
+  EXPECT_STREQ(t.name, "cuda");
+  EXPECT_NE(t.fake_quant, nullptr);
+  EXPECT_NE(t.fake_quant_backward, nullptr);
+  EXPECT_NE(t.quantize, nullptr);
+  EXPECT_NE(t.tile_quant, nullptr);
+  EXPECT_NE(t.dynamic_quant, nullptr);
+  EXPECT_NE(t.acts_ulq, nullptr);
+  EXPECT_NE(t.acts_ulq_backward, nullptr);
+  EXPECT_NE(t.anti_quant, nullptr);
+}
+
 TEST_F(CudaEquivalence, FakeQuantForward) {
   REQUIRE_CUDA();
   const xquant::FakeQuantOptions opts[] = {{8, false, true}, {8, false, false}, {8, true, false}, {4, false, true},

@@ -14,6 +14,7 @@ enum class ErrorCode {
   out_of_memory,     // an owning tensor could not be allocated
   device_mismatch,   // an operator's tensors are not all on one device
   device_error,      // the device cannot run the call: backend not built / no device / a CUDA runtime error
+  internal_error,    // a bug in xquant: an internal invariant failed (e.g. a kernel got a dtype it has no code for)
 };
 
 const char* error_code_name(ErrorCode code) noexcept;

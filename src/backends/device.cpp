@@ -112,10 +112,4 @@ Device common_device(std::string_view op, std::initializer_list<DeviceArg> args)
   return first.device;
 }
 
-void fail_no_kernel(std::string_view op, std::string_view arg, Device d) {
-  fail(ErrorCode::device_error, op, arg,
-       std::string(arg) + " is on " + device_str(d) + " but the CUDA backend has no kernel for " + std::string(op) +
-           " yet (run it on CPU tensors)");
-}
-
 }  // namespace xquant::detail

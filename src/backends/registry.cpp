@@ -1,5 +1,7 @@
-// The backend registry. Each backend exposes its KernelTable through one function; registering a new
-// backend (e.g. CUDA) is one line in kBackends, under that backend's build option.
+// The backend registry: which kernel backends are built in, and the kernel table of each. The cpu table
+// is assembled here from the SIMD entry points of src/cpu/ and, where those decline a problem (ActsULQ
+// layouts without a SIMD walk), the reference kernels of src/ref/: src/cpu/ itself never calls src/ref/.
+// CUDA is not in kBackends: operators reach it by the tensors' device (core/device_ops.hpp).
 #include "backends/registry.hpp"
 
 #if defined(XQUANT_HAVE_CPU_SIMD)
@@ -11,6 +13,30 @@ namespace xquant::detail {
 
 namespace {
 
+#if defined(XQUANT_HAVE_CPU_SIMD)
+void cpu_or_ref_acts_ulq(const ActsUlqArgs& a) {
+  if (!cpu_acts_ulq(a)) ref::acts_ulq(a);
+}
+void cpu_or_ref_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
+  if (!cpu_acts_ulq_backward(a)) ref::acts_ulq_backward(a);
+}
+
+const KernelTable& cpu_table() {
+  static const KernelTable table{
+      .name = "cpu",
+      .fake_quant = cpu_fake_quant,
+      .fake_quant_backward = cpu_fake_quant_backward,
+      .quantize = cpu_quantize,
+      .tile_quant = cpu_tile_quant,
+      .dynamic_quant = cpu_dynamic_quant,
+      .acts_ulq = cpu_or_ref_acts_ulq,
+      .acts_ulq_backward = cpu_or_ref_acts_ulq_backward,
+      .anti_quant = cpu_anti_quant,
+  };
+  return table;
+}
+#endif
+
 struct BackendEntry {
   Backend id;
   const KernelTable& (*table)();
@@ -18,7 +44,7 @@ struct BackendEntry {
 
 constexpr BackendEntry kBackends[] = {
 #if defined(XQUANT_HAVE_CPU_SIMD)
-    {Backend::cpu, cpu_kernels},
+    {Backend::cpu, cpu_table},
 #endif
     {Backend::reference, ref::kernels},
 };

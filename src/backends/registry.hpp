@@ -1,6 +1,7 @@
 // The backend registry: the one place that knows which kernel backends are built in. It sits above
-// src/ref, src/cpu (and later src/cuda); src/core and src/ops never include a backend header, they ask
-// for active_kernels() (core/kernels.hpp), which the registry implements.
+// src/ref, src/cpu and src/cuda; src/core and src/ops never include a backend header, they ask for
+// kernels_for() (core/device_ops.hpp, implemented in device.cpp: the CUDA table for CUDA tensors) and
+// active_kernels() (core/kernels.hpp, implemented in registry.cpp: the selected host backend).
 #pragma once
 #include "core/kernels.hpp"
 #include "xquant/runtime.hpp"

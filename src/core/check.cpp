@@ -8,6 +8,11 @@ void fail(ErrorCode code, std::string_view op, std::string_view arg, const std::
   throw Error(code, std::string(arg), "xquant::" + std::string(op) + ": " + message);
 }
 
+void fail_internal(std::string_view where, const std::string& message) {
+  throw Error(ErrorCode::internal_error, std::string(),
+              "xquant::" + std::string(where) + ": internal error (a bug in xquant): " + message);
+}
+
 void check_view(std::string_view op, std::string_view arg, const ConstTensorView& v) {
   bool empty = false;
   for (std::int64_t d : v.shape) {

@@ -13,6 +13,9 @@
 namespace xquant::detail {
 
 [[noreturn]] void fail(ErrorCode code, std::string_view op, std::string_view arg, const std::string& message);
+// A broken internal invariant (a bug in xquant, not bad input): throws Error(ErrorCode::internal_error),
+// argument "", message "xquant::<where>: internal error (a bug in xquant): <message>".
+[[noreturn]] void fail_internal(std::string_view where, const std::string& message);
 
 // A view is usable: shape valid (no negative dims, numel fits int64) and data non-null unless empty.
 void check_view(std::string_view op, std::string_view arg, const ConstTensorView& v);

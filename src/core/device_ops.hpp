@@ -22,7 +22,8 @@ void device_to_host(Device d, void* dst, const void* src, std::size_t bytes, voi
 void host_to_device(Device d, void* dst, const void* src, std::size_t bytes, void* stream);
 
 // The kernel table operators on device d run: active_kernels() for the CPU; the CUDA table for CUDA
-// devices, or an Error (device_unavailable style, naming op and arg) when CUDA is not built / not usable.
+// devices, or an Error (device_error, naming op and arg) when CUDA is not built / not usable. Every
+// table has a kernel for every family (tests/test_runtime.cpp Runtime.EveryKernelTableIsComplete).
 const KernelTable& kernels_for(std::string_view op, std::string_view arg, Device d);
 
 }  // namespace xquant::detail
@@ -42,16 +43,6 @@ struct DeviceArg {
 // The device all `args` are on; throws Error (device_mismatch) naming the first argument that is on
 // another device than the first one, and both devices.
 Device common_device(std::string_view op, std::initializer_list<DeviceArg> args);
-
-[[noreturn]] void fail_no_kernel(std::string_view op, std::string_view arg, Device d);
-// The kernel `member` of `table`, or an Error naming op when that backend has no kernel for it yet.
-template <typename Fn>
-Fn require_kernel(std::string_view op, std::string_view arg, Device d, const KernelTable& table,
-                  Fn KernelTable::*member) {
-  Fn fn = table.*member;
-  if (fn == nullptr) fail_no_kernel(op, arg, d);
-  return fn;
-}
 
 // A host copy of a (small) view that operators read on the host (amax, scales, group_index): the view
 // itself when it is on the CPU, else its bytes copied from the device (synchronously, on the current

@@ -14,6 +14,7 @@ const char* error_code_name(ErrorCode code) noexcept {
     case ErrorCode::out_of_memory: return "out_of_memory";
     case ErrorCode::device_mismatch: return "device_mismatch";
     case ErrorCode::device_error: return "device_error";
+    case ErrorCode::internal_error: return "internal_error";
   }
   return "unknown";
 }

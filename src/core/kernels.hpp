@@ -2,9 +2,11 @@
 //
 // Kernels see only normalized, already validated problems: raw pointers, element counts and
 // per-channel / per-row parameter arrays (built by the init functions of src/params/, one header per
-// family). They never allocate tensors, never validate user input and never throw; they write only their
-// outputs. Every family takes one argument struct. Operators (src/ops/) pick the table through
-// active_kernels(); backends register their tables in src/backends/registry.cpp.
+// family). They never allocate tensors and never validate user input; they write only their outputs, and
+// throw only for what the operator cannot have checked (a CUDA runtime error) or for a broken invariant
+// (ErrorCode::internal_error, before anything is written). Every family takes one argument struct. Operators
+// (src/ops/) pick the table through kernels_for (core/device_ops.hpp): the CUDA table for CUDA tensors,
+// else active_kernels(), which the backend registry (src/backends/registry.cpp) answers.
 #pragma once
 #include <cstdint>
 

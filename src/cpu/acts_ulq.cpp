@@ -6,7 +6,9 @@
 // are written in one pass. Backward: each clamp tensor's sums follow its own [outer, C, inner] layout;
 // one fused pass per 1024-term chunk of a channel writes x_grad and produces the chunk values of both
 // sums (two passes when the clamp tensors broadcast differently). x broadcast, clamps varying only along
-// short innermost runs, and clamps broadcast inside their own dims run the reference kernel.
+// short innermost runs, and clamps broadcast inside their own dims are declined (the entry points return
+// false, having written nothing): the backend registry (src/backends/registry.cpp) runs the reference
+// kernel for them.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/acts_ulq.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -25,7 +27,6 @@
 #include "cpu/parallel.hpp"
 #include "cpu/simd-inl.h"
 #include "cpu/walk.hpp"
-#include "ref/ref.hpp"
 
 namespace xquant::detail {
 #ifndef XQUANT_CPU_ACTS_ULQ_ONCE
@@ -52,6 +53,9 @@ struct UlqBwdJob {
   void* x_grad;
   bool stream;  // non-temporal stores for x_grad
 };
+// The per-target kernels, instantiated for one dtype (picked by VisitFloatDType on the calling thread).
+using UlqRangeFn = void (*)(const UlqJob& j, std::int64_t a, std::int64_t b);
+using BwdChunkFn = void (*)(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin, float* tmax);
 #endif
 }  // namespace xquant::detail
 
@@ -99,7 +103,6 @@ HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std:
 template <DType DT, bool kFast>
 void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* const* pa, const ActsUlqParams& p) {
   const DF df;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const VF levels = hn::Set(df, j.levels);
   const UlqFast f{hn::Set(df, 1.0f / j.levels), DivDomainV<DF>(j.dom)};
   const float rs = 1.0f / p.s;
@@ -110,21 +113,19 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
                                 kFast ? param(pa, 4, i, rs) : levels, f);
   };
   auto stage = [&](std::int64_t i, std::int64_t rem) {
-    const std::size_t es = dtype_size(DT);
-    alignas(64) unsigned char sx[kMaxLanes * 4] = {};
-    alignas(64) unsigned char so[4][kMaxLanes * 4];
-    HWY_ALIGN float sp[5][kMaxLanes];
-    const float sc[5] = {p.s, p.clip_lo, p.clip_hi, p.loss_m, rs};
-    for (int k = 0; k < (kFast ? 5 : 4); ++k)
-      for (std::int64_t m = 0; m < N; ++m) sp[k][m] = m < rem ? (pa ? pa[k][i + m] : sc[k]) : 1.0f;
-    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es),
-                static_cast<std::size_t>(rem) * es);
-    void* const outs[4] = {so[0], so[1], so[2], so[3]};
-    UlqStep<DT, false, kFast>(sx, 0, outs, 0, hn::Load(df, sp[0]), hn::Load(df, sp[1]), hn::Load(df, sp[2]),
-                              hn::Load(df, sp[3]), levels, kFast ? hn::Load(df, sp[4]) : levels, f);
-    for (int k = 0; k < 4; ++k)
-      std::memcpy(static_cast<unsigned char*>(j.out[k]) + (pos + i) * static_cast<std::int64_t>(es), so[k],
-                  static_cast<std::size_t>(rem) * es);
+    constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    auto param_in = [&](int k, float value) { return StageIn::Param(pa != nullptr ? pa[k] : nullptr, value); };
+    StagedTail(i, rem,
+               {{.base = j.x, .offset = pos, .es = es}, param_in(0, p.s), param_in(1, p.clip_lo), param_in(2, p.clip_hi),
+                param_in(3, p.loss_m), param_in(4, rs)},
+               {{.base = j.out[0], .offset = pos, .es = es},
+                {.base = j.out[1], .offset = pos, .es = es},
+                {.base = j.out[2], .offset = pos, .es = es},
+                {.base = j.out[3], .offset = pos, .es = es}},
+               [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 auto at = [&](int m) { return hn::LoadU(df, StagedF(in[m]) + k); };
+                 UlqStep<DT, false, kFast>(in[0], k, out, k, at(1), at(2), at(3), at(4), levels, kFast ? at(5) : levels, f);
+               });
   };
   // The four outputs share one alignment when streaming (checked by the caller), so out[0] decides.
   DriveSpan(n, j.stream, j.out[0], pos, dtype_size(DT), step, stage);
@@ -145,18 +146,15 @@ void UlqRangeF(const UlqJob& j, std::int64_t a, std::int64_t b) {
 template <DType DT>
 void UlqRangeT(const UlqJob& j, std::int64_t a, std::int64_t b) {
 #if XQUANT_HAVE_FAST_DIV
-  if (j.fast_div) return UlqRangeF<DT, true>(j, a, b);
+  if (j.fast_div) UlqRangeF<DT, true>(j, a, b);
+  else
 #endif
-  UlqRangeF<DT, false>(j, a, b);
+    UlqRangeF<DT, false>(j, a, b);
+  if (j.stream) hwy::FlushStream();
 }
 
-void UlqRange(const UlqJob& j, std::int64_t a, std::int64_t b) {
-  switch (j.dt) {
-    case DType::float16: UlqRangeT<DType::float16>(j, a, b); break;
-    case DType::bfloat16: UlqRangeT<DType::bfloat16>(j, a, b); break;
-    default: UlqRangeT<DType::float32>(j, a, b); break;
-  }
-  if (j.stream) hwy::FlushStream();
+UlqRangeFn SelectUlqRange(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> UlqRangeFn { return &UlqRangeT<DT>; });
 }
 
 // Backward, one chunk [pos, pos + n) (n <= 1024): x_grad written, clamp terms to tmin / tmax.
@@ -182,29 +180,22 @@ void BwdChunkT(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin
     BwdStep<DT, kStream>(in, pos + i, xg, pos + i, tmin + i, tmax + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t rem) {
-    const std::size_t es = dtype_size(DT);
-    alignas(64) unsigned char s[4][kMaxLanes * 4] = {};
-    alignas(64) unsigned char sg[kMaxLanes * 4];
-    HWY_ALIGN float t0[kMaxLanes], t1[kMaxLanes];
-    for (int k = 0; k < 4; ++k)
-      std::memcpy(s[k], static_cast<const unsigned char*>(in[k]) + (pos + i) * static_cast<std::int64_t>(es),
-                  static_cast<std::size_t>(rem) * es);
-    const void* const sin[4] = {s[0], s[1], s[2], s[3]};
-    BwdStep<DT>(sin, 0, sg, 0, t0, t1);
-    std::memcpy(static_cast<unsigned char*>(xg) + (pos + i) * static_cast<std::int64_t>(es), sg,
-                static_cast<std::size_t>(rem) * es);
-    std::memcpy(tmin + i, t0, static_cast<std::size_t>(rem) * sizeof(float));
-    std::memcpy(tmax + i, t1, static_cast<std::size_t>(rem) * sizeof(float));
+    constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    StagedTail(i, rem,
+               {{.base = in[0], .offset = pos, .es = es},
+                {.base = in[1], .offset = pos, .es = es},
+                {.base = in[2], .offset = pos, .es = es},
+                {.base = in[3], .offset = pos, .es = es}},
+               {{.base = xg, .offset = pos, .es = es}, {.base = tmin}, {.base = tmax}},
+               [=](const void* const* sin, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 BwdStep<DT>(sin, k, out[0], k, static_cast<float*>(out[1]) + k, static_cast<float*>(out[2]) + k);
+               });
   };
   DriveSpan(n, j.stream, xg, pos, dtype_size(DT), step, stage);
 }
 
-void BwdChunk(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin, float* tmax) {
-  switch (j.dt) {
-    case DType::float16: return BwdChunkT<DType::float16>(j, pos, n, tmin, tmax);
-    case DType::bfloat16: return BwdChunkT<DType::bfloat16>(j, pos, n, tmin, tmax);
-    default: return BwdChunkT<DType::float32>(j, pos, n, tmin, tmax);
-  }
+BwdChunkFn SelectBwdChunk(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> BwdChunkFn { return &BwdChunkT<DT>; });
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -212,8 +203,8 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
-HWY_EXPORT(UlqRange);
-HWY_EXPORT(BwdChunk);
+HWY_EXPORT(SelectUlqRange);
+HWY_EXPORT(SelectBwdChunk);
 
 namespace {
 
@@ -236,10 +227,10 @@ bool dense_over_output(const BroadcastPlan& p, const std::int64_t* stride) {
 
 }  // namespace
 
-void cpu_acts_ulq(const ActsUlqArgs& a) {
+bool cpu_acts_ulq(const ActsUlqArgs& a) {
   const BroadcastPlan& p = a.plan;
   const std::int64_t n = plan_numel(p);
-  if (n == 0 || !dense_over_output(p, p.stride_x)) return ref::acts_ulq(a);
+  if (n == 0 || !dense_over_output(p, p.stride_x)) return false;
   // The clamp tensors vary over dims [d0, d1): channels = those dims, outer / inner around them.
   int d0 = p.rank, d1 = 0;
   for (int d = 0; d < p.rank; ++d)
@@ -254,7 +245,8 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
   } else {
     inner = n;
   }
-  if (C > kMaxPeriod) return ref::acts_ulq(a);  // clamp tensors about as large as x: no reuse to exploit
+  if (C > kMaxPeriod) return false;  // clamp tensors about as large as x: no reuse to exploit
+  const UlqRangeFn range = HWY_DYNAMIC_DISPATCH(SelectUlqRange)(a.dt);  // throws for a dtype without kernel
   const float levels = acts_ulq_levels(a.num_bits);
   std::vector<ActsUlqParams> params(static_cast<std::size_t>(C));
   for (std::int64_t c = 0; c < C; ++c) {
@@ -299,19 +291,20 @@ void cpu_acts_ulq(const ActsUlqArgs& a) {
     rs.assign(arr[0], arr[0] + walk.period);
     for (float& v : rs) v = 1.0f / v;
   }
-  const UlqJob j{a.dt,
-                 a.x,
-                 {a.y, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss},
-                 levels,
-                 &walk,
-                 params.data(),
-                 {arr[0], arr[1], arr[2], arr[3]},
-                 stream,
-                 dom.ok,
-                 dom,
-                 rs.empty() ? nullptr : rs.data()};
+  const UlqJob j{.dt = a.dt,
+                 .x = a.x,
+                 .out = {a.y, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss},
+                 .levels = levels,
+                 .walk = &walk,
+                 .params = params.data(),
+                 .arr = {arr[0], arr[1], arr[2], arr[3]},
+                 .stream = stream,
+                 .fast_div = dom.ok,
+                 .dom = dom,
+                 .rs = rs.empty() ? nullptr : rs.data()};
   parallel_ranges(n, std::int64_t{1} << 16, n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5,
-                  [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(UlqRange)(j, b0, b1); });
+                  [&](std::int64_t b0, std::int64_t b1) { range(j, b0, b1); });
+  return true;
 }
 
 namespace {
@@ -347,7 +340,7 @@ ClampLayout clamp_layout(const BroadcastPlan& p, const std::int64_t* stride) {
 // One fused pass over the layout: x_grad for every element (rewritten with the same values if a
 // second pass runs) and the chunk values of the requested sums, chunk k of channel c = terms
 // [1024 k, 1024 (k + 1)) of its sequence; every (c, k) is independent, so they run in parallel.
-void fused_pass(const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum_max, std::vector<double>& vmin,
+void fused_pass(BwdChunkFn bwd_chunk, const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum_max, std::vector<double>& vmin,
                 std::vector<double>& vmax, std::int64_t bytes) {
   const std::int64_t len = l.outer * l.inner, chunks = (len + kSumChunk - 1) / kSumChunk;
   vmin.assign(static_cast<std::size_t>(l.channels * chunks), 0.0);
@@ -363,7 +356,7 @@ void fused_pass(const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum
       const std::int64_t end = std::min(len, n + kSumChunk);
       while (n < end) {
         const std::int64_t o = n / l.inner, i = n % l.inner, run = std::min(end - n, l.inner - i);
-        HWY_DYNAMIC_DISPATCH(BwdChunk)(j, (o * l.channels + c) * l.inner + i, run, tmin.data() + filled, tmax.data() + filled);
+        bwd_chunk(j, (o * l.channels + c) * l.inner + i, run, tmin.data() + filled, tmax.data() + filled);
         filled += run;
         n += run;
       }
@@ -376,25 +369,31 @@ void fused_pass(const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum
 
 }  // namespace
 
-void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
+bool cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
   const BroadcastPlan& p = a.plan;
   const std::int64_t n = plan_numel(p);
   const ClampLayout lmin = clamp_layout(p, p.stride_min), lmax = clamp_layout(p, p.stride_max);
   // Short runs (a clamp varying along the innermost dims) gain nothing from the chunk walk; x broadcast
   // (x_grad is itself a reduction) is rare. Both, and empty outputs (the clamp tensors may then be empty
-  // too), run the reference kernel.
+  // too), are declined.
   auto fast = [](const ClampLayout& l) { return l.ok && (l.channels == 1 || l.inner >= kMinRun); };
-  if (n == 0 || !dense_over_output(p, p.stride_x) || !fast(lmin) || !fast(lmax)) return ref::acts_ulq_backward(a);
+  if (n == 0 || !dense_over_output(p, p.stride_x) || !fast(lmin) || !fast(lmax)) return false;
+  const BwdChunkFn bwd_chunk = HWY_DYNAMIC_DISPATCH(SelectBwdChunk)(a.dt);  // throws for a dtype without kernel
   const float floor_max = acts_ulq_floor_max(acts_ulq_levels(a.num_bits));  // LEVELS * EPS
-  const UlqBwdJob j{a.dt, a.y_grad, a.clamp_min_mask, a.clamp_max_mask, a.x_clamped_loss, a.x_grad,
-                    use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
+  const UlqBwdJob j{.dt = a.dt,
+                    .y_grad = a.y_grad,
+                    .min_mask = a.clamp_min_mask,
+                    .max_mask = a.clamp_max_mask,
+                    .loss = a.x_clamped_loss,
+                    .x_grad = a.x_grad,
+                    .stream = use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt)) * 5;
   std::vector<double> vmin, vmax, unused;
   if (static_cast<const ChannelLayout&>(lmin) == static_cast<const ChannelLayout&>(lmax)) {
-    fused_pass(j, lmin, true, true, vmin, vmax, bytes);
+    fused_pass(bwd_chunk, j, lmin, true, true, vmin, vmax, bytes);
   } else {  // different layouts: one pass per clamp tensor (the second rewrites x_grad identically)
-    fused_pass(j, lmin, true, false, vmin, unused, bytes);
-    fused_pass(j, lmax, false, true, unused, vmax, bytes);
+    fused_pass(bwd_chunk, j, lmin, true, false, vmin, unused, bytes);
+    fused_pass(bwd_chunk, j, lmax, false, true, unused, vmax, bytes);
   }
   // clamp_min_grad[c] = sum, 0 where fixed_min or clamp_min[c] > 0; clamp_max_grad[c] = sum, 0 where
   // clamp_max[c] < LEVELS * EPS.
@@ -408,6 +407,7 @@ void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& a) {
     const bool zero = load_float(a.dt, a.clamp_max, c) < floor_max;
     store_float(a.dt, a.clamp_max_grad, c, zero ? 0.0f : finish_chunk_sum(vmax.data() + c * cmax, cmax));
   }
+  return true;
 }
 
 }  // namespace xquant::detail

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -37,6 +38,8 @@ struct AqJob {
   bool offset_used;     // periodic walk: some offset is not +-0
   bool stream;          // non-temporal stores for out (large outputs, cpu/parallel.hpp)
 };
+// The per-target kernel for one (dtype, input type) pair (picked on the calling thread).
+using AntiQuantRangeFn = void (*)(const AqJob& j, std::int64_t b0, std::int64_t b1);
 #endif
 }  // namespace xquant::detail
 
@@ -128,21 +131,19 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     const VF ov = kOff ? (kArr ? hn::LoadU(df, oa + k) : ob) : sb;
     StoreAq<DT, kStream>(AntiQuantVec<kOff>(values(pos + k), ov, sv), out, pos + k);
   };
-  auto stage = [&](std::int64_t k, std::int64_t rem) {  // fewer than a vector: through padded stack buffers
-    HWY_ALIGN std::int8_t tq[kMaxLanes] = {};
-    HWY_ALIGN float ts[kMaxLanes], to[kMaxLanes];
-    alignas(64) unsigned char tout[kMaxLanes * 4];
-    if (kInt4) unpack_int4_bytes(w4, pos + k, rem, tq);
-    else std::memcpy(tq, x8 + pos + k, static_cast<std::size_t>(rem));
-    for (std::int64_t t = 0; t < kN; ++t) {
-      ts[t] = t < rem ? (kArr ? sa[k + t] : s) : 1.0f;
-      to[t] = t < rem && kOff ? (kArr ? oa[k + t] : o) : 0.0f;
-    }
-    const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), tq)));
-    StoreAq<DT>(AntiQuantVec<kOff>(x, hn::Load(df, to), hn::Load(df, ts)), tout, 0);
-    const std::size_t es = dtype_size(DT);
-    std::memcpy(static_cast<unsigned char*>(out) + (pos + k) * static_cast<std::int64_t>(es), tout,
-                static_cast<std::size_t>(rem) * es);
+  // Fewer than a vector (the tail; the head that aligns a streamed output) through stack buffers: x staged
+  // as int8 lanes (int4 unpacked), then the body's arithmetic and store.
+  auto stage = [&](std::int64_t k, std::int64_t rem) {
+    constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    StagedTail(k, rem,
+               {{.base = a.x, .offset = pos, .es = kInt4 ? std::size_t{0} : std::size_t{1}},
+                StageIn::Param(kArr ? sa : nullptr, s),
+                {.base = kOff && kArr ? oa : nullptr, .fill = kOff && !kArr ? o : 0.0f}},
+               {{.base = out, .offset = pos, .es = es}},
+               [=](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE {
+                 const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(DI8(), static_cast<const std::int8_t*>(in[0]) + m)));
+                 StoreAq<DT>(AntiQuantVec<kOff>(x, hn::LoadU(df, StagedF(in[2]) + m), hn::LoadU(df, StagedF(in[1]) + m)), outs[0], m);
+               });
   };
   DriveSpan(n, j.stream, out, pos, dtype_size(DT), step, stage);
 }
@@ -160,21 +161,17 @@ void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
         if (j.offset_used) Span<DT, kInt4, true, true>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f);
         else Span<DT, kInt4, true, false>(j, pos, n, j.scale + ph, nullptr, 0.f, 0.f);
       });
-}
-
-template <DType DT>
-void RangeDT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
-  if (j.args->src == QuantDType::quint4x2) RangeT<DT, true>(j, b0, b1);
-  else RangeT<DT, false>(j, b0, b1);
-}
-
-void AntiQuantRange(const AqJob& j, std::int64_t b0, std::int64_t b1) {
-  switch (j.args->dt) {
-    case DType::float16: RangeDT<DType::float16>(j, b0, b1); break;
-    case DType::bfloat16: RangeDT<DType::bfloat16>(j, b0, b1); break;
-    default: RangeDT<DType::float32>(j, b0, b1); break;
-  }
   if (j.stream) hwy::FlushStream();
+}
+
+AntiQuantRangeFn SelectAntiQuantRange(DType dt, QuantDType src) {
+  return VisitFloatDType(dt, [src]<DType DT>() -> AntiQuantRangeFn {
+    if (src == QuantDType::quint4x2) return &RangeT<DT, true>;
+    if (src != QuantDType::qint8)
+      fail_internal("cpu kernel", "anti_quant has no kernel for " + std::string(quant_dtype_name(src)) +
+                                      " input (expected qint8 or quint4x2)");
+    return &RangeT<DT, false>;
+  });
 }
 
 // The periodic walk's arrays: scale[k] / offset[k] of phase k < walk.period. Returns whether some offset
@@ -222,14 +219,20 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
-HWY_EXPORT(AntiQuantRange);
+HWY_EXPORT(SelectAntiQuantRange);
 HWY_EXPORT(AntiQuantExpand);
 
 void cpu_anti_quant(const AntiQuantArgs& a) {
   const ChannelWalk walk(a.layout);
   ParamStore store;  // the periodic walk's arrays (on the stack for small problems)
   const std::int64_t n = a.layout.numel();
-  AqJob j{&a, &walk, nullptr, nullptr, false, use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
+  const AntiQuantRangeFn range = HWY_DYNAMIC_DISPATCH(SelectAntiQuantRange)(a.dt, a.src);
+  AqJob j{.args = &a,
+          .walk = &walk,
+          .scale = nullptr,
+          .offset = nullptr,
+          .offset_used = false,
+          .stream = use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
   if (walk.period > 0) {
     float* s = store.allocate(2 * static_cast<std::size_t>(walk.period));
     j.scale = s;
@@ -238,7 +241,7 @@ void cpu_anti_quant(const AntiQuantArgs& a) {
   }
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes,
-                  [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(AntiQuantRange)(j, b0, b1); });
+                  [&](std::int64_t b0, std::int64_t b1) { range(j, b0, b1); });
 }
 
 }  // namespace xquant::detail

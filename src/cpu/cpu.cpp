@@ -1,30 +1,10 @@
-// The cpu backend's kernel table.
-#include "cpu/cpu.hpp"
-
+// The cpu backend's answer to xquant::simd_target(). (Its kernel table is assembled by the backend
+// registry, src/backends/registry.cpp.)
 #include <string>
 
 #include "hwy/targets.h"
 
 #include "xquant/runtime.hpp"
-
-namespace xquant::detail {
-
-const KernelTable& cpu_kernels() {
-  static const KernelTable table{
-      "cpu",
-      cpu_fake_quant,
-      cpu_fake_quant_backward,
-      cpu_quantize,
-      cpu_tile_quant,
-      cpu_dynamic_quant,
-      cpu_acts_ulq,
-      cpu_acts_ulq_backward,
-      cpu_anti_quant,
-  };
-  return table;
-}
-
-}  // namespace xquant::detail
 
 namespace xquant {
 

@@ -8,17 +8,19 @@
 
 namespace xquant::detail {
 
-// The cpu backend's kernel table (registered in src/backends/registry.cpp).
-const KernelTable& cpu_kernels();
-
-// Entry points (each partitions the work over threads and dispatches to the best SIMD target).
+// Entry points (each partitions the work over threads and dispatches to the best SIMD target); the
+// backend registry (src/backends/registry.cpp) makes them the cpu backend's kernel table. A dtype the
+// kernels have no code for throws xquant::Error (ErrorCode::internal_error) before anything is written.
 void cpu_fake_quant(const FakeQuantArgs& args);
 void cpu_fake_quant_backward(const FakeQuantBackwardArgs& args);
 void cpu_quantize(const QuantizeArgs& args);
 void cpu_tile_quant(const TileQuantArgs& args);
 void cpu_dynamic_quant(const DynamicQuantArgs& args);
-void cpu_acts_ulq(const ActsUlqArgs& args);
-void cpu_acts_ulq_backward(const ActsUlqBackwardArgs& args);
+// ActsULQ: false (nothing written) for broadcast layouts without a SIMD walk (x broadcast, clamp tensors
+// varying along short inner runs or broadcast inside their own dims, empty outputs); the registry runs
+// the reference kernel for those.
+bool cpu_acts_ulq(const ActsUlqArgs& args);
+bool cpu_acts_ulq_backward(const ActsUlqBackwardArgs& args);
 void cpu_anti_quant(const AntiQuantArgs& args);
 
 // Packs n (a multiple of 8) int8 values in [-8, 7] into int4 words: element 8k + j -> bits [4j, 4j + 3]

@@ -29,14 +29,19 @@
 namespace xquant::detail {
 #ifndef XQUANT_CPU_DYNAMIC_QUANT_ONCE
 #define XQUANT_CPU_DYNAMIC_QUANT_ONCE
-struct RowMinMax {
-  float max, min;
-  bool nan, empty;
+struct RowMinMax {  // value-initialized: the empty reduction
+  float max = 0.0f, min = 0.0f;
+  bool nan = false, empty = true;
 };
 // Pertensor quantization parameters with the min / max they came from.
 struct RangeParams {
   float min, max, scale, offset;
 };
+// The per-target kernels, instantiated for one dtype (picked by VisitFloatDType on the calling thread).
+using RowsFn = void (*)(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream);
+using RangeMinMaxFn = RowMinMax (*)(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1);
+using RangeQuantFn = void (*)(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, const RangeParams& rp,
+                              bool stream);
 #endif
 }  // namespace xquant::detail
 
@@ -49,7 +54,7 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
   // buf == nullptr: only reduce (float32 input without smooth scales is quantized straight from x).
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-  if (n == 0) return {0.f, 0.f, false, true};
+  if (n == 0) return RowMinMax{};
   VF vmin = hn::Set(df, std::numeric_limits<float>::infinity());
   VF vmax = hn::Neg(vmin);
   auto nan = hn::Lt(vmin, vmin);  // all false
@@ -82,20 +87,21 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     step(v);
   }
   if (i < n) {
-    // Stage the tail; pad lanes repeat a valid element so min / max are unchanged.
-    const std::size_t es = dtype_size(DT);
-    alignas(64) unsigned char sx[kMaxLanes * 4];
-    HWY_ALIGN float ss[kMaxLanes];
-    const std::int64_t rem = n - i;
-    std::memcpy(sx, static_cast<const unsigned char*>(x) + (pos + i) * static_cast<std::int64_t>(es),
-                static_cast<std::size_t>(rem) * es);
-    for (std::int64_t k = rem; k < N; ++k)
-      std::memcpy(sx + k * static_cast<std::int64_t>(es), sx, es);
-    for (std::int64_t k = 0; k < N; ++k) ss[k] = smooth ? smooth[i + (k < rem ? k : 0)] : 1.0f;
-    VF v = LoadF<DT>(sx, 0);
-    if (smooth) v = hn::Mul(v, hn::Load(df, ss));
-    if (buf) hn::StoreU(v, df, buf + i);
-    step(v);
+    // The tail; its pad lanes repeat its first element (x and smooth scale), so min / max are unchanged.
+    // (Only `last` is captured by reference: the loops' accumulators stay in registers.)
+    constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    VF last;
+    StagedTail(i, n - i,
+               {{.base = x, .offset = pos, .es = es, .repeat_first = true},
+                {.base = smooth, .fill = 1.0f, .repeat_first = true}},
+               {{.base = buf}},
+               [=, &last](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 VF v = LoadF<DT>(in[0], k);
+                 if (smooth) v = hn::Mul(v, hn::LoadU(df, StagedF(in[1]) + k));
+                 if (buf) hn::StoreU(v, df, static_cast<float*>(out[0]) + k);
+                 last = v;
+               });
+    step(last);
   }
   RowMinMax r{};
   r.nan = !hn::AllFalse(df, nan);
@@ -114,7 +120,7 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
 template <DType DT>
 RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
   static_assert(DT == DType::float16 || DT == DType::bfloat16);
-  if (n == 0) return {0.f, 0.f, false, true};
+  if (n == 0) return RowMinMax{};
   const hn::ScalableTag<std::int16_t> d16;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d16));
   const std::int16_t* p = static_cast<const std::int16_t*>(x) + pos;
@@ -225,23 +231,25 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     }
   };
   constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
-  // Fewer than a vector of values at i: staged through a padded copy (src need not be padded).
-  auto staged = [&](std::int64_t i, std::int64_t count) {
-    alignas(64) unsigned char f[kMaxLanes * 4] = {};
-    std::memcpy(f, static_cast<const unsigned char*>(src) + i * static_cast<std::int64_t>(es),
-                static_cast<std::size_t>(count) * es);
-    return value(f, 0);
-  };
-  // int8 (and int4 through qtmp where vectors cannot pack it): one vector at i, or fewer through a buffer.
+  // int8 (and int4 through qtmp where vectors cannot pack it): one vector at i, or fewer staged.
   std::int8_t* dst = kInt4 ? qtmp : y8;
   auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
     hwy::Prefetch(pf + i * pf_es);
     StoreI8<kStream>(value(src, i), dst + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
-    std::int8_t tmp[kMaxLanes] = {};
-    StoreI8(staged(i, count), tmp);
-    std::memcpy(dst + i, tmp, static_cast<std::size_t>(count));
+    StagedTail(i, count, {{.base = src, .es = es}}, {{.base = dst, .es = 1}},
+               [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 StoreI8(value(in[0], k), static_cast<std::int8_t*>(outs[0]) + k);
+               });
+  };
+  // int4 packed in registers: fewer than a vector of values at i, clamped to [-8, 7] and packed into words.
+  [[maybe_unused]] auto stage4 = [&](std::int64_t i, std::int64_t count) {
+    StagedTail(i, count, {{.base = src, .es = es}}, {{.base = y4, .es = 0}},
+               [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 const DI di;
+                 StoreI8(hn::Min(hn::Max(value(in[0], k), hn::Set(di, -8)), hn::Set(di, 7)), static_cast<std::int8_t*>(outs[0]) + k);
+               });
   };
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (kMode == DivMode::kRint) {
@@ -290,11 +298,6 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         hwy::Prefetch(pf + i * pf_es);
         StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
       };
-      auto stage4 = [&](std::int64_t i, std::int64_t count) {
-        const DI di;
-        StoreI8(hn::Min(hn::Max(staged(i, count), hn::Set(di, -8)), hn::Set(di, 7)), qtmp);
-        pack_int4_bytes(qtmp, count, y4 + i / 8);
-      };
       DriveSpanPairs(n, false, y4, 0, 1, pair, step4, stage4);
     } else {
       DriveSpanPairs(n, out.stream, y8, 0, 1, pair, step, stage);
@@ -310,11 +313,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
       hwy::Prefetch(pf + i * pf_es);
       StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
     }
-    if (i < n) {
-      const DI di;
-      StoreI8(hn::Min(hn::Max(staged(i, n - i), hn::Set(di, -8)), hn::Set(di, 7)), qtmp);
-      pack_int4_bytes(qtmp, n - i, y4 + i / 8);
-    }
+    if (i < n) stage4(i, n - i);
     return;
   }
 #endif
@@ -404,27 +403,27 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     if (!a.symmetric) a.offset[r] = p.offset;
     constexpr std::int64_t es = DT == DType::float32 ? 4 : 2;
     const unsigned char* row = static_cast<const unsigned char*>(a.x) + r * H * es;
-    const RowOut out{static_cast<std::int8_t*>(a.y) + r * H, static_cast<std::int32_t*>(a.y) + r * (H / 8), qtmp.data(),
-                     stream, r + 1 < r1 ? row + H * es : row, es};
+    const RowOut out{.y8 = static_cast<std::int8_t*>(a.y) + r * H,
+                     .y4 = static_cast<std::int32_t*>(a.y) + r * (H / 8),
+                     .qtmp = qtmp.data(),
+                     .stream = stream,
+                     .pf = r + 1 < r1 ? row + H * es : row,
+                     .pf_es = es};
     if (direct) QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
     else QuantizeAny<DType::float32>(buf.data(), H, rmin, rmax, p.scale, p.offset, int4, out);
   }
+  if (stream) hwy::FlushStream();
 }
 
-void Rows(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream) {
-  switch (a.dt) {
-    case DType::float16: RowsT<DType::float16>(a, smooth_f32, r0, r1, stream); break;
-    case DType::bfloat16: RowsT<DType::bfloat16>(a, smooth_f32, r0, r1, stream); break;
-    default: RowsT<DType::float32>(a, smooth_f32, r0, r1, stream); break;
-  }
-  if (stream) hwy::FlushStream();
+RowsFn SelectRows(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> RowsFn { return &RowsT<DT>; });
 }
 
 // Pertensor: min / max / NaN over elements [b0, b1).
 template <DType DT>
 RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1) {
   constexpr std::int64_t kPiece = 4096;
-  RowMinMax acc{0.f, 0.f, false, true};
+  RowMinMax acc{};
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const std::int64_t n = std::min(kPiece, b1 - p);
     RowMinMax m;
@@ -442,12 +441,8 @@ RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t 
   return acc;
 }
 
-RowMinMax RangeMinMax(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1) {
-  switch (a.dt) {
-    case DType::float16: return RangeMinMaxT<DType::float16>(a, b0, b1);
-    case DType::bfloat16: return RangeMinMaxT<DType::bfloat16>(a, b0, b1);
-    default: return RangeMinMaxT<DType::float32>(a, b0, b1);
-  }
+RangeMinMaxFn SelectRangeMinMax(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> RangeMinMaxFn { return &RangeMinMaxT<DT>; });
 }
 
 // Pertensor: quantize elements [b0, b1) (b0, b1 multiples of 8 for int4).
@@ -459,19 +454,19 @@ void RangeQuantT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, co
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const std::int64_t n = std::min(kPiece, b1 - p);
     const void* src = static_cast<const unsigned char*>(a.x) + p * static_cast<std::int64_t>(dtype_size(DT));
-    const RowOut out{static_cast<std::int8_t*>(a.y) + p, static_cast<std::int32_t*>(a.y) + p / 8, qtmp.data(), stream,
-                     static_cast<const unsigned char*>(src), 0};
+    const RowOut out{.y8 = static_cast<std::int8_t*>(a.y) + p,
+                     .y4 = static_cast<std::int32_t*>(a.y) + p / 8,
+                     .qtmp = qtmp.data(),
+                     .stream = stream,
+                     .pf = static_cast<const unsigned char*>(src),
+                     .pf_es = 0};
     QuantizeAny<DT>(src, n, rp.min, rp.max, rp.scale, rp.offset, int4, out);
   }
+  if (stream) hwy::FlushStream();
 }
 
-void RangeQuant(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, const RangeParams& rp, bool stream) {
-  switch (a.dt) {
-    case DType::float16: RangeQuantT<DType::float16>(a, b0, b1, rp, stream); break;
-    case DType::bfloat16: RangeQuantT<DType::bfloat16>(a, b0, b1, rp, stream); break;
-    default: RangeQuantT<DType::float32>(a, b0, b1, rp, stream); break;
-  }
-  if (stream) hwy::FlushStream();
+RangeQuantFn SelectRangeQuant(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> RangeQuantFn { return &RangeQuantT<DT>; });
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -479,23 +474,25 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
-HWY_EXPORT(Rows);
-HWY_EXPORT(RangeMinMax);
-HWY_EXPORT(RangeQuant);
+HWY_EXPORT(SelectRows);
+HWY_EXPORT(SelectRangeMinMax);
+HWY_EXPORT(SelectRangeQuant);
 
 void cpu_dynamic_quant(const DynamicQuantArgs& a) {
   const std::int64_t n = a.rows * a.cols;
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
   const bool stream = use_stream(n);  // int8 output bytes (int4 output is never streamed)
   if (a.per_tensor) {
+    const RangeMinMaxFn range_min_max = HWY_DYNAMIC_DISPATCH(SelectRangeMinMax)(a.dt);
+    const RangeQuantFn range_quant = HWY_DYNAMIC_DISPATCH(SelectRangeQuant)(a.dt);
     constexpr std::int64_t kGrain = std::int64_t{1} << 16;  // multiple of 8: int4 words never straddle
     const std::int64_t pieces = (n + kGrain - 1) / kGrain;
-    std::vector<RowMinMax> part(static_cast<std::size_t>(std::max<std::int64_t>(pieces, 1)), RowMinMax{0.f, 0.f, false, true});
+    std::vector<RowMinMax> part(static_cast<std::size_t>(std::max<std::int64_t>(pieces, 1)), RowMinMax{});
     parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) {
-      part[static_cast<std::size_t>(b0 / kGrain)] = HWY_DYNAMIC_DISPATCH(RangeMinMax)(a, b0, b1);
+      part[static_cast<std::size_t>(b0 / kGrain)] = range_min_max(a, b0, b1);
     });
     // min / max are exact and order-free; NaN anywhere makes both NaN; no elements: both 0.
-    RowMinMax all{0.f, 0.f, false, true};
+    RowMinMax all{};
     for (const RowMinMax& m : part) {
       if (m.empty) continue;
       if (all.empty) all = m;
@@ -508,9 +505,9 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
     const auto p = init_dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
-    const RangeParams rp{rmin, rmax, p.scale, p.offset};
+    const RangeParams rp{.min = rmin, .max = rmax, .scale = p.scale, .offset = p.offset};
     parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) {
-      HWY_DYNAMIC_DISPATCH(RangeQuant)(a, b0, b1, rp, stream);
+      range_quant(a, b0, b1, rp, stream);
     });
     return;
   }
@@ -522,9 +519,10 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
     for (std::int64_t i = 0; i < count; ++i) smooth[static_cast<std::size_t>(i)] = load_float(a.smooth_dt, a.smooth, i);
   }
   const float* sm = a.smooth ? smooth.data() : nullptr;
+  const RowsFn rows = HWY_DYNAMIC_DISPATCH(SelectRows)(a.dt);
   const std::int64_t grain_rows = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
   parallel_ranges(a.rows, grain_rows, bytes, [&](std::int64_t r0, std::int64_t r1) {
-    HWY_DYNAMIC_DISPATCH(Rows)(a, sm, r0, r1, stream);
+    rows(a, sm, r0, r1, stream);
   });
 }
 

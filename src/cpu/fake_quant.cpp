@@ -49,6 +49,10 @@ struct FqJob {
   const float* ratio;
   const float* rscale;  // 1 / scale, rounded (periodic walk, when div_steps > 0)
 };
+// The per-target kernels, instantiated for one dtype (picked by VisitFloatDType on the calling thread).
+using RangeFn = void (*)(const FqJob& j, std::int64_t a, std::int64_t b, bool backward);
+using ChunkFn = double (*)(const FqJob& j, std::int64_t c, std::int64_t n0, std::int64_t n1, float* t);
+using LastAxisRowsFn = void (*)(const FqJob& j, std::int64_t o0, std::int64_t o1, double* lanes, float* t);
 #endif
 }  // namespace xquant::detail
 
@@ -57,7 +61,7 @@ namespace xquant::detail::HWY_NAMESPACE {
 
 // Parameters of one span: broadcast scalars, or arrays aligned with the span's elements.
 struct SpanParams {
-  float scale, zero, glo, ghi, ratio, rscale;
+  float scale = 0, zero = 0, glo = 0, ghi = 0, ratio = 0, rscale = 0;
   const float* a_scale = nullptr;  // non-null: arrays
   const float* a_zero = nullptr;
   const float* a_glo = nullptr;
@@ -66,15 +70,6 @@ struct SpanParams {
   const float* a_rscale = nullptr;
   HWY_INLINE VF get(const float* a, float s, std::int64_t i) const {
     return a ? hn::LoadU(DF(), a + i) : hn::Set(DF(), s);
-  }
-  // Copies of the parameters of elements [i, i + count) padded to a whole vector, for staged steps.
-  void stage(std::int64_t i, std::int64_t count, SpanParams& out, float (*buf)[kMaxLanes]) const {
-    const float* arrays[6] = {a_scale, a_zero, a_glo, a_ghi, a_ratio, a_rscale};
-    const float scalars[6] = {scale, zero, glo, ghi, ratio, rscale};
-    for (int k = 0; k < 6; ++k)
-      for (std::size_t m = 0; m < kMaxLanes; ++m)
-        buf[k][m] = static_cast<std::int64_t>(m) < count ? (arrays[k] ? arrays[k][i + static_cast<std::int64_t>(m)] : scalars[k]) : 1.0f;
-    out = SpanParams{0, 0, 0, 0, 0, 0, buf[0], buf[1], buf[2], buf[3], buf[4], buf[5]};
   }
 };
 
@@ -111,14 +106,15 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
     StoreF<DT, kStream>(compute.template operator()<kArr>(x, pos + i, spv, i), y, pos + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
-    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(count) * es;
-    alignas(64) unsigned char sx[kMaxLanes * 4] = {}, sy[kMaxLanes * 4];
-    HWY_ALIGN float buf[6][kMaxLanes];
-    SpanParams p;
-    sp.stage(i, count, p, buf);
-    std::memcpy(sx, static_cast<const unsigned char*>(x) + (pos + i) * static_cast<std::int64_t>(es), bytes);
-    StoreF<DT>(compute.template operator()<true>(sx, 0, p, 0), sy, 0);
-    std::memcpy(static_cast<unsigned char*>(y) + (pos + i) * static_cast<std::int64_t>(es), sy, bytes);
+    constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    StagedTail(i, count,
+               {{.base = x, .offset = pos, .es = es}, StageIn::Param(sp.a_scale, sp.scale),
+                StageIn::Param(sp.a_zero, sp.zero), StageIn::Param(sp.a_rscale, sp.rscale)},
+               {{.base = y, .offset = pos, .es = es}},
+               [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 const SpanParams p{.a_scale = StagedF(in[1]), .a_zero = StagedF(in[2]), .a_rscale = StagedF(in[3])};
+                 StoreF<DT>(compute.template operator()<true>(in[0], k, p, k), out[0], k);
+               });
   };
   DriveSpan(n, j.stream, y, pos, dtype_size(DT), step, stage);
 }
@@ -164,29 +160,37 @@ void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams&
     compute(j.g, j.x, pos + i, j.y, pos + i, sp, i, t ? t + i : nullptr, std::bool_constant<kStream>());
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
-    const std::size_t es = dtype_size(DT), bytes = static_cast<std::size_t>(count) * es;
-    const std::int64_t off = (pos + i) * static_cast<std::int64_t>(es);
-    alignas(64) unsigned char sx[kMaxLanes * 4] = {}, sg[kMaxLanes * 4] = {}, sy[kMaxLanes * 4];
-    HWY_ALIGN float buf[6][kMaxLanes], st[kMaxLanes];
-    SpanParams p;
-    sp.stage(i, count, p, buf);
-    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + off, bytes);
-    std::memcpy(sg, static_cast<const unsigned char*>(j.g) + off, bytes);
-    compute(sg, sx, 0, sy, 0, p, 0, t ? st : nullptr, std::false_type());
-    std::memcpy(static_cast<unsigned char*>(j.y) + off, sy, bytes);
-    if (t) std::memcpy(t + i, st, static_cast<std::size_t>(count) * sizeof(float));
+    constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    StagedTail(i, count,
+               {{.base = j.g, .offset = pos, .es = es}, {.base = j.x, .offset = pos, .es = es},
+                StageIn::Param(sp.a_glo, sp.glo), StageIn::Param(sp.a_ghi, sp.ghi), StageIn::Param(sp.a_ratio, sp.ratio)},
+               {{.base = j.y, .offset = pos, .es = es}, {.base = t}},
+               [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 const SpanParams p{.a_glo = StagedF(in[2]), .a_ghi = StagedF(in[3]), .a_ratio = StagedF(in[4])};
+                 compute(in[0], in[1], k, out[0], k, p, k, t ? static_cast<float*>(out[1]) + k : nullptr, std::false_type());
+               });
   };
   DriveSpan(n, j.stream, j.y, pos, dtype_size(DT), step, stage);
 }
 
 SpanParams RunParams(const FqJob& j, std::int64_t c) {
   const FakeQuantParams& p = j.params[c];
-  return SpanParams{p.scale, p.zero ? 1.0f : 0.0f, p.grad_lo, p.grad_hi, p.ratio, 1.0f / p.scale};
+  return SpanParams{.scale = p.scale,
+                    .zero = p.zero ? 1.0f : 0.0f,
+                    .glo = p.grad_lo,
+                    .ghi = p.grad_hi,
+                    .ratio = p.ratio,
+                    .rscale = 1.0f / p.scale};
 }
 // The periodic walk's arrays from phase ph on (arrays the pass does not read are null).
 SpanParams PhaseParams(const FqJob& j, std::int64_t ph) {
   auto at = [ph](const float* a) { return a ? a + ph : nullptr; };
-  return SpanParams{0, 0, 0, 0, 0, 0, at(j.scale), at(j.zero), at(j.glo), at(j.ghi), at(j.ratio), at(j.rscale)};
+  return SpanParams{.a_scale = at(j.scale),
+                    .a_zero = at(j.zero),
+                    .a_glo = at(j.glo),
+                    .a_ghi = at(j.ghi),
+                    .a_ratio = at(j.ratio),
+                    .a_rscale = at(j.rscale)};
 }
 
 template <DType DT>
@@ -202,12 +206,8 @@ void RangeT(const FqJob& j, std::int64_t a, std::int64_t b, bool backward) {
   if (j.stream) hwy::FlushStream();
 }
 
-void Range(const FqJob& j, std::int64_t a, std::int64_t b, bool backward) {
-  switch (j.dt) {
-    case DType::float16: return RangeT<DType::float16>(j, a, b, backward);
-    case DType::bfloat16: return RangeT<DType::bfloat16>(j, a, b, backward);
-    default: return RangeT<DType::float32>(j, a, b, backward);
-  }
+RangeFn SelectRange(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> RangeFn { return &RangeT<DT>; });
 }
 
 // Fused backward over one chunk of channel c's term sequence, terms [n0, n1) (n = o * inner + i):
@@ -224,18 +224,12 @@ double ChunkT(const FqJob& j, std::int64_t c, std::int64_t n0, std::int64_t n1, 
     filled += run;
     n += run;
   }
+  if (j.stream) hwy::FlushStream();
   return cpu_chunk_value(t, filled);
 }
 
-double Chunk(const FqJob& j, std::int64_t c, std::int64_t n0, std::int64_t n1, float* t) {
-  double v;
-  switch (j.dt) {
-    case DType::float16: v = ChunkT<DType::float16>(j, c, n0, n1, t); break;
-    case DType::bfloat16: v = ChunkT<DType::bfloat16>(j, c, n0, n1, t); break;
-    default: v = ChunkT<DType::float32>(j, c, n0, n1, t); break;
-  }
-  if (j.stream) hwy::FlushStream();
-  return v;
+ChunkFn SelectChunk(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> ChunkFn { return &ChunkT<DT>; });
 }
 
 // Last axis (inner == 1): rows [o0, o1) of one chunk (o1 - o0 <= 1024): grad_in for each row and its C
@@ -249,15 +243,11 @@ void LastAxisRowsT(const FqJob& j, std::int64_t o0, std::int64_t o1, double* lan
     double* lane = lanes + (o % kSumLanes) * C;
     for (std::int64_t c = 0; c < C; ++c) lane[c] += static_cast<double>(t[c]);
   }
+  if (j.stream) hwy::FlushStream();
 }
 
-void LastAxisRows(const FqJob& j, std::int64_t o0, std::int64_t o1, double* lanes, float* t) {
-  switch (j.dt) {
-    case DType::float16: LastAxisRowsT<DType::float16>(j, o0, o1, lanes, t); break;
-    case DType::bfloat16: LastAxisRowsT<DType::bfloat16>(j, o0, o1, lanes, t); break;
-    default: LastAxisRowsT<DType::float32>(j, o0, o1, lanes, t); break;
-  }
-  if (j.stream) hwy::FlushStream();
+LastAxisRowsFn SelectLastAxisRows(DType dt) {
+  return VisitFloatDType(dt, []<DType DT>() -> LastAxisRowsFn { return &LastAxisRowsT<DT>; });
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -265,9 +255,9 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
-HWY_EXPORT(Range);
-HWY_EXPORT(Chunk);
-HWY_EXPORT(LastAxisRows);
+HWY_EXPORT(SelectRange);
+HWY_EXPORT(SelectChunk);
+HWY_EXPORT(SelectLastAxisRows);
 
 namespace {
 
@@ -321,29 +311,30 @@ struct FqCall {
       }
     }
     const std::int64_t n = layout.numel();
-    job = FqJob{dt,
-                x,
-                y,
-                g,
-                channels > 0 ? params[0].qmin : 0.f,  // the forward clamp (float16: rounded bounds)
-                channels > 0 ? params[0].qmax : 0.f,
-                any_zero,
-                use_stream(n * static_cast<std::int64_t>(dtype_size(dt))),
-                div_steps,
-                &walk,
-                params,
-                scale,
-                zero,
-                glo,
-                ghi,
-                ratio,
-                rscale};
+    job = FqJob{.dt = dt,
+                .x = x,
+                .y = y,
+                .g = g,
+                .min_bound = channels > 0 ? params[0].qmin : 0.f,  // the forward clamp (float16: rounded bounds)
+                .max_bound = channels > 0 ? params[0].qmax : 0.f,
+                .any_zero = any_zero,
+                .stream = use_stream(n * static_cast<std::int64_t>(dtype_size(dt))),
+                .div_steps = div_steps,
+                .walk = &walk,
+                .params = params,
+                .scale = scale,
+                .zero = zero,
+                .glo = glo,
+                .ghi = ghi,
+                .ratio = ratio,
+                .rscale = rscale};
   }
 };
 
 void run_elementwise(const FqJob& j, std::int64_t n, bool backward) {
+  const RangeFn range = HWY_DYNAMIC_DISPATCH(SelectRange)(j.dt);
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(j.dt)) * (backward ? 3 : 2);
-  parallel_ranges(n, kGrain, bytes, [&](std::int64_t a, std::int64_t b) { HWY_DYNAMIC_DISPATCH(Range)(j, a, b, backward); });
+  parallel_ranges(n, kGrain, bytes, [&](std::int64_t a, std::int64_t b) { range(j, a, b, backward); });
 }
 
 }  // namespace
@@ -362,6 +353,8 @@ void cpu_fake_quant_backward(const FakeQuantBackwardArgs& a) {
   float* grad_amax = a.grad_amax;
   const std::int64_t C = a.layout.channels, len = outer * inner;  // terms per channel
   if (grad_amax == nullptr) return run_elementwise(j, a.layout.numel(), true);
+  const ChunkFn chunk = HWY_DYNAMIC_DISPATCH(SelectChunk)(dt);
+  const LastAxisRowsFn last_axis_rows = HWY_DYNAMIC_DISPATCH(SelectLastAxisRows)(dt);
   const std::int64_t chunks = (len + kSumChunk - 1) / kSumChunk;
   std::vector<double> vals(static_cast<std::size_t>(chunks * C));  // vals[c * chunks + k]
   const int t = threads_for(len * C * static_cast<std::int64_t>(dtype_size(dt)) * 3);
@@ -372,7 +365,7 @@ void cpu_fake_quant_backward(const FakeQuantBackwardArgs& a) {
       std::vector<float> terms(static_cast<std::size_t>(C));
       auto one = [&](std::int64_t k) {
         std::fill(lanes.begin(), lanes.end(), -0.0);
-        HWY_DYNAMIC_DISPATCH(LastAxisRows)(j, k * kSumChunk, std::min(outer, (k + 1) * kSumChunk), lanes.data(), terms.data());
+        last_axis_rows(j, k * kSumChunk, std::min(outer, (k + 1) * kSumChunk), lanes.data(), terms.data());
         for (std::int64_t c = 0; c < C; ++c) {  // fold channel c's 16 lanes by halving
           double l[kSumLanes];
           for (std::int64_t m = 0; m < kSumLanes; ++m) l[m] = lanes[static_cast<std::size_t>(m * C + c)];
@@ -401,7 +394,7 @@ void cpu_fake_quant_backward(const FakeQuantBackwardArgs& a) {
       auto one = [&](std::int64_t ck) {
         const std::int64_t c = ck / chunks, k = ck % chunks;
         vals[static_cast<std::size_t>(ck)] =
-            HWY_DYNAMIC_DISPATCH(Chunk)(j, c, k * kSumChunk, std::min(len, (k + 1) * kSumChunk), terms.data());
+            chunk(j, c, k * kSumChunk, std::min(len, (k + 1) * kSumChunk), terms.data());
       };
       if (!parallel) {
         for (std::int64_t ck = 0; ck < chunks * C; ++ck) one(ck);

@@ -41,6 +41,8 @@ struct QJob {
   float x_max;          // fast_div: dividends clamped to [-x_max, x_max]
   const float* rscale;  // fast_div, periodic walk: 1 / scale, rounded
 };
+// The per-target kernel for one (dtype, output type) pair (picked on the calling thread).
+using QuantizeRangeFn = void (*)(const QJob& j, std::int64_t a, std::int64_t b);
 #endif
 }  // namespace xquant::detail
 
@@ -94,26 +96,18 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     return hn::Add(scaled, zv);                                          // rint(... + zero_point) later
   };
   constexpr std::size_t kOutSize = Q == QuantDType::qint32 ? 4 : 1;
-  // Fewer than kBlock elements at i through zero-padded stack buffers.
+  // Fewer than kBlock elements at i (the tail; the head that aligns a streamed output) through stack
+  // buffers: the body's value + StoreQ per vector (int4: packed from the int8 lanes).
   auto stage = [&](std::int64_t i, std::int64_t rem) {
-    const std::size_t es = dtype_size(DT);
-    alignas(64) unsigned char sx[kBlock * 4] = {};
-    HWY_ALIGN float ss[kBlock], sz[kBlock], sr[kBlock];
-    HWY_ALIGN unsigned char out[kBlock * 4];
-    std::memcpy(sx, static_cast<const unsigned char*>(j.x) + (pos + i) * static_cast<std::int64_t>(es),
-                static_cast<std::size_t>(rem) * es);
-    for (std::int64_t k = 0; k < kBlock; ++k) {
-      ss[k] = k < rem ? (sa ? sa[i + k] : s) : 1.0f;
-      sz[k] = k < rem ? (za ? za[i + k] : z) : 0.0f;
-      sr[k] = k < rem ? (rsa ? rsa[i + k] : rs) : 1.0f;
-    }
-    const std::int64_t padded = (rem + N - 1) / N * N;
-    for (std::int64_t k = 0; k < padded; k += N) StoreQ<Q>(value(sx, k, k, ss, sz, sr), out, k);
-    if constexpr (Q == QuantDType::quint4x2)
-      pack_int4_bytes(reinterpret_cast<const std::int8_t*>(out), rem, static_cast<std::int32_t*>(j.y) + (pos + i) / 8);
-    else
-      std::memcpy(static_cast<unsigned char*>(j.y) + (pos + i) * static_cast<std::int64_t>(kOutSize), out,
-                  static_cast<std::size_t>(rem) * kOutSize);
+    constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
+    StagedTail<kBlock>(
+        i, rem,
+        {{.base = x, .offset = pos, .es = es}, StageIn::Param(sa, s), {.base = za, .fill = za != nullptr ? 0.0f : z},
+         StageIn::Param(rsa, rs)},
+        {{.base = y, .offset = pos, .es = Q == QuantDType::quint4x2 ? 0 : kOutSize}},
+        [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+          StoreQ<Q>(value(in[0], k, k, StagedF(in[1]), StagedF(in[2]), StagedF(in[3])), out[0], k);
+        });
   };
   if constexpr (Q == QuantDType::quint4x2) {
     std::int64_t i = 0;
@@ -176,46 +170,22 @@ void RangeT(const QJob& j, std::int64_t a, std::int64_t b) {
 
 template <DType DT, QuantDType Q>
 void RangeM(const QJob& j, std::int64_t a, std::int64_t b) {
-  if (!j.div_mode) return RangeT<DT, Q, 0>(j, a, b);
+  if (!j.div_mode) {
+    RangeT<DT, Q, 0>(j, a, b);
 #if XQUANT_HAVE_FAST_DIV
-  if (j.fast_div) return RangeT<DT, Q, 2>(j, a, b);
+  } else if (j.fast_div) {
+    RangeT<DT, Q, 2>(j, a, b);
 #endif
-  RangeT<DT, Q, 1>(j, a, b);
-}
-
-template <DType DT>
-void RangeDT(const QJob& j, std::int64_t a, std::int64_t b) {
-  switch (j.q) {
-    case QuantDType::qint8: return RangeM<DT, QuantDType::qint8>(j, a, b);
-    case QuantDType::quint8: return RangeM<DT, QuantDType::quint8>(j, a, b);
-    case QuantDType::qint32: return RangeM<DT, QuantDType::qint32>(j, a, b);
-    case QuantDType::quint4x2: return RangeM<DT, QuantDType::quint4x2>(j, a, b);
-  }
-}
-
-void QuantizeRange(const QJob& j, std::int64_t a, std::int64_t b) {
-  switch (j.dt) {
-    case DType::float16: RangeDT<DType::float16>(j, a, b); break;
-    case DType::bfloat16: RangeDT<DType::bfloat16>(j, a, b); break;
-    default: RangeDT<DType::float32>(j, a, b); break;
+  } else {
+    RangeT<DT, Q, 1>(j, a, b);
   }
   if (j.stream) hwy::FlushStream();
 }
 
-// Tile quant rows [r0, r1): SYM is rint(src * scale) into int8 (the mul-mode span with offset 0: adding
-// +0.0 changes no integer result), ASYM is rint(src * scale + offset) into uint8.
-void TileRows(const TileQuantArgs& a, std::int64_t r0, std::int64_t r1) {
-  for (std::int64_t i = r0; i < r1; ++i) {
-    const bool sym = a.mode == QuantMode::SYM;
-    const QJob j{DType::float32, sym ? QuantDType::qint8 : QuantDType::quint8, false, a.src + i * a.src_pitch,
-                 static_cast<std::uint8_t*>(a.out) + i * a.out_pitch, nullptr, nullptr, nullptr, nullptr, false, true,
-                 false, 0.0f, nullptr};
-    const float s = a.scale[i * a.scale_pitch];
-    if (sym)
-      SpanT<DType::float32, QuantDType::qint8, 0>(j, 0, a.cols, nullptr, nullptr, s, 0.0f, nullptr, 1.0f);
-    else
-      SpanT<DType::float32, QuantDType::quint8, 0>(j, 0, a.cols, nullptr, nullptr, s, a.offset[i * a.offset_pitch], nullptr, 1.0f);
-  }
+QuantizeRangeFn SelectQuantizeRange(DType dt, QuantDType q) {
+  return VisitFloatDType(dt, [q]<DType DT>() {
+    return VisitQuantDType(q, []<QuantDType Q>() -> QuantizeRangeFn { return &RangeM<DT, Q>; });
+  });
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE
@@ -223,14 +193,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
-HWY_EXPORT(QuantizeRange);
-HWY_EXPORT(TileRows);
-
-void cpu_tile_quant(const TileQuantArgs& a) {
-  const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
-  parallel_ranges(a.rows, grain, a.rows * a.cols * 5,
-                  [&](std::int64_t r0, std::int64_t r1) { HWY_DYNAMIC_DISPATCH(TileRows)(a, r0, r1); });
-}
+HWY_EXPORT(SelectQuantizeRange);
 
 void cpu_quantize(const QuantizeArgs& a) {
   const DType dt = a.dt;
@@ -279,11 +242,23 @@ void cpu_quantize(const QuantizeArgs& a) {
     if (has_zero_point) zero_point = expand([](const QuantizeParams& p) { return p.zero_point; });
     if (fd.ok) rscale = expand([](const QuantizeParams& p) { return 1.0f / p.scale; });
   }
-  const QJob j{dt, q, a.div_mode, a.x, a.y, &walk, params, scale, zero_point, stream, has_zero_point,
-               fd.ok, fd.x_max, rscale};
+  const QJob j{.dt = dt,
+               .q = q,
+               .div_mode = a.div_mode,
+               .x = a.x,
+               .y = a.y,
+               .walk = &walk,
+               .params = params,
+               .scale = scale,
+               .zero_point = zero_point,
+               .stream = stream,
+               .has_zero_point = has_zero_point,
+               .fast_div = fd.ok,
+               .x_max = fd.x_max,
+               .rscale = rscale};
+  const QuantizeRangeFn range = HWY_DYNAMIC_DISPATCH(SelectQuantizeRange)(dt, q);
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(dt) + 1);
-  parallel_ranges(n, std::int64_t{1} << 16, bytes,
-                  [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(QuantizeRange)(j, b0, b1); });
+  parallel_ranges(n, std::int64_t{1} << 16, bytes, [&](std::int64_t b0, std::int64_t b1) { range(j, b0, b1); });
 }
 
 }  // namespace xquant::detail

@@ -1,9 +1,13 @@
 // Per-target SIMD building blocks shared by the CPU kernels (re-included once per Highway target).
 //
+// Besides the arithmetic, the two pieces every kernel shares: VisitFloatDType (the one dtype dispatch)
+// and StagedTail (the one partial-vector tail).
+//
 // Highway 1.0.3 traps avoided here: its float16 conversions are wrong on the SSE4 / SSSE3 / scalar
 // targets and its bfloat16 demotion truncates, so the 16-bit conversions below are our own integer code
 // (bit-identical to src/core/half.cpp); min / max are never applied to values that may be NaN; no
-// MaskedLoad (it may read past the end off AVX-512): tails go through small stack buffers instead.
+// MaskedLoad (it may read past the end off AVX-512): tails go through small stack buffers instead
+// (StagedTail).
 #if defined(XQUANT_CPU_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef XQUANT_CPU_SIMD_INL_H_
 #undef XQUANT_CPU_SIMD_INL_H_
@@ -14,8 +18,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "hwy/highway.h"
+#include "core/check.hpp"
+#include "cpu/cpu.hpp"
 #include "xquant/dtype.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -206,6 +213,118 @@ HWY_INLINE void DriveSpanPairs(std::int64_t n, bool stream, const void* out, std
   }
   if (i < n) stage(i, n - i);
 }
+
+// ---- The one dtype dispatch ----
+// f.template operator()<DT>() for the float dtype dt (float32, float16, bfloat16: the dtypes the kernels
+// are instantiated for). Any other dtype is a bug in the caller (src/ops/ validates dtypes before any
+// kernel runs) and throws xquant::Error (ErrorCode::internal_error) instead of running the data as some
+// other dtype. It throws on the calling thread: the kernels use it to pick an instantiation before their
+// parallel region (an exception must not leave an OpenMP region), e.g.
+//   const RangeFn range = VisitFloatDType(dt, []<DType DT>() -> RangeFn { return &RangeT<DT>; });
+template <class F>
+HWY_INLINE decltype(auto) VisitFloatDType(DType dt, F&& f) {
+  switch (dt) {
+    case DType::float32: return f.template operator()<DType::float32>();
+    case DType::float16: return f.template operator()<DType::float16>();
+    case DType::bfloat16: return f.template operator()<DType::bfloat16>();
+    default: break;
+  }
+  fail_internal("cpu kernel",
+                "no kernel for dtype " + std::string(dtype_name(dt)) + " (expected float32, float16 or bfloat16)");
+}
+// The same for the quantized output types (qint8, quint8, qint32, quint4x2).
+template <class F>
+HWY_INLINE decltype(auto) VisitQuantDType(QuantDType q, F&& f) {
+  switch (q) {
+    case QuantDType::qint8: return f.template operator()<QuantDType::qint8>();
+    case QuantDType::quint8: return f.template operator()<QuantDType::quint8>();
+    case QuantDType::qint32: return f.template operator()<QuantDType::qint32>();
+    case QuantDType::quint4x2: return f.template operator()<QuantDType::quint4x2>();
+  }
+  fail_internal("cpu kernel", "no kernel for quantized type " + std::to_string(static_cast<int>(q)));
+}
+
+// ---- The one partial-vector tail ----
+// A span's last partial vector (and the head that aligns a streamed output) runs the very per-vector code
+// of the span's body, on copies in stack buffers: StagedTail copies the operands' elements in, calls the
+// body on the buffers and copies the results out. No masked loads or stores (see above), nothing read or
+// written outside the span.
+//
+// An operand's element k of the span (k counted from the span's start) is element offset + k of base.
+// es: bytes per element, 1, 2 or 4; 0 for quint4x2 words (element e in bits [4 (e % 8), 4 (e % 8) + 3]
+// of word e / 8), which the body sees as one sign-extended int8 lane per element.
+struct StageIn {
+  const void* base = nullptr;  // nullptr: a broadcast float parameter, `fill` in every lane
+  std::int64_t offset = 0;
+  std::size_t es = 4;
+  float fill = 0.0f;          // float operands: every lane when broadcast, else the lanes past the data
+  bool repeat_first = false;  // the lanes past the data repeat the first element (a min / max stays exact)
+
+  // A float parameter aligned with the span: the array, or (array == nullptr) `value` broadcast. Pad
+  // lanes of an array are 1.0f: a divisor that raises nothing.
+  static StageIn Param(const float* array, float value) {
+    return {.base = array, .fill = array != nullptr ? 1.0f : value};
+  }
+};
+struct StageOut {
+  void* base = nullptr;  // nullptr: computed, not copied out
+  std::int64_t offset = 0;
+  std::size_t es = 4;  // 0: quint4x2 words, packed from the body's int8 lanes (offset + i a multiple of 8)
+};
+
+// Runs body(in, out, k) (in: const void* const*, out: void* const*, one pointer per operand, in order)
+// for k = 0, N, 2 N, ... < count on buffers holding elements [i, i + count) of the operands (count <=
+// kLen; N = Lanes(DF)), then copies the outputs' count elements back. Input lanes past the data are 0
+// (or as StageIn says), so the body may read whole vectors. Not inlined: the tail stays out of the hot
+// loop's function, and bodies capture by value ([=]) so that no local of the hot loop has its address
+// taken (GCC would then keep it in memory, e.g. a min / max accumulator stored on every iteration).
+template <std::size_t kLen = kMaxLanes, std::size_t kIn, std::size_t kOut, class Body>
+HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (&in)[kIn],
+                             const StageOut (&out)[kOut], Body&& body) {
+  alignas(64) unsigned char ibuf[kIn][kLen * 4];
+  alignas(64) unsigned char obuf[kOut][kLen * 4];
+  const void* ip[kIn];
+  void* op[kOut];
+  const auto n = static_cast<std::size_t>(count);
+  for (std::size_t k = 0; k < kIn; ++k) {
+    const StageIn& s = in[k];
+    unsigned char* b = ibuf[k];
+    ip[k] = b;
+    if (s.base == nullptr) {
+      for (std::size_t m = 0; m < kLen; ++m) std::memcpy(b + 4 * m, &s.fill, 4);
+      continue;
+    }
+    const std::int64_t e = s.offset + i;  // the operand's first staged element
+    std::size_t es = s.es;
+    if (es == 0) {
+      unpack_int4_bytes(static_cast<const std::int32_t*>(s.base), e, count, reinterpret_cast<std::int8_t*>(b));
+      es = 1;
+    } else {
+      std::memcpy(b, static_cast<const unsigned char*>(s.base) + e * static_cast<std::int64_t>(es), n * es);
+    }
+    if (s.repeat_first) {
+      for (std::size_t m = n; m < kLen; ++m) std::memcpy(b + m * es, b, es);
+    } else if (es == 4) {
+      for (std::size_t m = n; m < kLen; ++m) std::memcpy(b + 4 * m, &s.fill, 4);
+    } else {
+      std::memset(b + n * es, 0, (kLen - n) * es);
+    }
+  }
+  for (std::size_t k = 0; k < kOut; ++k) op[k] = obuf[k];
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
+  for (std::int64_t k = 0; k < count; k += N) body(static_cast<const void* const*>(ip), static_cast<void* const*>(op), k);
+  for (std::size_t k = 0; k < kOut; ++k) {
+    const StageOut& s = out[k];
+    if (s.base == nullptr) continue;
+    const std::int64_t e = s.offset + i;
+    if (s.es == 0)
+      pack_int4_bytes(reinterpret_cast<const std::int8_t*>(obuf[k]), count, static_cast<std::int32_t*>(s.base) + e / 8);
+    else
+      std::memcpy(static_cast<unsigned char*>(s.base) + e * static_cast<std::int64_t>(s.es), obuf[k], n * s.es);
+  }
+}
+// The float lanes of a staged operand at k.
+HWY_INLINE const float* StagedF(const void* p) { return static_cast<const float*>(p); }
 
 // Rule 1: round half to even, keeping the sign of zero (rint(-0.25) == -0.0).
 HWY_INLINE VF RoundEven(VF v) {

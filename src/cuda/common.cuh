@@ -1,4 +1,5 @@
-// Shared by the CUDA translation units: error checks, scratch buffers, and the device-side loads,
+// Shared by the CUDA translation units (one per operator family, plus runtime.cu): error checks, the
+// launch helpers (stream, grid, parameter uploads), the canonical-sum geometry, and the device-side loads,
 // stores and saturating conversions (bit for bit those of core/numeric.hpp and core/half.cpp).
 #pragma once
 #include <cuda_runtime.h>
@@ -8,6 +9,8 @@
 
 #include "core/convert.hpp"
 #include "core/hd.hpp"
+#include "core/kernels.hpp"
+#include "xquant/device.hpp"
 #include "xquant/dtype.hpp"
 
 namespace xquant::detail::cuda {
@@ -15,7 +18,47 @@ namespace xquant::detail::cuda {
 // Throws xquant::Error (out_of_memory for cudaErrorMemoryAllocation, else device_error) naming `what`.
 void check(cudaError_t e, const std::string& what);
 
-inline cudaStream_t current_stream_of(void* s) { return static_cast<cudaStream_t>(s); }
+// Threads per block of the elementwise kernels.
+constexpr int kBlock = 256;
+// Canonical blocked sums (core/numeric.hpp, rule 5): chunks of kChunk terms, kLanes double lanes each.
+constexpr int kChunk = 1024;
+constexpr int kLanes = 16;
+
+// The stream kernels are queued on: the calling thread's xquant::CudaStreamGuard (default stream: null).
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_cuda_stream()); }
+
+// Throws (as check) when the last kernel launch failed.
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), std::string("launching ") + kernel); }
+
+// A stream-ordered device copy of a small host array (per-channel parameters, group ends), freed
+// stream-ordered after the kernels queued before the destructor.
+template <typename T>
+class Upload {
+ public:
+  Upload(const T* host, std::int64_t n, const char* what) {
+    if (host == nullptr || n <= 0) return;
+    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
+    check(cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes, stream()), std::string("cudaMallocAsync (") + what + ")");
+    const cudaError_t e = cudaMemcpyAsync(p_, host, bytes, cudaMemcpyHostToDevice, stream());
+    if (e != cudaSuccess) {
+      (void)cudaFreeAsync(p_, stream());
+      p_ = nullptr;
+      check(e, std::string("cudaMemcpyAsync (") + what + ")");
+    }
+  }
+  ~Upload() {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream());
+  }
+  Upload(const Upload&) = delete;
+  Upload& operator=(const Upload&) = delete;
+  const T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+};
+
+// ChannelLayout::channel_of (host constexpr) for device code.
+__device__ inline std::int64_t chan(const ChannelLayout& l, std::int64_t i) { return (i / l.inner) % l.channels; }
 
 // float16 / bfloat16 conversions and the dtype-dispatched loads / stores are core/convert.hpp's
 // hd_* functions: the very code the host runs.

@@ -1,4 +1,5 @@
-// CUDA backend runtime glue: lazy availability probe, stream-ordered memory, copies, errors.
+// CUDA backend runtime glue: lazy availability probe, stream-ordered memory, copies, errors, and the
+// kernel table (the kernels live in one .cu file per operator family).
 #include <cuda_runtime.h>
 
 #include <mutex>
@@ -71,6 +72,21 @@ void to_device(int index, void* dst, const void* src, std::size_t bytes, void* s
   set_device(index);
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
         "cudaMemcpyAsync (host to device)");
+}
+
+const KernelTable& kernels() {
+  static const KernelTable table{
+      .name = "cuda",
+      .fake_quant = fake_quant,
+      .fake_quant_backward = fake_quant_backward,
+      .quantize = quantize,
+      .tile_quant = tile_quant,
+      .dynamic_quant = dynamic_quant,
+      .acts_ulq = acts_ulq,
+      .acts_ulq_backward = acts_ulq_backward,
+      .anti_quant = anti_quant,
+  };
+  return table;
 }
 
 }  // namespace xquant::detail::cuda

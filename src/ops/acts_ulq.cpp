@@ -217,8 +217,7 @@ void acts_ulq_out(TensorView y, TensorView clamp_min_mask, TensorView clamp_max_
       kOp, {{"x", x.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device}, {"y", y.device},
             {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
             {"x_clamped_loss", x_clamped_loss.device}});
-  const auto kernel = detail::require_kernel(kOp, "x", dev, detail::kernels_for(kOp, "x", dev),
-                                             &detail::KernelTable::acts_ulq);
+  const auto kernel = detail::kernels_for(kOp, "x", dev).acts_ulq;
   const Shape out = validate_forward_inputs(x, clamp_min, clamp_max, num_bits);
   check_output(kOp, "y", y, x.dtype, out, kBroadcastWhat);
   check_output(kOp, "clamp_min_mask", clamp_min_mask, x.dtype, out, kBroadcastWhat);
@@ -250,7 +249,7 @@ ActsUlqResult acts_ulq(ConstTensorView x, ConstTensorView clamp_min, ConstTensor
   const Shape out = validate_forward_inputs(x, clamp_min, clamp_max, num_bits);
   const Device dev = detail::common_device(
       kOp, {{"x", x.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device}});
-  detail::require_kernel(kOp, "x", dev, detail::kernels_for(kOp, "x", dev), &detail::KernelTable::acts_ulq);
+  (void)detail::kernels_for(kOp, "x", dev);  // fails here, before allocating, if the device cannot run it
   ActsUlqResult r{Tensor(x.dtype, out, dev), Tensor(x.dtype, out, dev), Tensor(x.dtype, out, dev),
                   Tensor(x.dtype, out, dev)};
   acts_ulq_out(r.y, r.clamp_min_mask, r.clamp_max_mask, r.x_clamped_loss, x, clamp_min, clamp_max, fixed_min,
@@ -267,8 +266,7 @@ void acts_ulq_backward_out(TensorView x_grad, TensorView clamp_min_grad, TensorV
                     {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
                     {"x_clamped_loss", x_clamped_loss.device}, {"x_grad", x_grad.device},
                     {"clamp_min_grad", clamp_min_grad.device}, {"clamp_max_grad", clamp_max_grad.device}});
-  const auto kernel = detail::require_kernel(kOpBackward, "y_grad", dev, detail::kernels_for(kOpBackward, "y_grad", dev),
-                                             &detail::KernelTable::acts_ulq_backward);
+  const auto kernel = detail::kernels_for(kOpBackward, "y_grad", dev).acts_ulq_backward;
   // x_grad's view carries x's shape, so it is checked as a view before the shapes are broadcast.
   check_view(kOpBackward, "x_grad", x_grad);
   const Shape out = validate_backward_inputs("x_grad", x_grad.shape, y_grad, clamp_min, clamp_max, clamp_min_mask,
@@ -318,8 +316,7 @@ ActsUlqGrads acts_ulq_backward(ConstTensorView y_grad, const Shape& x_shape, Con
       kOpBackward, {{"y_grad", y_grad.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device},
                     {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
                     {"x_clamped_loss", x_clamped_loss.device}});
-  detail::require_kernel(kOpBackward, "y_grad", dev, detail::kernels_for(kOpBackward, "y_grad", dev),
-                         &detail::KernelTable::acts_ulq_backward);
+  (void)detail::kernels_for(kOpBackward, "y_grad", dev);  // fails here, before allocating, if the device cannot run it
   ActsUlqGrads g{Tensor(dt, x_shape, dev), Tensor(dt, clamp_min.shape, dev), Tensor(dt, clamp_max.shape, dev)};
   acts_ulq_backward_out(g.x_grad, g.clamp_min_grad, g.clamp_max_grad, y_grad, clamp_min, clamp_max, clamp_min_mask,
                         clamp_max_mask, x_clamped_loss, fixed_min, num_bits);

@@ -93,8 +93,7 @@ void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, st
                     QuantDType src_dtype) {
   const Device dev = detail::common_device(kOp, {{"x", x.device}, {"scale", scale.device},
                                                  {"offset", offset ? offset->device : x.device}, {"out", out.device}});
-  const auto kernel = detail::require_kernel(kOp, "x", dev, detail::kernels_for(kOp, "x", dev),
-                                             &detail::KernelTable::anti_quant);
+  const auto kernel = detail::kernels_for(kOp, "x", dev).anti_quant;
   const Plan p = validate_inputs(x, scale, offset, src_dtype);
   detail::check_view(kOp, "out", out);
   check_dst("out", out.dtype, true);

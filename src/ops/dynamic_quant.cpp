@@ -200,7 +200,7 @@ Device call_device(std::string_view op, const ConstTensorView& x, const std::opt
 }
 
 detail::DynamicQuantFn kernel_of(std::string_view op, Device dev) {
-  return detail::require_kernel(op, "x", dev, detail::kernels_for(op, "x", dev), &detail::KernelTable::dynamic_quant);
+  return detail::kernels_for(op, "x", dev).dynamic_quant;
 }
 
 void run(detail::DynamicQuantFn kernel, const Plan& p, const TensorView& y, const TensorView& scale, const TensorView* offset, const ConstTensorView& x,

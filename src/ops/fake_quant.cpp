@@ -80,15 +80,14 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
 // Allocating forms: inputs and amax on one device, which can run the forward kernel.
 void check_devices(const char* op, const ConstTensorView& inputs, const ConstTensorView& amax) {
   const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}});
-  detail::require_kernel(op, "inputs", dev, detail::kernels_for(op, "inputs", dev), &detail::KernelTable::fake_quant);
+  (void)detail::kernels_for(op, "inputs", dev);  // fails here, before allocating, if the device cannot run it
 }
 
 // out_name: "out", or "inputs" for the in-place form (whose output is its input).
 void run_forward(const char* op, const char* out_name, TensorView out, const ConstTensorView& inputs,
                  const ConstTensorView& amax, std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
   const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}, {out_name, out.device}});
-  const auto kernel = detail::require_kernel(op, "inputs", dev, detail::kernels_for(op, "inputs", dev),
-                                             &detail::KernelTable::fake_quant);
+  const auto kernel = detail::kernels_for(op, "inputs", dev).fake_quant;
   FakeQuantProblem pb = plan(op, inputs, amax, axis, o);
   detail::check_output(op, out_name, out, inputs.dtype, inputs.shape, "the shape of inputs");
   detail::check_same_or_disjoint(op, out_name, out.data, out.nbytes(), "inputs", inputs.data, inputs.nbytes());
@@ -145,7 +144,7 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
                                                 {"grad_amax", grad_amax ? grad_amax->device : inputs.device}});
   // Before anything else: the CUDA backend has no backward kernel yet (nothing is read or written).
   const detail::KernelTable& kt = detail::kernels_for(op, "inputs", dev);
-  const auto backward = detail::require_kernel(op, "inputs", dev, kt, &detail::KernelTable::fake_quant_backward);
+  const auto backward = kt.fake_quant_backward;
   FakeQuantProblem pb = plan(op, inputs, amax, axis, options);
   detail::check_view(op, "grad_out", grad_out);
   detail::check_dtype(op, "grad_out", grad_out.dtype, inputs.dtype);
@@ -202,9 +201,8 @@ FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorV
                                           bool want_grad_amax) {
   const Device dev = detail::common_device("fake_tensor_quant_backward",
                                           {{"inputs", inputs.device}, {"amax", amax.device}, {"grad_out", grad_out.device}});
-  detail::require_kernel("fake_tensor_quant_backward", "inputs", dev,
-                         detail::kernels_for("fake_tensor_quant_backward", "inputs", dev),
-                         &detail::KernelTable::fake_quant_backward);
+  // fails here, before allocating, if the device cannot run it
+  (void)detail::kernels_for("fake_tensor_quant_backward", "inputs", dev);
   plan("fake_tensor_quant_backward", inputs, amax, axis, options);
   FakeQuantGrads g;
   g.grad_inputs = Tensor(inputs.dtype, inputs.shape, inputs.device);

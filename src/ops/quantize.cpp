@@ -150,8 +150,7 @@ Device call_device(Device out, const ConstTensorView& input, const ConstTensorVi
 
 void run(Device dev, const Plan& plan, void* out, const ConstTensorView& input, const ConstTensorView& scales_v,
          const std::optional<ConstTensorView>& zero_points_v, QuantDType dtype, bool div_mode) {
-  const auto kernel = detail::require_kernel(kOp, "input", dev, detail::kernels_for(kOp, "input", dev),
-                                             &detail::KernelTable::quantize);
+  const auto kernel = detail::kernels_for(kOp, "input", dev).quantize;
   if (input.numel() == 0) return;
   // Parameters are read on the host (CUDA scales / zero points are copied).
   const detail::HostCopy scales_host(scales_v);
@@ -217,7 +216,7 @@ Tensor quantize(ConstTensorView input, ConstTensorView scales, std::optional<Con
                 QuantDType dtype, std::int64_t axis, bool div_mode) {
   const Device dev = call_device(input.device, input, scales, zero_points);
   const Plan plan = make_plan(input, scales, zero_points, dtype, axis, div_mode);
-  detail::require_kernel(kOp, "input", dev, detail::kernels_for(kOp, "input", dev), &detail::KernelTable::quantize);
+  (void)detail::kernels_for(kOp, "input", dev);  // fails here, before allocating, if the device cannot run it
   Tensor out(storage_dtype(dtype), plan.out_shape, dev);
   run(dev, plan, out.data(), input, scales, zero_points, dtype, div_mode);
   return out;

@@ -99,8 +99,7 @@ void tile_quant(TileView out, ConstTileView src, ConstTileView scale, QuantMode 
                 std::optional<ConstTileView> offset) {
   const Device dev = detail::common_device(kOp, {{"src", src.device}, {"scale", scale.device},
                                                  {"offset", offset ? offset->device : src.device}, {"out", out.device}});
-  const auto kernel = detail::require_kernel(kOp, "src", dev, detail::kernels_for(kOp, "src", dev),
-                                             &detail::KernelTable::tile_quant);
+  const auto kernel = detail::kernels_for(kOp, "src", dev).tile_quant;
   check_inputs(src, scale, mode, offset);
   const ConstTileView cout = out;
   check_tile("out", cout, mode == QuantMode::SYM ? DType::int8 : DType::uint8,

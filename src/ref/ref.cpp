@@ -5,7 +5,15 @@ namespace xquant::detail::ref {
 
 const KernelTable& kernels() {
   static const KernelTable table{
-      "reference", fake_quant, fake_quant_backward, quantize, tile_quant, dynamic_quant, acts_ulq, acts_ulq_backward, anti_quant,
+      .name = "reference",
+      .fake_quant = fake_quant,
+      .fake_quant_backward = fake_quant_backward,
+      .quantize = quantize,
+      .tile_quant = tile_quant,
+      .dynamic_quant = dynamic_quant,
+      .acts_ulq = acts_ulq,
+      .acts_ulq_backward = acts_ulq_backward,
+      .anti_quant = anti_quant,
   };
   return table;
 }
