@@ -20,6 +20,8 @@ const KernelTable& cpu_kernels() {
       cpu_acts_ulq,
       cpu_acts_ulq_backward,
       cpu_anti_quant,
+      cpu_quant_matmul,
+      cpu_weight_quant_matmul,
   };
   return table;
 }

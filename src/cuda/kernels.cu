@@ -11,6 +11,7 @@
 #include "core/kernels.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cuda.hpp"
+#include "cuda/matmul.hpp"
 #include "xquant/device.hpp"
 
 namespace xquant::detail::cuda {
@@ -611,6 +612,8 @@ const KernelTable& kernels() {
       acts_ulq,
       acts_ulq_backward,
       anti_quant,
+      quant_matmul,
+      weight_quant_matmul,
   };
   return table;
 }
