@@ -696,8 +696,8 @@ TEST(WeightQuantBatchMatmul, RandomAgainstGolden) {
 
 TEST(WeightQuantBatchMatmul, HandValuesRoundingAndNaN) {
   // dequantization rounds to x's dtype twice: q = 1, offset = 2^-11 (float16: 1 + 2^-11 is a tie -> 1),
-  // scale 3: w = 3 (with one float32 rounding at the end it would be 3.00146484 -> float16 3.0 too,
-  // but (1 + 2^-10 + 2^-11)... keep the exact values in the golden).
+  // scale 3: w = 3. One rounding at the end instead would give (1 + 2^-11) * 3 = 3.00146484 -> float16
+  // 3.00195312, and the sum of 8 products 24.015625 instead of 24.
   Wqm q;
   q.lead = {1}, q.K = 8, q.N = 8;
   q.x.assign(8, 1.0f);
