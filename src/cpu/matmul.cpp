@@ -6,6 +6,8 @@
 // into [N][K]); a tile of 2 rows x 4 columns then takes its dot products with int16 multiply-adds
 // (pmaddwd: ReorderWidenMulAccumulate), and each element's epilogue is params/matmul.hpp's scalar
 // quant_matmul_finish, the reference's own code. Tiles of 64 x 64 outputs are spread over threads.
+// (The x86 vector adds wrap modulo 2^32; Highway's scalar fallback target adds in C++ int, which can only
+// overflow beyond K = 131071 with extreme values, far above the NPU's K limit of 65535.)
 //
 // weight_quant_batchmatmul: the float32 sum runs over k in increasing order per output element, as in
 // the reference; vectors run across n (lane j holds column n + j), so each lane performs exactly the
