@@ -375,6 +375,33 @@ TEST(QuantMatmul, HandValues) {
   t2.check("ties");
 }
 
+TEST(QuantMatmul, ScaleForms) {
+  // x1 [1, 2] = [1, 2]; x2 [2, 3]: columns give acc = 3, 5, -7
+  Tensor x1 = make_typed<std::int8_t>(DType::int8, {1, 2}, {1, 2});
+  Tensor x2 = make_typed<std::int8_t>(DType::int8, {2, 3}, {1, 1, -1, 1, 2, -3});
+  BackendGuard g;
+  for (Backend be : kBackends) {
+    xquant::set_backend(be);
+    // 2-D [1, N] float32 scale, float16 out: 3 * 0.5, 5 * 0.25, -7 * 2
+    Tensor s2 = make_float(DType::float32, {1, 3}, {0.5f, 0.25f, 2.f});
+    Tensor r = xquant::quant_matmul(x1, x2, s2, {}, DType::float16);
+    EXPECT_EQ(to_floats(r), (std::vector<float>{1.5f, 1.25f, -14.f}));
+    // int64 words holding only the float32 bits (no flag, no offset: how vllm-ascend's w8a8 builds
+    // deq_scale), 1-D [N]: the low 32 bits are the scale, the offset field is 0 (added: -0 -> +0)
+    std::vector<std::int64_t> raw;
+    for (float f : {0.5f, -0.25f, 0.0f}) raw.push_back(static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(f)));
+    Tensor s64 = make_typed<std::int64_t>(DType::int64, {3}, raw);
+    Tensor r64 = xquant::quant_matmul(x1, x2, s64, {}, DType::float16);
+    EXPECT_EQ(to_vector<std::uint16_t>(r64), (std::vector<std::uint16_t>{xquant::float_to_half(1.5f),
+                                                                         xquant::float_to_half(-1.25f), 0x0000}));
+    // [1, 1] int64 with an offset from trans_quant_param, int8 out: rint(acc * 0.5 + 3)
+    Tensor s11 = xquant::trans_quant_param(make_float(DType::float32, {1, 1}, {0.5f}),
+                                           make_float(DType::float32, {1, 1}, {3.f}).view());
+    Tensor r8 = xquant::quant_matmul(x1, x2, s11);
+    EXPECT_EQ(to_vector<std::int8_t>(r8), (std::vector<std::int8_t>{4, 6, 0}));  // 4.5 -> 4, 5.5 -> 6, -0.5 -> -0
+  }
+}
+
 TEST(QuantMatmul, SaturationNaNInfAndLargeAccumulators) {
   Qmm q;
   q.M = 2, q.K = 16, q.N = 5;
