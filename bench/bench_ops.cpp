@@ -358,6 +358,117 @@ int run_ratios(const char* json_path, const char* filter) {
 
 }  // namespace
 
+// ---- quantized matmuls (docs/semantics.md section 9): xquant against a naive loop ----
+// Args: {M, K, N}. Decode M = 1..16, prefill M = 2048; K = N = 4096 (a Llama-7B projection).
+namespace mm {
+
+xq::Tensor random_int8(xq::Shape shape, int lo = -128, int span = 256) {
+  xq::Tensor t(xq::DType::int8, shape);
+  std::mt19937 rng(7);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::int8_t>()[i] = static_cast<std::int8_t>(lo + static_cast<int>(rng() % span));
+  return t;
+}
+
+// W8A8: x1 int8 [M, K], weight int8 stored [N, K] (transpose_x2, as vllm-ascend passes it), per-channel
+// float32 scale, per-token scale, bfloat16 output.
+void BM_quant_matmul(benchmark::State& st) {
+  const std::int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  xq::Tensor x1 = random_int8({M, K}), w = random_int8({N, K});
+  xq::Tensor s = random_tensor(xq::DType::float32, {N}, 0.01f), p = random_tensor(xq::DType::float32, {M}, 0.1f);
+  xq::Tensor out(xq::DType::bfloat16, {M, N});
+  xq::QuantMatmulOptions o;
+  o.transpose_x2 = true;
+  o.pertoken_scale = p.view();
+  for (auto _ : st) {
+    xq::quant_matmul_out(out, x1, w, s, o);
+    benchmark::ClobberMemory();
+  }
+  st.counters["GOPS"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()),
+                                           benchmark::Counter::kIsRate);
+}
+
+// The same problem as a plain scalar loop: int32 dot products, then the epilogue (the baseline a
+// user would write without a GEMM library).
+void BM_quant_matmul_naive(benchmark::State& st) {
+  const std::int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  xq::Tensor x1 = random_int8({M, K}), w = random_int8({N, K});
+  xq::Tensor s = random_tensor(xq::DType::float32, {N}, 0.01f), p = random_tensor(xq::DType::float32, {M}, 0.1f);
+  xq::Tensor out(xq::DType::bfloat16, {M, N});
+  const auto* a = x1.data<std::int8_t>();
+  const auto* b = w.data<std::int8_t>();
+  for (auto _ : st) {
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        std::int32_t acc = 0;
+        for (std::int64_t k = 0; k < K; ++k) acc += a[m * K + k] * b[n * K + k];
+        out.data<std::uint16_t>()[m * N + n] =
+            xq::float_to_bfloat16(static_cast<float>(acc) * s.data<float>()[n] * p.data<float>()[m]);
+      }
+    benchmark::ClobberMemory();
+  }
+  st.counters["GOPS"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()),
+                                           benchmark::Counter::kIsRate);
+}
+
+// W8A16 / W4A16: x float16 [M, K], weight int8 [K, N] or int4 [K, N / 8], per-channel scale and offset.
+void BM_weight_quant_matmul(benchmark::State& st) {
+  const std::int64_t M = st.range(0), K = st.range(1), N = st.range(2), int4 = st.range(3);
+  xq::Tensor x = random_tensor(xq::DType::float16, {M, K}, 1.f);
+  xq::Tensor w8 = random_int8({K, N}, int4 ? -8 : -128, int4 ? 16 : 256);
+  xq::Tensor w4;
+  if (int4) {
+    xq::Tensor wi(xq::DType::int32, {K, N});
+    for (std::int64_t i = 0; i < wi.numel(); ++i) wi.data<std::int32_t>()[i] = w8.data<std::int8_t>()[i];
+    w4 = xq::convert_weight_to_int4pack(wi);
+  }
+  const xq::ConstTensorView w = int4 ? xq::ConstTensorView(w4) : xq::ConstTensorView(w8);
+  xq::Tensor s = random_tensor(xq::DType::float16, {N}, 0.01f), o = random_tensor(xq::DType::float16, {N}, 4.f);
+  xq::Tensor out(xq::DType::float16, {M, N});
+  xq::WeightQuantMatmulOptions opt;
+  opt.antiquant_offset = o.view();
+  for (auto _ : st) {
+    xq::weight_quant_batchmatmul_out(out, x, w, s, opt);
+    benchmark::ClobberMemory();
+  }
+  st.counters["GFLOPS"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()),
+                                             benchmark::Counter::kIsRate);
+}
+
+// The same as a naive loop: dequantize the weight to float, then a float32 triple loop.
+void BM_weight_quant_matmul_naive(benchmark::State& st) {
+  const std::int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  xq::Tensor x = random_tensor(xq::DType::float16, {M, K}, 1.f);
+  xq::Tensor w = random_int8({K, N});
+  xq::Tensor s = random_tensor(xq::DType::float32, {N}, 0.01f), o = random_tensor(xq::DType::float32, {N}, 4.f);
+  xq::Tensor out(xq::DType::float16, {M, N});
+  std::vector<float> wf(static_cast<std::size_t>(K * N)), xf(static_cast<std::size_t>(M * K)), acc(static_cast<std::size_t>(N));
+  for (auto _ : st) {
+    for (std::int64_t i = 0; i < K * N; ++i)
+      wf[i] = (static_cast<float>(w.data<std::int8_t>()[i]) + o.data<float>()[i % N]) * s.data<float>()[i % N];
+    for (std::int64_t i = 0; i < M * K; ++i) xf[i] = xq::half_to_float(x.data<std::uint16_t>()[i]);
+    for (std::int64_t m = 0; m < M; ++m) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (std::int64_t k = 0; k < K; ++k)
+        for (std::int64_t n = 0; n < N; ++n) acc[n] += xf[m * K + k] * wf[k * N + n];
+      for (std::int64_t n = 0; n < N; ++n) out.data<std::uint16_t>()[m * N + n] = xq::float_to_half(acc[n]);
+    }
+    benchmark::ClobberMemory();
+  }
+  st.counters["GFLOPS"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()),
+                                             benchmark::Counter::kIsRate);
+}
+
+}  // namespace mm
+
+BENCHMARK(mm::BM_quant_matmul)->Args({1, 4096, 4096})->Args({16, 4096, 4096})->Args({2048, 4096, 4096})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(mm::BM_quant_matmul_naive)->Args({1, 4096, 4096})->Args({16, 4096, 4096})->Args({256, 4096, 4096})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(mm::BM_weight_quant_matmul)->Args({1, 4096, 4096, 0})->Args({16, 4096, 4096, 0})->Args({1, 4096, 4096, 1})
+    ->Args({16, 4096, 4096, 1})->Args({2048, 4096, 4096, 0})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(mm::BM_weight_quant_matmul_naive)->Args({1, 4096, 4096})->Args({16, 4096, 4096})->Args({256, 4096, 4096})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+
 int main(int argc, char** argv) {
   // bench_ops --ratios [FILE.json] [--filter SUBSTRING]: the interleaved operator / memcpy table
   // (docs/performance.md), optionally only the cases whose name contains SUBSTRING.

@@ -807,3 +807,97 @@ TEST(CpuKernels, ActsUlqDeclinesLayoutsWithoutSimdWalk) {
 }
 
 }  // namespace
+
+// ---- quantized matmuls (docs/semantics.md section 9) ----
+namespace {
+
+// Random int8 bytes (or int4 words) of `shape` placed at an odd offset.
+Placed random_q(DType dt, const Shape& shape, std::mt19937& rng) {
+  Placed p(dt, shape, 1);
+  for (std::size_t b = 0; b < p.view.nbytes(); ++b) static_cast<std::uint8_t*>(p.view.data)[b] = static_cast<std::uint8_t>(rng());
+  return p;
+}
+
+// Sizes around the cpu kernel's 2 x 4 register blocks, 64 x 64 tiles, 64-column panels and every vector
+// width (int16 lanes: 8 / 16 / 32), with extreme values (-128 * -128 products, int32 wrap-around of the
+// bias) and edge scales (NaN, +-Inf, subnormal, huge).
+TEST(CpuEquivalence, QuantMatmul) {
+  const auto edges = edge_values();
+  std::mt19937 rng(2024);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  struct Sz { std::int64_t M, K, N; };
+  for (bool int4 : {false, true})
+    for (bool transpose : {false, true})
+      for (Sz z : {Sz{1, 8, 8}, Sz{2, 16, 8}, Sz{3, 24, 40}, Sz{5, 32, 64}, Sz{1, 40, 72}, Sz{66, 72, 136}, Sz{7, 264, 16},
+                   Sz{130, 8, 65 * 8}})
+        for (DType out_dt : {DType::int8, DType::float16, DType::bfloat16, DType::int32}) {
+          if (!int4 && z.K == 8 && z.N == 8) z.K = 17, z.N = 5;  // odd int8 sizes
+          const DType qdt = int4 ? DType::int32 : DType::int8;
+          const std::int64_t d = int4 ? 8 : 1;
+          Placed x1 = random_q(qdt, {z.M, z.K / d}, rng);
+          Placed x2 = random_q(qdt, transpose ? Shape{z.N, z.K / d} : Shape{z.K, z.N / d}, rng);
+          std::vector<float> sv(static_cast<std::size_t>(z.N)), pv(static_cast<std::size_t>(z.M)), bv(sv.size());
+          for (auto& s : sv) s = rng() % 9 == 0 ? edges[rng() % edges.size()] : 0.01f * u(rng);
+          for (auto& p : pv) p = 1.f + u(rng);
+          for (auto& b : bv) b = 7.f * u(rng);
+          Tensor s = make_float(DType::float32, {z.N}, sv), p = make_float(DType::float32, {z.M}, pv);
+          Tensor bf = make_float(DType::bfloat16, {z.N}, bv);
+          std::vector<std::int32_t> bi(static_cast<std::size_t>(z.N));
+          for (auto& b : bi) b = static_cast<std::int32_t>(rng());
+          Tensor bint = make_typed<std::int32_t>(DType::int32, {z.N}, bi);
+          for (int opt = 0; opt < 3; ++opt) {
+            xquant::QuantMatmulOptions o;
+            o.transpose_x2 = transpose;
+            const bool float_out = out_dt == DType::float16 || out_dt == DType::bfloat16;
+            if (opt >= 1) o.bias = float_out && opt == 2 ? bf.view() : bint.view();
+            if (opt == 2 && out_dt != DType::int32) o.pertoken_scale = p.view();
+            if (opt == 1 && out_dt == DType::int8) o.offset = s.view();  // any float32 [N] will do
+            check_equivalent([&](std::vector<TensorView>& out) { xquant::quant_matmul_out(out[0], x1.view, x2.view, s, o); },
+                             {{out_dt, {z.M, z.N}}},
+                             "quant_matmul int4 " + std::to_string(int4) + " transpose " + std::to_string(transpose) + " [" +
+                                 std::to_string(z.M) + ", " + std::to_string(z.K) + ", " + std::to_string(z.N) + "] opt " +
+                                 std::to_string(opt) + " -> " + std::string(xquant::dtype_name(out_dt)));
+          }
+        }
+}
+
+TEST(CpuEquivalence, WeightQuantBatchMatmul) {
+  const auto edges = edge_values();
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  struct Sz { std::int64_t M, K, N; };
+  for (DType dt : {DType::float16, DType::bfloat16})
+    for (bool int4 : {false, true})
+      for (bool transpose : {false, true})
+        for (Sz z : {Sz{1, 8, 8}, Sz{3, 72, 24}, Sz{5, 96, 64}, Sz{6, 40, 72}, Sz{9, 128, 136}, Sz{1, 264, 200}})
+          for (int kind : {0, 1, 2}) {  // per tensor, per channel, per group
+            if (kind == 2 && z.K < 64) continue;
+            const std::int64_t d = int4 ? 8 : 1;
+            const DType qdt = int4 ? DType::int32 : DType::int8;
+            Placed w = random_q(qdt, transpose ? Shape{z.N, z.K / d} : Shape{z.K, z.N / d}, rng);
+            std::vector<float> xv(static_cast<std::size_t>(z.M * z.K));
+            for (auto& v : xv) v = rng() % 13 == 0 ? edges[rng() % edges.size()] : 4.f * u(rng);
+            Placed x = placed_floats(dt, {z.M, z.K}, xv, 1);
+            const std::int64_t gs = kind == 2 ? 32 : 0, G = kind == 2 ? (z.K + 31) / 32 : 1;
+            const Shape ps = kind == 0 ? Shape{1} : kind == 1 ? Shape{z.N} : Shape{G, z.N};
+            std::vector<float> sv(static_cast<std::size_t>(xquant::shape_numel(ps))), ov(sv.size()), bv(static_cast<std::size_t>(z.N));
+            for (auto& s : sv) s = rng() % 11 == 0 ? edges[rng() % edges.size()] : 0.02f * u(rng);
+            for (auto& o : ov) o = 9.f * u(rng);
+            for (auto& b : bv) b = u(rng);
+            Tensor s = make_float(dt, ps, sv), o = make_float(dt, ps, ov), b = make_float(DType::float32, {z.N}, bv);
+            for (int opt = 0; opt < 2; ++opt) {
+              xquant::WeightQuantMatmulOptions op;
+              op.transpose_weight = transpose;
+              op.antiquant_group_size = gs;
+              if (opt == 1) op.antiquant_offset = o.view(), op.bias = b.view();
+              check_equivalent([&](std::vector<TensorView>& out) { xquant::weight_quant_batchmatmul_out(out[0], x.view, w.view, s, op); },
+                               {{dt, {z.M, z.N}}},
+                               "weight_quant_batchmatmul " + std::string(xquant::dtype_name(dt)) + " int4 " + std::to_string(int4) +
+                                   " transpose " + std::to_string(transpose) + " [" + std::to_string(z.M) + ", " +
+                                   std::to_string(z.K) + ", " + std::to_string(z.N) + "] kind " + std::to_string(kind) +
+                                   " opt " + std::to_string(opt));
+            }
+          }
+}
+
+}  // namespace

@@ -121,6 +121,8 @@ TEST(CudaTable, Complete) {
   EXPECT_NE(t.acts_ulq, nullptr);
   EXPECT_NE(t.acts_ulq_backward, nullptr);
   EXPECT_NE(t.anti_quant, nullptr);
+  EXPECT_NE(t.quant_matmul, nullptr);
+  EXPECT_NE(t.weight_quant_matmul, nullptr);
 }
 
 TEST_F(CudaEquivalence, FakeQuantForward) {
@@ -527,6 +529,112 @@ TEST(CudaErrors, CpuPathUnaffected) {
   EXPECT_EQ(to_floats(y), (std::vector<float>{0.0f, 2.0f, -2.0f}));
   EXPECT_TRUE(xquant::cuda_built());
   EXPECT_EQ(xquant::device_str(Device::cuda(2)), "cuda:2");
+}
+
+}  // namespace
+
+// ---- quantized matmuls (docs/semantics.md section 9) ----
+namespace {
+
+Tensor random_bytes(DType dt, const Shape& shape, std::uint32_t seed) {
+  Tensor t(dt, shape);
+  std::mt19937 rng(seed);
+  for (std::size_t i = 0; i < t.nbytes(); ++i) static_cast<unsigned char*>(t.data())[i] = static_cast<unsigned char>(rng());
+  return t;
+}
+
+TEST_F(CudaEquivalence, QuantMatmul) {
+  REQUIRE_CUDA();
+  struct Sz { std::int64_t M, K, N; };
+  for (bool int4 : {false, true})
+    for (bool transpose : {false, true})
+      for (Sz z : {Sz{1, 8, 8}, Sz{3, 40, 72}, Sz{70, 264, 136}, Sz{0, 8, 8}, Sz{2, 0, 8}})
+        for (DType out_dt : {DType::int8, DType::float16, DType::bfloat16, DType::int32})
+          for (int opt = 0; opt < 3; ++opt) {
+            const std::int64_t d = int4 ? 8 : 1;
+            const DType qdt = int4 ? DType::int32 : DType::int8;
+            const auto seed = static_cast<std::uint32_t>(z.M * 31 + z.K * 7 + z.N + opt);
+            Tensor x1 = random_bytes(qdt, {z.M, z.K / d}, seed);
+            Tensor x2 = random_bytes(qdt, transpose ? Shape{z.N, z.K / d} : Shape{z.K, z.N / d}, seed + 1);
+            const std::vector<float> sv = edge_values(z.N, seed + 2, 0.01f), pv = edge_values(z.M, seed + 3, 2.f);
+            Tensor s = make_float(DType::float32, {z.N}, sv), p = make_float(DType::float32, {z.M}, pv);
+            Tensor bf = make_float(DType::bfloat16, {z.N}, edge_values(z.N, seed + 4, 9.f));
+            Tensor bi = random_bytes(DType::int32, {z.N}, seed + 5);
+            Tensor s64 = xquant::trans_quant_param(make_float(DType::float32, {1}, {0.03125f}),
+                                                   make_float(DType::float32, {1}, {-3.f}).view());
+            const bool float_out = out_dt == DType::float16 || out_dt == DType::bfloat16;
+            DevTensor d1 = to_device(x1, 1), d2 = to_device(x2, 3), ds = to_device(s), dp = to_device(p),
+                      dbf = to_device(bf), dbi = to_device(bi), ds64 = to_device(s64);
+            xquant::QuantMatmulOptions h, g;
+            h.transpose_x2 = g.transpose_x2 = transpose;
+            if (opt >= 1) {
+              h.bias = float_out && opt == 2 ? bf.view() : bi.view();
+              g.bias = float_out && opt == 2 ? ConstTensorView(dbf.view()) : ConstTensorView(dbi.view());
+            }
+            if (opt == 2 && out_dt != DType::int32) h.pertoken_scale = p.view(), g.pertoken_scale = ConstTensorView(dp.view());
+            if (opt == 1 && out_dt == DType::int8) h.offset = s.view(), g.offset = ConstTensorView(ds.view());
+            const Tensor want = xquant::quant_matmul(x1, x2, s, h, out_dt);
+            const Tensor got = xquant::quant_matmul(d1.view(), d2.view(), ds.view(), g, out_dt);
+            const std::string what = "quant_matmul int4 " + std::to_string(int4) + " transpose " + std::to_string(transpose) +
+                                     " [" + std::to_string(z.M) + ", " + std::to_string(z.K) + ", " + std::to_string(z.N) +
+                                     "] opt " + std::to_string(opt) + " -> " + std::string(xquant::dtype_name(out_dt));
+            expect_same_bytes(want, to_host(got), what);
+            if (opt == 0) {  // the int64 scale (with its offset) on the device too
+              const Tensor w64 = xquant::quant_matmul(x1, x2, s64, h, out_dt);
+              const Tensor g64 = xquant::quant_matmul(d1.view(), d2.view(), ds64.view(), g, out_dt);
+              expect_same_bytes(w64, to_host(g64), what + " int64 scale");
+            }
+          }
+}
+
+TEST_F(CudaEquivalence, WeightQuantBatchMatmul) {
+  REQUIRE_CUDA();
+  struct Sz { std::int64_t M, K, N; };
+  for (DType dt : {DType::float16, DType::bfloat16})
+    for (bool int4 : {false, true})
+      for (bool transpose : {false, true})
+        for (Sz z : {Sz{1, 64, 8}, Sz{5, 96, 72}, Sz{33, 264, 136}, Sz{0, 64, 8}})
+          for (int kind : {0, 1, 2}) {
+            const std::int64_t d = int4 ? 8 : 1;
+            const auto seed = static_cast<std::uint32_t>(z.M * 17 + z.K + z.N * 3 + kind);
+            Tensor w = random_bytes(int4 ? DType::int32 : DType::int8, transpose ? Shape{z.N, z.K / d} : Shape{z.K, z.N / d}, seed);
+            Tensor x = make_float(dt, {z.M, z.K}, edge_values(z.M * z.K, seed + 1, 4.f));
+            const std::int64_t gs = kind == 2 ? 32 : 0, G = kind == 2 ? (z.K + 31) / 32 : 1;
+            const Shape ps = kind == 0 ? Shape{1} : kind == 1 ? Shape{z.N} : Shape{G, z.N};
+            const std::int64_t np = shape_numel_or(ps);
+            Tensor s = make_float(dt, ps, edge_values(np, seed + 2, 0.02f)), o = make_float(dt, ps, edge_values(np, seed + 3, 9.f));
+            Tensor b = make_float(DType::float32, {z.N}, edge_values(z.N, seed + 4, 1.f));
+            DevTensor dx = to_device(x, 1), dw = to_device(w, 1), dsc = to_device(s), dof = to_device(o), db = to_device(b);
+            for (int opt = 0; opt < 2; ++opt) {
+              xquant::WeightQuantMatmulOptions h, g;
+              h.transpose_weight = g.transpose_weight = transpose;
+              h.antiquant_group_size = g.antiquant_group_size = gs;
+              if (opt == 1) {
+                h.antiquant_offset = o.view(), h.bias = b.view();
+                g.antiquant_offset = ConstTensorView(dof.view()), g.bias = ConstTensorView(db.view());
+              }
+              const Tensor want = xquant::weight_quant_batchmatmul(x, w, s, h);
+              const Tensor got = xquant::weight_quant_batchmatmul(dx.view(), dw.view(), dsc.view(), g);
+              expect_same_bytes(want, to_host(got),
+                                "weight_quant_batchmatmul " + std::string(xquant::dtype_name(dt)) + " int4 " +
+                                    std::to_string(int4) + " transpose " + std::to_string(transpose) + " [" +
+                                    std::to_string(z.M) + ", " + std::to_string(z.K) + ", " + std::to_string(z.N) +
+                                    "] kind " + std::to_string(kind) + " opt " + std::to_string(opt));
+            }
+          }
+}
+
+TEST_F(CudaEquivalence, TransQuantParamAndInt4PackOnDevice) {
+  REQUIRE_CUDA();
+  Tensor s = make_float(DType::float32, {3}, {1.0458984375f, -0.5f, kNaN});
+  Tensor o = make_float(DType::float32, {3}, {1.f, -2.5f, 300.f});
+  DevTensor ds = to_device(s), dof = to_device(o);
+  expect_same_bytes(xquant::trans_quant_param(s, o.view(), 1),
+                    to_host(xquant::trans_quant_param(ds.view(), ConstTensorView(dof.view()), 1)), "trans_quant_param");
+  Tensor w = make_typed<std::int32_t>(DType::int32, {1, 8}, {-2, 1, 2, 3, 7, -8, 0, 7});
+  DevTensor dw = to_device(w);
+  expect_same_bytes(xquant::convert_weight_to_int4pack(w), to_host(xquant::convert_weight_to_int4pack(dw.view())),
+                    "convert_weight_to_int4pack");
 }
 
 }  // namespace

@@ -214,6 +214,8 @@ void expect_complete(const xquant::detail::KernelTable& t) {
   EXPECT_NE(t.acts_ulq, nullptr);
   EXPECT_NE(t.acts_ulq_backward, nullptr);
   EXPECT_NE(t.anti_quant, nullptr);
+  EXPECT_NE(t.quant_matmul, nullptr);
+  EXPECT_NE(t.weight_quant_matmul, nullptr);
 }
 
 TEST(Runtime, EveryKernelTableIsComplete) {

@@ -32,6 +32,8 @@ const KernelTable& cpu_table() {
       .acts_ulq = cpu_or_ref_acts_ulq,
       .acts_ulq_backward = cpu_or_ref_acts_ulq_backward,
       .anti_quant = cpu_anti_quant,
+      .quant_matmul = cpu_quant_matmul,
+      .weight_quant_matmul = cpu_weight_quant_matmul,
   };
   return table;
 }

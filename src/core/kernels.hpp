@@ -14,6 +14,7 @@
 #include "params/anti_quant.hpp"
 #include "params/dynamic_quant.hpp"
 #include "params/fake_quant.hpp"
+#include "params/matmul.hpp"
 #include "params/quantize.hpp"
 #include "params/tile_quant.hpp"
 #include "xquant/dtype.hpp"
@@ -146,6 +147,37 @@ struct AntiQuantArgs {
 };
 using AntiQuantFn = void (*)(const AntiQuantArgs& args);
 
+// ---- npu_quant_matmul (docs/semantics.md 9.3). out[b][m][n] from x1[b] (M x K) and x2[b] (K x N). ----
+// int4: x1 / x2 are int32 words, logical element e of a matrix in bits [4 (e % 8), +3] of word e / 8.
+struct QuantMatmulArgs {
+  bool int4;
+  const void* x1;                   // [.. M][K] logical elements
+  const void* x2;                   // [.. K][N], or [.. N][K] when transpose_x2
+  bool transpose_x2;
+  std::int64_t batch, M, K, N;
+  const std::int64_t* x1_offsets;   // [batch] host: first logical element of batch b's x1 matrix
+  const std::int64_t* x2_offsets;   // [batch] host: the same for x2 (broadcast batches repeat)
+  void* out;                        // dense [batch][M][N]
+  QuantMatmulEpilogue epilogue;     // host arrays
+};
+using QuantMatmulFn = void (*)(const QuantMatmulArgs& args);
+
+// ---- npu_weight_quant_batchmatmul (docs/semantics.md 9.4). out[m][n] = sum_k x[m][k] * w[k][n], k ascending. ----
+struct WeightQuantMatmulArgs {
+  DType dt;                 // of x and out: float16 or bfloat16
+  const void* x;            // [M][K]
+  std::int64_t M, K, N;
+  bool int4;                // weight: int8, or int32 words of eight int4 (logical element order as stored)
+  bool transpose_weight;    // weight stored [N][K] instead of [K][N]
+  const void* weight;
+  const float* scale;       // [G][N] host, widened (a per-tensor scale is expanded to [1][N])
+  const float* offset;      // [G][N] host or nullptr
+  std::int64_t group_size;  // k uses parameter row k / group_size (K when there is one row)
+  const float* bias;        // [N] host, widened, or nullptr
+  void* out;                // [M][N]
+};
+using WeightQuantMatmulFn = void (*)(const WeightQuantMatmulArgs& args);
+
 struct KernelTable {
   const char* name;
   FakeQuantFn fake_quant;
@@ -156,6 +188,8 @@ struct KernelTable {
   ActsUlqFn acts_ulq;
   ActsUlqBackwardFn acts_ulq_backward;
   AntiQuantFn anti_quant;
+  QuantMatmulFn quant_matmul = nullptr;
+  WeightQuantMatmulFn weight_quant_matmul = nullptr;
 };
 
 // The backend registry (src/backends/registry.cpp) implements these: operators never name a backend.

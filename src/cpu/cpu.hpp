@@ -22,6 +22,8 @@ void cpu_dynamic_quant(const DynamicQuantArgs& args);
 bool cpu_acts_ulq(const ActsUlqArgs& args);
 bool cpu_acts_ulq_backward(const ActsUlqBackwardArgs& args);
 void cpu_anti_quant(const AntiQuantArgs& args);
+void cpu_quant_matmul(const QuantMatmulArgs& args);
+void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& args);
 
 // Packs n (a multiple of 8) int8 values in [-8, 7] into int4 words: element 8k + j -> bits [4j, 4j + 3]
 // of word k, two's complement nibbles (quint4x2).

@@ -7,6 +7,7 @@
 
 #include "cuda/cuda.hpp"
 #include "cuda/common.cuh"
+#include "cuda/matmul.hpp"
 #include "xquant/error.hpp"
 
 namespace xquant::detail::cuda {
@@ -85,6 +86,8 @@ const KernelTable& kernels() {
       .acts_ulq = acts_ulq,
       .acts_ulq_backward = acts_ulq_backward,
       .anti_quant = anti_quant,
+      .quant_matmul = quant_matmul,
+      .weight_quant_matmul = weight_quant_matmul,
   };
   return table;
 }

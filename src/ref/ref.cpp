@@ -14,6 +14,8 @@ const KernelTable& kernels() {
       .acts_ulq = acts_ulq,
       .acts_ulq_backward = acts_ulq_backward,
       .anti_quant = anti_quant,
+      .quant_matmul = quant_matmul,
+      .weight_quant_matmul = weight_quant_matmul,
   };
   return table;
 }

@@ -23,5 +23,8 @@ void anti_quant(const AntiQuantArgs& args);
 // SPEC 5.
 void acts_ulq(const ActsUlqArgs& args);
 void acts_ulq_backward(const ActsUlqBackwardArgs& args);
+// docs/semantics.md section 9.
+void quant_matmul(const QuantMatmulArgs& args);
+void weight_quant_matmul(const WeightQuantMatmulArgs& args);
 
 }  // namespace xquant::detail::ref
