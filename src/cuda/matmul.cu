@@ -21,37 +21,8 @@ namespace xquant::detail::cuda {
 
 namespace {
 
-constexpr int kBlock = 256;
 
-cudaStream_t stream() { return static_cast<cudaStream_t>(current_cuda_stream()); }
-
-// A stream-ordered device copy of a small host array, freed stream-ordered.
-template <typename T>
-class Upload {
- public:
-  Upload(const T* host, std::int64_t n, const char* what) {
-    if (host == nullptr || n <= 0) return;
-    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
-    check(cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes, stream()), std::string("cudaMallocAsync (") + what + ")");
-    const cudaError_t e = cudaMemcpyAsync(p_, host, bytes, cudaMemcpyHostToDevice, stream());
-    if (e != cudaSuccess) {
-      (void)cudaFreeAsync(p_, stream());
-      p_ = nullptr;
-      check(e, std::string("cudaMemcpyAsync (") + what + ")");
-    }
-  }
-  ~Upload() {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream());
-  }
-  Upload(const Upload&) = delete;
-  Upload& operator=(const Upload&) = delete;
-  const T* get() const { return p_; }
-
- private:
-  T* p_ = nullptr;
-};
-
-void check_launch(const char* kernel) { check(cudaGetLastError(), std::string("launching ") + kernel); }
+// stream(), Upload and check_launch: cuda/common.cuh.
 
 __device__ inline int d_load_q(bool int4, const void* base, std::int64_t e) {
   return int4 ? d_load_int4(static_cast<const std::int32_t*>(base), e) : static_cast<const std::int8_t*>(base)[e];

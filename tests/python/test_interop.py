@@ -29,7 +29,8 @@ def _all_ops(x_np_or_t, lib):
     arr = (lambda a: to_torch(np.asarray(a))) if is_t else (lambda a: np.asarray(a))
     x = x_np_or_t  # [8, 16]
     outs = [lib.npu_fake_tensor_quant(x, arr(np.array([2.0], np.float32)), 6),
-            lib.npu_fake_tensor_quant_with_axis(x, arr(np.linspace(0.5, 3, 16, dtype=np.float32)), 1, 8, True)]
+            lib.npu_fake_tensor_quant_with_axis(x, arr(np.linspace(0.5, 3, 16, dtype=np.float32).astype(np.float16)
+                                                    .astype(np.float32)), 1, 8, True)]  # float16-exact amax
     outs.append(lib.npu_quantize(x, arr(np.float32([0.25])), None, "qint8"))
     outs.append(lib.npu_quantize(x, arr(np.full(16, 1.5, np.float32)), arr(np.zeros(16, np.float32)), "quint4x2", -1,
                                  False))
