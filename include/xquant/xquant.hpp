@@ -9,6 +9,7 @@
 #include "xquant/fake_quant.hpp"
 #include "xquant/half.hpp"
 #include "xquant/layout.hpp"
+#include "xquant/plan.hpp"
 #include "xquant/quantize.hpp"
 #include "xquant/tensor.hpp"
 #include "xquant/tile_quant.hpp"
