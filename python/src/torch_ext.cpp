@@ -28,12 +28,16 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/functorch/DynamicLayer.h>
 #include <ATen/ops/empty.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/library.h>
@@ -215,7 +219,8 @@ struct Arg {
 DType dtype_of(const char* op, const char* name, const at::Tensor& t) {
   const std::optional<DType> dt = to_dtype(t.scalar_type());
   if (!dt)
-    type_error(op, std::string(name) + " has dtype " + torch_name(t.scalar_type()) +
+    type_error(op, std::string(name) + " has dtype " +
+                       (t.scalar_type() == at::kUInt16 ? std::string("torch.uint16") : torch_name(t.scalar_type())) +
                        " which xquant does not support (float32, float16, bfloat16, int8, uint8, int32, int64)");
   return *dt;
 }
@@ -224,9 +229,24 @@ Device xdevice(const at::Tensor& t) {
   return t.is_cuda() ? Device::cuda(t.get_device()) : Device::cpu();
 }
 
+// A meta tensor's sizes (FakeTensors under torch.compile / torch.export may have symbolic ones: planning
+// needs their values, so each is guarded on, i.e. specialized, as torch does for data-independent checks).
+std::int64_t guarded(const c10::SymInt& v) { return v.guard_int(__FILE__, __LINE__); }
+Shape sizes_of(const at::Tensor& t) {
+  Shape s;
+  for (const c10::SymInt& d : t.sym_sizes()) s.push_back(guarded(d));
+  return s;
+}
+
 Arg arg_of(const char* op, const char* name, const at::Tensor& t) {
   Arg a;
   a.v.dtype = dtype_of(op, name, t);
+  if (t.is_meta()) {  // a Meta kernel: the spec is all it reads
+    a.keep = t;
+    a.v.shape = sizes_of(t);
+    a.v.device = xdevice(t);
+    return a;
+  }
   a.keep = t.is_contiguous() ? t : t.contiguous();
   if (a.keep.is_neg()) a.keep = a.keep.resolve_neg();
   if (a.keep.is_conj()) a.keep = a.keep.resolve_conj();
@@ -252,18 +272,25 @@ std::optional<ConstTensorView> opt_view(const std::optional<Arg>& a) {
   return a->v;
 }
 
-// A tensor written in place: dense already (never copied) and holding its own values.
-void check_inplace_target(const char* op, const char* name, const at::Tensor& t) {
-  if (!t.is_contiguous())
-    value_error(op, std::string(name) + " is not contiguous; an in-place call cannot make it contiguous for you "
-                                        "(call .contiguous() first and use the result)");
+// A tensor written in place holds its own values: a negative (or conjugate) view's memory holds the
+// negated ones. (xquant.npu checks this before the dispatcher, whose Negative / Conjugate fallbacks would
+// otherwise materialize the view first: check_writable, exported below.)
+void check_own_values(const char* op, const char* name, const at::Tensor& t) {
   if (t.is_neg() || t.is_conj())
     value_error(op, std::string(name) + " is a " + (t.is_neg() ? "negative" : "conjugate") +
                         " view (its memory holds transformed values); an in-place call cannot write through it "
                         "(call .resolve_neg() / .resolve_conj() first and use the result)");
 }
 
-void* writable_data(const at::Tensor& t) { return t.numel() == 0 || t.is_meta() ? nullptr : t.mutable_data_ptr(); }
+// A tensor written in place: dense already (never copied) and holding its own values.
+void check_inplace_target(const char* op, const char* name, const at::Tensor& t) {
+  if (!t.is_contiguous())
+    value_error(op, std::string(name) + " is not contiguous; an in-place call cannot make it contiguous for you "
+                                        "(call .contiguous() first and use the result)");
+  check_own_values(op, name, t);
+}
+
+void* writable_data(const at::Tensor& t) { return t.is_meta() || t.numel() == 0 ? nullptr : t.mutable_data_ptr(); }
 
 // What an in-place torch operator does to its target's version counter (the dispatcher's ADInplaceOrView
 // key falls through for these operators).
@@ -418,8 +445,9 @@ DType dst_float(const char* op, std::optional<at::ScalarType> s) {
   value_error(op, "dst_dtype is torch." + torch_name(*s) + " but expected float16, bfloat16 or float32");
 }
 
-Shape x_shape_of(const char* op, c10::IntArrayRef x_shape) {
-  Shape shape(x_shape.begin(), x_shape.end());
+Shape x_shape_of(const char* op, c10::SymIntArrayRef x_shape) {
+  Shape shape;
+  for (const c10::SymInt& d : x_shape) shape.push_back(guarded(d));
   for (const std::int64_t d : shape) {
     if (d >= 0) continue;
     std::string s = "[";  // (as xquant::shape_str prints it; this module does not link the library)
@@ -443,16 +471,17 @@ struct TileArg {
   Arg a;
 };
 bool tile_ok(const at::Tensor& t) {
-  if (t.dim() != 2 || t.numel() == 0) return true;
-  return (t.size(1) <= 1 || t.stride(1) == 1) && (t.size(0) <= 1 || t.stride(0) >= t.size(1));
+  if (t.dim() != 2) return true;
+  const std::int64_t rows = guarded(t.sym_size(0)), cols = guarded(t.sym_size(1));
+  if (rows == 0 || cols == 0) return true;
+  return (cols <= 1 || guarded(t.sym_stride(1)) == 1) && (rows <= 1 || guarded(t.sym_stride(0)) >= cols);
 }
 TileArg tile_arg(const char* op, const char* name, const at::Tensor& t) {
   TileArg r;
   r.t = tile_ok(t) ? t : t.contiguous();
   if (r.t.is_neg()) r.t = r.t.resolve_neg();
   r.a.v.dtype = dtype_of(op, name, r.t);
-  const auto sizes = r.t.sizes();
-  r.a.v.shape.assign(sizes.begin(), sizes.end());
+  r.a.v.shape = sizes_of(r.t);
   r.a.v.device = xdevice(r.t);
   r.a.v.data = r.t.is_meta() || r.t.numel() == 0 ? nullptr : r.t.const_data_ptr();
   return r;
@@ -460,14 +489,25 @@ TileArg tile_arg(const char* op, const char* name, const at::Tensor& t) {
 
 // ==== the operators ========================================================================================
 //
-// Each operator: impl_<op> (plan, allocate, run the out-variant; shared by the dispatcher kernel k_<op> and
-// the fast path f_<op>), and m_<op> (plan, allocate on meta).
+// Each operator: impl_<op> (allocate, run the out-variant; shared by the dispatcher kernel k_<op> and the fast
+// path f_<op>), and m_<op> (plan, allocate on meta). The out-variant's validation starts with the same
+// checking functions plan_<op> runs, so both report the same first error; impl_<op> computes its output
+// shapes leniently where they follow from the input's shape (an invalid call is reported before anything
+// is written), and plans where they do not (broadcasting, the tiles' 2-D check).
+
+// quantize / the dynamic quantizers: int4 packs eight per int32 along the last dimension. Lenient (an
+// invalid last dimension is reported by the operator before the output is looked at).
+Shape quantized_shape(const Shape& x, QuantDType q) {
+  Shape s = x;
+  if (q == QuantDType::quint4x2 && !s.empty()) s.back() /= 8;
+  return s;
+}
 
 // ---- fake tensor quant ----------------------------------------------------------------------------------
 
 at::Tensor impl_fake_tensor_quant(FqForm form, const Arg& x, const Arg& a, std::int64_t axis,
                                   const xquant::FakeQuantOptions& o, const at::Device& dev) {
-  Out y = alloc(plan_fq(form, x.spec(), a.spec(), axis, o), x.v.dtype, dev);
+  Out y = alloc(x.v.shape, x.v.dtype, dev);  // (the out-variant validates first: its planning, then the values)
   Status st;
   g_api->fake_tensor_quant(st, y.v, x.v, a.v, form == kWithAxis ? &axis : nullptr, o);
   check(st);
@@ -514,7 +554,6 @@ at::Tensor m_fake_tensor_quant_with_axis(const at::Tensor& inputs, const at::Ten
 
 void impl_fake_tensor_quant_inplace(const at::Tensor& inputs, const Arg& x, const Arg& a,
                                     const xquant::FakeQuantOptions& o) {
-  plan_fq(kInplace, x.spec(), a.spec(), 0, o);
   const TensorView xv{writable_data(inputs), x.v.dtype, x.v.shape, x.v.device};
   Status st;
   g_api->fake_tensor_quant_inplace(st, xv, a.v, o);
@@ -585,7 +624,7 @@ std::tuple<at::Tensor, at::Tensor> m_fake_tensor_quant_backward(const at::Tensor
 
 at::Tensor impl_quantize(const Arg& x, const Arg& s, const std::optional<Arg>& zp, QuantDType q, std::int64_t axis,
                          bool div_mode, const at::Device& dev) {
-  Out y = alloc(p_quantize(x.spec(), s.spec(), opt_spec(zp), q, axis, div_mode), storage_of(q), dev);
+  Out y = alloc(quantized_shape(x.v.shape, q), storage_of(q), dev);
   Status st;
   g_api->quantize(st, y.v, x.v, s.v, opt_view(zp), q, axis, div_mode);
   check(st);
@@ -627,10 +666,7 @@ TileCall tile_call(const at::Tensor& out, const at::Tensor& src, const at::Tenso
   const char* op = "tile_quant";
   TileCall c;
   c.asym = tile_asym(op, tile_mode);
-  if (out.is_neg() || out.is_conj())
-    value_error(op, std::string("out is a ") + (out.is_neg() ? "negative" : "conjugate") +
-                        " view (its memory holds transformed values); an in-place call cannot write through it "
-                        "(call .resolve_neg() / .resolve_conj() first and use the result)");
+  check_own_values(op, "out", out);
   if (!tile_ok(out))
     value_error(op, "out must be a 2-D row-major tensor with unit column stride (rows may be padded); it is "
                     "written in place");
@@ -638,7 +674,8 @@ TileCall tile_call(const at::Tensor& out, const at::Tensor& src, const at::Tenso
   c.scale = tile_arg(op, "scale", scale);
   if (offset && offset->defined()) {
     c.offset = tile_arg(op, "offset", *offset);
-    if (c.scale.t.dim() == 2 && c.offset->t.dim() == 2 && c.scale.t.stride(0) != c.offset->t.stride(0)) {
+    if (c.scale.t.dim() == 2 && c.offset->t.dim() == 2 &&
+        guarded(c.scale.t.sym_stride(0)) != guarded(c.offset->t.sym_stride(0))) {
       // The NPU needs scale and offset in tiles of one physical shape; off the NPU, give both a dense layout.
       c.scale = tile_arg(op, "scale", c.scale.t.contiguous());
       c.offset = tile_arg(op, "offset", c.offset->t.contiguous());
@@ -685,15 +722,16 @@ void m_tile_quant(at::Tensor& out, const at::Tensor& src, const at::Tensor& scal
 std::vector<at::Tensor> impl_dynamic_quant(bool symmetric, const Arg& x, const std::optional<Arg>& sm,
                                            const std::optional<Arg>& gi, QuantDType q, bool per_tensor,
                                            const at::Device& dev) {
-  const xquant::DynamicQuantShapes p = plan_dynamic(symmetric, x.spec(), opt_spec(sm), opt_spec(gi), q, per_tensor);
-  Out y = alloc(p.y_shape, p.y_dtype, dev), scale = alloc(p.param_shape, DType::float32, dev);
+  const Shape& xs = x.v.shape;
+  const Shape p_shape = per_tensor ? Shape{1} : Shape(xs.begin(), xs.end() - (xs.empty() ? 0 : 1));
+  Out y = alloc(quantized_shape(xs, q), storage_of(q), dev), scale = alloc(p_shape, DType::float32, dev);
   Status st;
   if (symmetric) {
     g_api->dynamic_quant(st, y.v, scale.v, x.v, opt_view(sm), opt_view(gi), q);
     check(st);
     return {y.t, scale.t};
   }
-  Out offset = alloc(p.param_shape, DType::float32, dev);
+  Out offset = alloc(p_shape, DType::float32, dev);
   g_api->dynamic_quant_asymmetric(st, y.v, scale.v, offset.v, x.v, opt_view(sm), opt_view(gi), q, per_tensor);
   check(st);
   return {y.t, scale.t, offset.t};
@@ -754,7 +792,9 @@ std::tuple<at::Tensor, at::Tensor> m_dynamic_quant(const at::Tensor& x, const st
 
 at::Tensor impl_anti_quant(const Arg& x, const Arg& s, const std::optional<Arg>& off, DType dst, QuantDType q,
                            const at::Device& dev) {
-  Out y = alloc(p_anti_quant(x.spec(), s.spec(), opt_spec(off), q), dst, dev);
+  Shape shape = x.v.shape;  // x's logical shape (int4: eight per word)
+  if (q == QuantDType::quint4x2 && !shape.empty() && shape.back() <= INT64_MAX / 8) shape.back() *= 8;
+  Out y = alloc(std::move(shape), dst, dev);
   Status st;
   g_api->anti_quant(st, y.v, x.v, s.v, opt_view(off), q);
   check(st);
@@ -826,7 +866,7 @@ struct UlqBackward {
   Arg dy, lo, hi, m0, m1, loss;
 };
 
-UlqBackward ulq_backward_call(const at::Tensor& y_grad, c10::IntArrayRef x_shape, const at::Tensor& clamp_min,
+UlqBackward ulq_backward_call(const at::Tensor& y_grad, c10::SymIntArrayRef x_shape, const at::Tensor& clamp_min,
                               const at::Tensor& clamp_max, const at::Tensor& clamp_min_mask,
                               const at::Tensor& clamp_max_mask, const at::Tensor& x_clamped_loss, std::int64_t num_bits) {
   const char* op = "acts_ulq_backward";
@@ -845,7 +885,7 @@ UlqBackward ulq_backward_call(const at::Tensor& y_grad, c10::IntArrayRef x_shape
 using Three = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 template <bool kCuda>
-Three k_acts_ulq_backward(const at::Tensor& y_grad, c10::IntArrayRef x_shape, const at::Tensor& clamp_min,
+Three k_acts_ulq_backward(const at::Tensor& y_grad, c10::SymIntArrayRef x_shape, const at::Tensor& clamp_min,
                           const at::Tensor& clamp_max, const at::Tensor& clamp_min_mask,
                           const at::Tensor& clamp_max_mask, const at::Tensor& x_clamped_loss, bool fixed_min,
                           std::int64_t num_bits) {
@@ -862,7 +902,7 @@ Three k_acts_ulq_backward(const at::Tensor& y_grad, c10::IntArrayRef x_shape, co
   return {xg.t, g0.t, g1.t};
 }
 
-Three m_acts_ulq_backward(const at::Tensor& y_grad, c10::IntArrayRef x_shape, const at::Tensor& clamp_min,
+Three m_acts_ulq_backward(const at::Tensor& y_grad, c10::SymIntArrayRef x_shape, const at::Tensor& clamp_min,
                           const at::Tensor& clamp_max, const at::Tensor& clamp_min_mask,
                           const at::Tensor& clamp_max_mask, const at::Tensor& x_clamped_loss, bool,
                           std::int64_t num_bits) {
@@ -871,6 +911,110 @@ Three m_acts_ulq_backward(const at::Tensor& y_grad, c10::IntArrayRef x_shape, co
   const DType dt = c.lo.v.dtype;
   return {alloc(c.x_shape, dt, clamp_min.device()).t, alloc(c.lo.v.shape, dt, clamp_min.device()).t,
           alloc(c.hi.v.shape, dt, clamp_max.device()).t};
+}
+
+// ---- autograd: one C++ autograd kernel per differentiable operator --------------------------------------
+//
+// Registered for the Autograd key (below), and called directly by the eager fast path when autograd records
+// (no dispatcher round trip from Python: a training step's forward costs about what torch's own fake-quant
+// operators cost). The forward calls the operator below autograd through the dispatcher (CPU, CUDA, Meta,
+// FakeTensor alike); the backward calls the backward operator, so AOTAutograd (torch.compile) traces a graph
+// of xquant operators.
+
+template <class Sig>
+c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct FakeQuantFn : public torch::autograd::Function<FakeQuantFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& inputs, const at::Tensor& amax,
+                            std::optional<std::int64_t> axis, std::int64_t num_bits, bool is_unsigned,
+                            bool narrow_range) {
+    at::Tensor out;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      if (axis) {
+        static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, std::int64_t, std::int64_t,
+                                                    bool, bool)>("xquant::fake_tensor_quant_with_axis");
+        out = op.call(inputs, amax, *axis, num_bits, is_unsigned, narrow_range);
+      } else {
+        static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, std::int64_t, bool, bool)>(
+            "xquant::fake_tensor_quant");
+        out = op.call(inputs, amax, num_bits, is_unsigned, narrow_range);
+      }
+    }
+    ctx->save_for_backward({inputs, amax});
+    ctx->saved_data["axis"] = axis ? c10::IValue(*axis) : c10::IValue();
+    ctx->saved_data["num_bits"] = num_bits;
+    ctx->saved_data["is_unsigned"] = is_unsigned;
+    ctx->saved_data["narrow_range"] = narrow_range;
+    return out;
+  }
+
+  // Straight-through with clipping for inputs; the PACT-style learnable-amax gradient when amax needs it.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const c10::IValue& ax = ctx->saved_data["axis"];
+    const std::optional<std::int64_t> axis = ax.isNone() ? std::nullopt : std::optional<std::int64_t>(ax.toInt());
+    const bool want = ctx->needs_input_grad(1);
+    static const auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<std::int64_t>, std::int64_t, bool, bool,
+        bool)>("xquant::fake_tensor_quant_backward");
+    auto [gi, ga] = op.call(grads[0], saved[0], saved[1], axis, ctx->saved_data["num_bits"].toInt(),
+                            ctx->saved_data["is_unsigned"].toBool(), ctx->saved_data["narrow_range"].toBool(), want);
+    return {gi, want ? ga : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ActsUlqFn : public torch::autograd::Function<ActsUlqFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& clamp_min,
+                               const at::Tensor& clamp_max, bool fixed_min, std::int64_t num_bits) {
+    at::Tensor y, m0, m1, loss;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      static const auto op = op_handle<Four(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, std::int64_t)>(
+          "xquant::acts_ulq");
+      std::tie(y, m0, m1, loss) = op.call(x, clamp_min, clamp_max, fixed_min, num_bits);
+    }
+    ctx->save_for_backward({clamp_min, clamp_max, m0, m1, loss});
+    ctx->saved_data["x_shape"] = sizes_of(x);
+    ctx->saved_data["fixed_min"] = fixed_min;
+    ctx->saved_data["num_bits"] = num_bits;
+    // Only y carries a gradient (the CANN gradient operators take y_grad alone).
+    ctx->mark_non_differentiable({m0, m1, loss});
+    return {y, m0, m1, loss};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor y_grad = grads[0].defined() ? grads[0] : at::zeros_like(saved[2]);
+    const std::vector<std::int64_t> x_shape = ctx->saved_data["x_shape"].toIntVector();
+    static const auto op = op_handle<Three(const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, std::int64_t)>(
+        "xquant::acts_ulq_backward");
+    auto [xg, g0, g1] = op.call(y_grad, c10::fromIntArrayRefSlow(x_shape), saved[0], saved[1], saved[2], saved[3],
+                                saved[4], ctx->saved_data["fixed_min"].toBool(), ctx->saved_data["num_bits"].toInt());
+    return {xg, g0, g1, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor a_fake_tensor_quant(const at::Tensor& inputs, const at::Tensor& amax, std::int64_t num_bits, bool is_unsigned,
+                               bool narrow_range) {
+  return FakeQuantFn::apply(inputs, amax, std::optional<std::int64_t>(), num_bits, is_unsigned, narrow_range);
+}
+
+at::Tensor a_fake_tensor_quant_with_axis(const at::Tensor& inputs, const at::Tensor& amax, std::int64_t axis,
+                                         std::int64_t num_bits, bool is_unsigned, bool narrow_range) {
+  return FakeQuantFn::apply(inputs, amax, std::optional<std::int64_t>(axis), num_bits, is_unsigned, narrow_range);
+}
+
+Four a_acts_ulq(const at::Tensor& x, const at::Tensor& clamp_min, const at::Tensor& clamp_max, bool fixed_min,
+                std::int64_t num_bits) {
+  const variable_list r = ActsUlqFn::apply(x, clamp_min, clamp_max, fixed_min, num_bits);
+  return {r[0], r[1], r[2], r[3]};
 }
 
 }  // namespace
@@ -897,7 +1041,7 @@ TORCH_LIBRARY(xquant, m) {
         "ScalarType? src_dtype=None) -> Tensor");
   m.def("acts_ulq(Tensor x, Tensor clamp_min, Tensor clamp_max, bool fixed_min=False, int num_bits=8) "
         "-> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("acts_ulq_backward(Tensor y_grad, int[] x_shape, Tensor clamp_min, Tensor clamp_max, Tensor clamp_min_mask, "
+  m.def("acts_ulq_backward(Tensor y_grad, SymInt[] x_shape, Tensor clamp_min, Tensor clamp_max, Tensor clamp_min_mask, "
         "Tensor clamp_max_mask, Tensor x_clamped_loss, bool fixed_min, int num_bits) -> (Tensor, Tensor, Tensor)");
 }
 
@@ -919,6 +1063,12 @@ TORCH_LIBRARY(xquant, m) {
 TORCH_LIBRARY_IMPL(xquant, CPU, m) { XQ_KERNELS(m, false); }
 TORCH_LIBRARY_IMPL(xquant, CUDA, m) { XQ_KERNELS(m, true); }
 
+TORCH_LIBRARY_IMPL(xquant, Autograd, m) {
+  m.impl("fake_tensor_quant", &a_fake_tensor_quant);
+  m.impl("fake_tensor_quant_with_axis", &a_fake_tensor_quant_with_axis);
+  m.impl("acts_ulq", &a_acts_ulq);
+}
+
 TORCH_LIBRARY_IMPL(xquant, Meta, m) {
   m.impl("fake_tensor_quant", &m_fake_tensor_quant);
   m.impl("fake_tensor_quant_with_axis", &m_fake_tensor_quant_with_axis);
@@ -932,6 +1082,50 @@ TORCH_LIBRARY_IMPL(xquant, Meta, m) {
   m.impl("acts_ulq", &m_acts_ulq);
   m.impl("acts_ulq_backward", &m_acts_ulq_backward);
 }
+
+// Sparse tensors reach no kernel above (the dispatcher picks a sparse key): a kernel for those keys refuses
+// them with the error xquant.npu gives, naming the argument (the schema's name for it) and its layout.
+namespace {
+
+std::string layout_name(at::Layout l) {
+  switch (l) {
+    case at::kSparse: return "torch.sparse_coo";
+    case at::kSparseCsr: return "torch.sparse_csr";
+    case at::kSparseCsc: return "torch.sparse_csc";
+    case at::kSparseBsr: return "torch.sparse_bsr";
+    case at::kSparseBsc: return "torch.sparse_bsc";
+    default: return c10::str(l);
+  }
+}
+
+void refuse_sparse(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = handle.schema();
+  std::string op = schema.name();
+  if (op.rfind("xquant::", 0) == 0) op = op.substr(8);
+  const std::size_t n = schema.arguments().size();
+  const auto args = torch::jit::last(*stack, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!args[i].isTensor()) continue;
+    const at::Tensor& t = args[i].toTensor();
+    if (t.layout() != at::kStrided)
+      type_error(op.c_str(), schema.arguments()[i].name() + " is a sparse tensor (layout " + layout_name(t.layout()) +
+                                 ") but expected a dense strided tensor (call .to_dense() first)");
+  }
+  type_error(op.c_str(), "a sparse tensor was given but expected dense strided tensors (call .to_dense() first)");
+}
+
+}  // namespace
+
+#define XQ_REFUSE(m)                                                                                 \
+  for (const char* name : {"fake_tensor_quant", "fake_tensor_quant_with_axis", "fake_tensor_quant_inplace",  \
+                           "fake_tensor_quant_backward", "quantize", "tile_quant", "dynamic_quant_asymmetric", \
+                           "dynamic_quant", "anti_quant", "acts_ulq", "acts_ulq_backward"})                 \
+  m.impl(name, torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>())
+
+TORCH_LIBRARY_IMPL(xquant, SparseCPU, m) { XQ_REFUSE(m); }
+TORCH_LIBRARY_IMPL(xquant, SparseCUDA, m) { XQ_REFUSE(m); }
+TORCH_LIBRARY_IMPL(xquant, SparseCsrCPU, m) { XQ_REFUSE(m); }
+TORCH_LIBRARY_IMPL(xquant, SparseCsrCUDA, m) { XQ_REFUSE(m); }
 
 // ==== the eager fast path (Python entry points) ===============================================================
 //
@@ -1098,7 +1292,17 @@ PyObject* f_fake_tensor_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
   Arg x, a;
   bool rg = false;
   float a_value = 0.0f;
-  XQ_TRY(targ(args[0], x, rg) && (py_number(args[1], a_value, a) || targ(args[1], a, rg)) && plain(rg));
+  const at::Tensor* xt = nullptr;
+  const bool a_number = py_number(args[1], a_value, a);
+  XQ_TRY(targ(args[0], x, rg, &xt) && (a_number || targ(args[1], a, rg)) && modes_plain());
+  if (rg && c10::GradMode::is_enabled()) {  // autograd records: the operator's autograd kernel, directly
+    return run(numel_of(x.v.shape), [&] {
+      const at::Tensor amax = a_number ? at::scalar_tensor(a_value, at::kFloat) : THPVariable_Unpack(args[1]);
+      at::Tensor y = FakeQuantFn::apply(*xt, amax, has_axis ? std::optional<std::int64_t>(ax) : std::nullopt,
+                                        o.num_bits, o.is_unsigned, o.narrow_range);
+      return [y = std::move(y)]() mutable { return THPVariable_Wrap(std::move(y)); };
+    });
+  }
   return run(numel_of(x.v.shape), [&] {
     at::Tensor y = impl_fake_tensor_quant(has_axis ? kWithAxis : kPerTensor, x, a, ax, o, kCpu);
     return [y = std::move(y)]() mutable { return THPVariable_Wrap(std::move(y)); };
@@ -1244,9 +1448,18 @@ PyObject* f_acts_ulq(PyObject*, PyObject* const* args, Py_ssize_t n) {
   // operator, which rounds exactly as torch.tensor does).
   float lo_value = 0.0f, hi_value = 0.0f;
   const bool f32 = x.v.dtype == DType::float32;
-  XQ_TRY((f32 && py_number(args[1], lo_value, lo)) || targ(args[1], lo, rg));
-  XQ_TRY((f32 && py_number(args[2], hi_value, hi)) || targ(args[2], hi, rg));
-  XQ_TRY(plain(rg));
+  const bool lo_number = f32 && py_number(args[1], lo_value, lo), hi_number = f32 && py_number(args[2], hi_value, hi);
+  XQ_TRY(lo_number || targ(args[1], lo, rg));
+  XQ_TRY(hi_number || targ(args[2], hi, rg));
+  XQ_TRY(modes_plain());
+  if (rg && c10::GradMode::is_enabled()) {  // autograd records: the operator's autograd kernel, directly
+    return run(numel_of(x.v.shape), [&] {
+      const at::Tensor lot = lo_number ? at::scalar_tensor(lo_value, at::kFloat) : THPVariable_Unpack(args[1]);
+      const at::Tensor hit = hi_number ? at::scalar_tensor(hi_value, at::kFloat) : THPVariable_Unpack(args[2]);
+      variable_list r = ActsUlqFn::apply(THPVariable_Unpack(args[0]), lot, hit, fixed, nbits);
+      return [r = std::move(r)] { return wrap_all(r); };
+    });
+  }
   return run(numel_of(x.v.shape), [&] {
     auto r = impl_acts_ulq(x, lo, hi, fixed, nbits, kCpu);
     return [r = std::move(r)] { return wrap_all(r); };
@@ -1255,6 +1468,24 @@ PyObject* f_acts_ulq(PyObject*, PyObject* const* args, Py_ssize_t n) {
 
 #undef XQ_TRY
 
+// check_writable(op, name, tensor): the in-place target holds its own values (check_own_values), checked by
+// xquant.npu before the dispatcher (whose Negative / Conjugate fallbacks would materialize the view).
+PyObject* check_writable(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (!nargs_ok("check_writable", n, 3)) return nullptr;
+  if (!PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1]) || !THPVariable_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "xquant._torch_ext.check_writable(op: str, name: str, tensor)");
+    return nullptr;
+  }
+  const char* op = PyUnicode_AsUTF8(args[0]);
+  const char* name = PyUnicode_AsUTF8(args[1]);
+  if (!op || !name) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(args[2]);
+  return run(0, [&] {
+    check_own_values(op, name, t);
+    return [] { Py_RETURN_NONE; };
+  });
+}
+
 // Plain eager mode (no mode, transform, trace or profiler): for tests.
 PyObject* plain_modes(PyObject*, PyObject*) { return PyBool_FromLong(modes_plain()); }
 
@@ -1262,6 +1493,8 @@ PyObject* plain_modes(PyObject*, PyObject*) { return PyBool_FromLong(modes_plain
 
 PyMethodDef g_methods[] = {
     {"plain_modes", plain_modes, METH_NOARGS, "True when no torch mode, transform, trace or profiler is active."},
+    {"check_writable", XQ_FASTCALL(check_writable), METH_FASTCALL,
+     "check_writable(op, name, tensor): ValueError if tensor is a negative / conjugate view."},
     {"f_fake_tensor_quant", XQ_FASTCALL(f_fake_tensor_quant), METH_FASTCALL,
      "f_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range)"},
     {"f_fake_tensor_quant_inplace", XQ_FASTCALL(f_fake_tensor_quant_inplace), METH_FASTCALL,

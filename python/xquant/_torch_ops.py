@@ -4,9 +4,9 @@ The operators are defined once, in C++, by the torch extension xquant._torch_ext
 their schemas, one CPU / CUDA kernel each and one Meta kernel each, both of which start with the C++
 library's planning entry (xquant/plan.hpp), so eager calls, meta tensors, FakeTensor, torch.compile and
 torch.export report the same errors from the same code. This module adds what is registered in Python,
-once per operator: the autograd formulas (fake_tensor_quant, fake_tensor_quant_with_axis, acts_ulq; their
-backward passes are the C++ operators fake_tensor_quant_backward / acts_ulq_backward) and the batching
-rules for torch.vmap (or a clear refusal). It also turns the xquant.npu arguments (Python numbers, dtype
+once per operator: the batching rules for torch.vmap (or a clear refusal). (Autograd is registered in C++
+too: fake_tensor_quant, fake_tensor_quant_with_axis and acts_ulq have autograd kernels whose backward passes
+are the C++ operators fake_tensor_quant_backward / acts_ulq_backward.) It also turns the xquant.npu arguments (Python numbers, dtype
 spellings, ...) into the operators' arguments. Plain eager calls skip the dispatcher: xquant.npu calls
 _torch_ext.f_<op> (the same C++ implementation) first.
 
@@ -180,6 +180,8 @@ def fake_tensor_quant_inplace(op: str, inputs: Tensor, amax: Any, num_bits: int,
         # An in-place quantization would silently pass gradients through unchanged: refuse.
         raise fail_value(op, "inputs requires grad but the in-place fake quantization has no autograd "
                              "(use npu_fake_tensor_quant, or call it under torch.no_grad())")
+    if not torch.compiler.is_compiling():  # (is_neg() is not traceable; there the Meta kernel checks it)
+        EXT.check_writable(op, "inputs", inputs)
     a = param(op, "amax", amax, torch.float32, inputs.device)
     _one_device(op, inputs=inputs, amax=a)
     torch.ops.xquant.fake_tensor_quant_inplace(inputs, a, num_bits, is_unsigned, narrow_range)
@@ -210,6 +212,8 @@ def quantize(op: str, input: Tensor, scales: Any, zero_points: Any, dtype: Any, 
 def tile_quant(op: str, out: Tensor, src: Any, scale: Any, mode: Any, offset: Any) -> None:
     asym = _args.quant_mode(op, mode)
     check_tensor(op, "out", out)
+    if not torch.compiler.is_compiling():  # (as for fake_tensor_quant_inplace)
+        EXT.check_writable(op, "out", out)
     s, sc, off = check_tensor(op, "src", src), check_tensor(op, "scale", scale), opt_tensor(op, "offset", offset)
     _one_device(op, out=out, src=s, scale=sc, offset=off)
     torch.ops.xquant.tile_quant(out, s, sc, "ASYM" if asym else "SYM", off)
@@ -263,52 +267,11 @@ def acts_ulq_backward(op: str, y_grad: Tensor, x_shape: tuple, clamp_min: Tensor
                                               clamp_max_mask, x_clamped_loss, fixed_min, num_bits)
 
 
-# ---- autograd: one registration per differentiable operator ---------------------------------------------------
+# ---- autograd ---------------------------------------------------------------------------------------------------
 #
-# Registered in Python (torch.library.register_autograd) rather than as a C++ autograd kernel: each formula is
-# a call of the C++ backward operator, so the Python layer adds one call per backward pass and no
-# arithmetic, AOTAutograd (torch.compile) traces it into graphs of the C++ operators, and the extension
-# needs no torch/csrc/autograd headers (compile time).
-
-def _fq_setup(ctx, inputs, output):
-    x, amax = inputs[0], inputs[1]
-    ctx.save_for_backward(x, amax)
-    ctx.axis = None if len(inputs) == 5 else inputs[2]
-    ctx.options = tuple(inputs[-3:])  # num_bits, is_unsigned, narrow_range
-
-
-def _fq_backward(ctx, grad):
-    # Straight-through with clipping for inputs; the PACT-style learnable-amax gradient when amax needs it.
-    x, amax = ctx.saved_tensors
-    want = bool(ctx.needs_input_grad[1])
-    gi, ga = torch.ops.xquant.fake_tensor_quant_backward(grad, x, amax, ctx.axis, *ctx.options, want)
-    ga = ga if want else None
-    if ctx.axis is None:
-        return gi, ga, None, None, None
-    return gi, ga, None, None, None, None
-
-
-def _ulq_setup(ctx, inputs, output):
-    x, clamp_min, clamp_max, fixed_min, num_bits = inputs
-    _, m0, m1, loss = output
-    ctx.save_for_backward(clamp_min, clamp_max, m0, m1, loss)
-    ctx.x_shape = list(x.shape)
-    ctx.options = (fixed_min, num_bits)
-    # Only y carries a gradient (the CANN gradient operators take y_grad alone).
-    ctx.mark_non_differentiable(m0, m1, loss)
-
-
-def _ulq_backward(ctx, y_grad, _m0_grad, _m1_grad, _loss_grad):
-    clamp_min, clamp_max, m0, m1, loss = ctx.saved_tensors
-    x_grad, g0, g1 = torch.ops.xquant.acts_ulq_backward(y_grad, ctx.x_shape, clamp_min, clamp_max, m0, m1, loss,
-                                                        *ctx.options)
-    return x_grad, g0, g1, None, None
-
-
-torch.library.register_autograd("xquant::fake_tensor_quant", _fq_backward, setup_context=_fq_setup)
-torch.library.register_autograd("xquant::fake_tensor_quant_with_axis", _fq_backward, setup_context=_fq_setup)
-torch.library.register_autograd("xquant::acts_ulq", _ulq_backward, setup_context=_ulq_setup)
-
+# Registered once per differentiable operator, in C++ (xquant._torch_ext: a torch::autograd::Function on the
+# Autograd key for fake_tensor_quant, fake_tensor_quant_with_axis and acts_ulq, whose backward calls the
+# backward operator): the eager fast path calls the same function directly when autograd records.
 
 # ---- torch.vmap: batching rules where the operator batches naturally, a clear refusal elsewhere ------------
 

@@ -166,10 +166,10 @@ def test_lenient_core_declines_what_it_cannot_do_plainly(m):
     ]
     for args in declined:
         assert lenient(*args) is None, args
-    # autograd recording: the operator (its registered autograd formula) takes the call
-    assert lenient(x.clone().requires_grad_(), a, None, 8, False, True) is None
-    assert lenient(x, a.clone().requires_grad_(), None, 8, False, True) is None
-    assert m.f_acts_ulq(x.clone().requires_grad_(), -1.0, 1.0, False, 8) is None
+    # autograd recording: the operators with autograd record through their C++ autograd kernel, called directly
+    assert lenient(x.clone().requires_grad_(), a, None, 8, False, True).grad_fn is not None
+    assert lenient(x, a.clone().requires_grad_(), None, 8, False, True).grad_fn is not None
+    assert m.f_acts_ulq(x.clone().requires_grad_(), -1.0, 1.0, False, 8)[0].grad_fn is not None
     assert m.f_quantize(x.clone().requires_grad_(), a, None, torch.qint8, 1, True) is None
     with torch.no_grad():  # requires_grad without grad mode: plain
         assert lenient(x.clone().requires_grad_(), a, None, 8, False, True) is not None
@@ -395,3 +395,47 @@ def test_extension_declines_what_the_core_declines():
         assert F.f_fake_tensor_quant_inplace(view, s, 8, False, True) is view
     with pytest.raises(TypeError, match="takes 6 arguments"):
         F.f_fake_tensor_quant(x, s)
+
+
+# ---- torch.vmap: batching rules, or a clear refusal (never torch's slow per-example fallback) ----------------
+
+def test_vmap_batching_rules_equal_per_example_calls_without_fallback_warning():
+    """fake_tensor_quant (shared and per-example amax), fake_tensor_quant_with_axis and acts_ulq batch; no
+    call falls back to torch's per-example loop, whose warning asked users to file an issue."""
+    import warnings
+
+    g = torch.Generator().manual_seed(7)
+    xs = torch.randn(3, 4, 8, generator=g) * 3
+    a, am, ac = torch.tensor([2.0]), torch.tensor([1.0, 2.0, 3.0]), torch.rand(8, generator=g) + 0.5
+    lo, hi = -torch.rand(3, 1, 8, generator=g), torch.rand(8, generator=g) + 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback's UserWarning would fail the test
+        assert _same(torch.vmap(lambda t: xquant.npu_fake_tensor_quant(t, a))(xs),
+                     torch.stack([xquant.npu_fake_tensor_quant(t, a) for t in xs]))
+        assert _same(torch.vmap(lambda t: xquant.npu_fake_tensor_quant(t, a), in_dims=1)(xs.transpose(0, 1))
+                     .contiguous(), torch.stack([xquant.npu_fake_tensor_quant(t, a) for t in xs]))
+        assert _same(torch.vmap(xquant.npu_fake_tensor_quant)(xs, am),
+                     torch.stack([xquant.npu_fake_tensor_quant(t, b) for t, b in zip(xs, am)]))
+        assert _same(torch.vmap(lambda t: xquant.npu_fake_tensor_quant_with_axis(t, ac, -1))(xs),
+                     torch.stack([xquant.npu_fake_tensor_quant_with_axis(t, ac, -1) for t in xs]))
+        ys = torch.vmap(lambda t, m: xquant.acts_ulq(t, m, hi))(xs, lo)
+        ref = [xquant.acts_ulq(t, m, hi) for t, m in zip(xs, lo)]
+        assert _same(ys, tuple(torch.stack([r[k] for r in ref]) for k in range(4)))
+
+
+def test_vmap_declines_with_a_clear_error():
+    xs = torch.randn(3, 4, 16)
+    s = torch.tensor([0.1])
+    calls = {
+        "quantize": lambda t: xquant.npu_quantize(t, s, None, torch.qint8),
+        "dynamic_quant": lambda t: xquant.npu_dynamic_quant(t)[0],
+        "dynamic_quant_asymmetric": lambda t: xquant.npu_dynamic_quant_asymmetric(t)[0],
+        "anti_quant": lambda t: xquant.npu_anti_quant(t.to(torch.int8), s),
+        "fake_tensor_quant_backward": lambda t: xquant.fake_tensor_quant_backward(t, t, s)[0],
+    }
+    for name, call in calls.items():
+        with pytest.raises(NotImplementedError, match=rf"^xquant::{name}: torch.vmap is not supported by this "
+                                                      r"operator \(it has no batching rule\)"):
+            torch.vmap(call)(xs)
+    with pytest.raises(NotImplementedError, match="vmap over amax"):
+        torch.vmap(lambda t, m: xquant.npu_fake_tensor_quant_with_axis(t, m, 0))(xs, torch.ones(3, 4))
