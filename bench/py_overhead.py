@@ -7,9 +7,9 @@ Each round times a batch of --calls calls of the xquant function, then a batch o
 --calls, and the table reports the median over --rounds rounds, in microseconds of this thread's CPU time
 (time.thread_time_ns: on a shared, loaded machine the wall clock also counts the slices other processes
 get; --wall uses it anyway). torch and xquant run on
-one thread (torch.set_num_threads(1), xquant.set_num_threads(1)). Prints a Markdown table. Where
-xquant._torch_fast is in use, a third batch per round times the same xquant call through xquant._core's
-fast path (what runs without _torch_fast), for the column "through _core".
+one thread (torch.set_num_threads(1), xquant.set_num_threads(1)). Prints a Markdown table. A third batch
+per round times the same xquant call with the eager fast path turned off, i.e. through torch.ops.xquant.*
+and the dispatcher (what every call that is not plain eager takes), for the column "via torch.ops".
 
     PYTHONPATH=.pyinstall python3 bench/py_overhead.py [--rounds 31] [--calls 200] [--only fake]
 """
@@ -27,9 +27,8 @@ def parse_args():
     ap.add_argument("--rounds", type=int, default=31, help="interleaved rounds (median over rounds)")
     ap.add_argument("--calls", type=int, default=200, help="calls per timed batch")
     ap.add_argument("--only", default=None, help="substring filter on case names")
-    ap.add_argument("--no-core-column", action="store_true",
-                    help="do not also time the xquant calls through xquant._core's fast path (the one used when "
-                         "xquant._torch_fast is not built or does not match the running torch)")
+    ap.add_argument("--no-dispatcher-column", action="store_true",
+                    help="do not also time the xquant calls with the fast path off (through torch.ops.xquant.*)")
     ap.add_argument("--wall", action="store_true",
                     help="time with the wall clock (default: this thread's CPU time, which time slices given to "
                          "other processes on a loaded machine do not inflate)")
@@ -41,7 +40,7 @@ ARGS = parse_args()
 import torch  # noqa: E402
 
 import xquant  # noqa: E402
-from xquant import _core, _torch_ops, npu  # noqa: E402
+from xquant import _torch_ops, npu  # noqa: E402
 
 torch.set_num_threads(1)
 xquant.set_num_threads(1)
@@ -141,9 +140,16 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+class _NoFastPath:
+    """Stands in for xquant._torch_ext in xquant.npu: every f_<op> declines, so calls take torch.ops.xquant."""
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
 def main():
     rows = []
-    core_column = _torch_ops.FAST is not _core and not ARGS.no_core_column
+    core_column = not ARGS.no_dispatcher_column
     for name, fx, native_name, fn in cases():
         if ARGS.only and ARGS.only not in name:
             continue
@@ -154,13 +160,13 @@ def main():
         for _ in range(ARGS.rounds):
             tx.append(per_call_us(fx, ARGS.calls))
             tn.append(per_call_us(fn, ARGS.calls))
-            if core_column:  # (the switch is outside the timed calls: one batch with _core as the module)
-                fast = _torch_ops.FAST
-                npu._fast = _torch_ops.FAST = _core
+            if core_column:  # (the switch is outside the timed calls: one batch without the fast path)
+                fast = npu._fast
+                npu._fast = _NoFastPath()
                 try:
                     tc.append(per_call_us(fx, ARGS.calls))
                 finally:
-                    npu._fast = _torch_ops.FAST = fast
+                    npu._fast = fast
         rows.append((name, statistics.median(tx), statistics.median(tc) if tc else None, native_name,
                      statistics.median(tn)))
 
@@ -168,7 +174,7 @@ def main():
     print(f"machine: {cpu_model()}; torch {torch.__version__}, xquant {xquant.__version__} "
           f"({xquant.simd_target()}); fast path through {fast}; 1 thread; median of {ARGS.rounds} rounds x "
           f"{ARGS.calls} calls, {'wall-clock' if ARGS.wall else 'thread CPU'} time\n")
-    core_head = " through _core us |" if core_column else ""
+    core_head = " via torch.ops us |" if core_column else ""
     print(f"| xquant.npu call (1 Ki elements, float32 unless noted) | us |{core_head} closest native PyTorch "
           "operator | us | xquant / native |")
     print("|---|---:|" + ("---:|" if core_column else "") + "---|---:|---:|")

@@ -10,6 +10,7 @@
 #include "xquant/half.hpp"
 #include "xquant/layout.hpp"
 #include "xquant/matmul.hpp"
+#include "xquant/plan.hpp"
 #include "xquant/quantize.hpp"
 #include "xquant/tensor.hpp"
 #include "xquant/tile_quant.hpp"

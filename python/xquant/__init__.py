@@ -142,13 +142,17 @@ __all__ = [
 
 
 def register_torch_ops() -> None:
-    """Imports torch and registers the torch.ops.xquant.* custom operators (done automatically when torch
-    was imported before xquant, or on the first call with a torch.Tensor; call this before tracing code
-    that uses torch.ops.xquant directly)."""
+    """Imports torch and xquant's torch extension, which registers the torch.ops.xquant.* operators, and
+    their autograd formulas and batching rules (done automatically when torch was imported before xquant,
+    or on the first call with a torch.Tensor; call this before using torch.ops.xquant directly). Raises
+    ImportError, saying how to rebuild, where xquant was built without torch or against another torch."""
     import torch  # noqa: F401
 
     npu._load_torch_backend()
 
 
 if "torch" in _sys.modules:
-    npu._load_torch_backend()
+    try:
+        npu._load_torch_backend()
+    except ImportError:
+        pass  # xquant built without torch, or against another torch: raised on the first call with a torch tensor

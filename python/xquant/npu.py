@@ -18,8 +18,8 @@ torch fast path from 32 Ki elements on).
 Arithmetic is float32 with the exact operation order and round-half-to-even of docs/semantics (SPEC.md);
 errors of the C++ library arrive as TypeError (a dtype the operator does not accept) or ValueError
 (everything else) with the library's message. For torch tensors the functions are torch.library custom
-operators (torch.ops.xquant.*) with fake implementations and autograd (see xquant._torch_ops); plain eager
-calls skip their dispatch (the fast path below).
+operators (torch.ops.xquant.*) with fake implementations and autograd defined in C++ (xquant._torch_ext, see xquant._torch_ops);
+plain eager calls skip their dispatch (the fast path below).
 """
 
 from __future__ import annotations
@@ -54,13 +54,12 @@ class _NoTensor:  # the fast-path types until torch is in use: nothing is of thi
 
 # The eager fast path: when the main input is a plain torch.Tensor (or nn.Parameter) and torch is not
 # tracing (torch.compile / torch.export constant-fold torch.compiler.is_compiling() to True), each function
-# first calls the compiled core directly (_fast.t_*: xquant._torch_fast or _core, lenient): it computes when nothing else is needed
-# (no autograd recording, no dispatch / function mode, functorch transform, JIT trace or profiler, dense
-# CPU tensors of supported dtypes, Python values of the expected types) and otherwise returns None, and
-# the call takes the full path (validation, then the torch.ops.xquant custom operators). Where autograd
-# recording is the only obstacle, the operators with autograd return NotImplemented and the call records
-# through an autograd.Function over the same kernels (xquant._torch_ops). Results are identical on every
-# path; only the per-call cost differs.
+# first calls the operator's C++ implementation directly (_fast.f_<op>, xquant._torch_ext): it computes when
+# nothing else is needed (no autograd recording, no dispatch / function mode, functorch transform, JIT trace
+# or profiler, dense CPU tensors of supported dtypes, Python values of the expected types) and otherwise
+# returns None, and the call takes the full path (argument conversion, then the torch.ops.xquant operator
+# through the dispatcher, which records autograd, traces, batches). Results are identical on both paths (the
+# same C++ kernel); only the per-call cost differs.
 _Tensor: type = _NoTensor
 _Parameter: type = _NoTensor
 
@@ -70,25 +69,32 @@ def _never() -> bool:
 
 
 _is_compiling = _never  # -> torch.compiler.is_compiling once torch is in use
-# The module whose t_* functions the fast path calls: xquant._torch_fast (compiled against this torch's C++
-# API: at::Tensor arguments, at::empty outputs) where it was built and matches the running torch, else
-# xquant._core (the CPython API, torch.empty outputs). Same arguments, same results; see _torch_ops.FAST.
-_fast: Any = _core
+_fast: Any = None  # -> xquant._torch_ext once torch is in use
+_torch_error: ImportError | None = None  # why the torch side could not be imported (raised on use)
 
 
 def _load_torch_backend():
-    """xquant._torch_ops (registering the custom operators) if torch has been imported, else None."""
-    global _torch_backend, _Tensor, _Parameter, _is_compiling, _fast
+    """xquant._torch_ops (registering the operators' autograd and batching rules) if torch has been imported,
+    else None. Where the torch side cannot be imported (xquant built without torch, or against another
+    torch), the ImportError saying how to rebuild is raised here, on the first use with a torch tensor (and by
+    xquant.register_torch_ops), while NumPy calls keep working."""
+    global _torch_backend, _Tensor, _Parameter, _is_compiling, _fast, _torch_error
+    if _torch_error is not None:
+        raise _torch_error
     if _torch_backend is None and "torch" in sys.modules:
-        from . import _torch_ops
+        try:
+            from . import _torch_ops
+        except ImportError as e:
+            if "torch" not in str(e):
+                raise
+            _torch_error = e
+            raise
+        import torch
 
         _torch_backend = _torch_ops
-        if _torch_ops.FAST_PATH:
-            import torch
-
-            _is_compiling = torch.compiler.is_compiling
-            _fast = _torch_ops.FAST
-            _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+        _is_compiling = torch.compiler.is_compiling
+        _fast = _torch_ops.FAST
+        _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
     return _torch_backend
 
 
@@ -129,10 +135,9 @@ def npu_fake_tensor_quant(inputs, amax, num_bits: int = 8, is_unsigned: bool = F
     ``sum(grad_out * (x > max_bound/scale ? 1 : x < min_bound/scale ? min_bound/max_bound : 0))``.
     """
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
-        out = _fast.t_fake_tensor_quant(inputs, amax, None, num_bits, is_unsigned, narrow_range)
+        out = _fast.f_fake_tensor_quant(inputs, amax, None, num_bits, is_unsigned, narrow_range)
         if out is not None:
-            return out if out is not NotImplemented else \
-                _torch_backend.fake_quant_autograd(inputs, amax, None, num_bits, is_unsigned, narrow_range)
+            return out
     op = "fake_tensor_quant"
     b = _backend(op, "inputs", inputs)
     return b.fake_tensor_quant(op, inputs, amax, None, *_fq_options(op, num_bits, is_unsigned, narrow_range))
@@ -147,7 +152,7 @@ def npu_fake_tensor_quant_inplace(inputs, amax, num_bits: int = 8, is_unsigned: 
     npu_fake_tensor_quant.
     """
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
-        out = _fast.t_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range)
+        out = _fast.f_fake_tensor_quant_inplace(inputs, amax, num_bits, is_unsigned, narrow_range)
         if out is not None:
             return out
     op = "fake_tensor_quant_inplace"
@@ -164,10 +169,9 @@ def npu_fake_tensor_quant_with_axis(inputs, amax, axis: int, num_bits: int = 8, 
     reduced per channel.
     """
     if (type(inputs) is _Tensor or type(inputs) is _Parameter) and not _is_compiling():
-        out = _fast.t_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
+        out = _fast.f_fake_tensor_quant(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
         if out is not None:
-            return out if out is not NotImplemented else \
-                _torch_backend.fake_quant_autograd(inputs, amax, axis, num_bits, is_unsigned, narrow_range)
+            return out
     op = "fake_tensor_quant_with_axis"
     b = _backend(op, "inputs", inputs)
     ax = _args.as_int(op, "axis", axis)
@@ -194,7 +198,7 @@ def npu_quantize(input, scales, zero_points, dtype, axis: int = 1, div_mode: boo
     last one; ``scales`` 1-D or of input's rank with 1s except on that axis; ``zero_points`` matches scales.
     """
     if (type(input) is _Tensor or type(input) is _Parameter) and not _is_compiling():
-        out = _fast.t_quantize(input, scales, zero_points, dtype, axis, div_mode)
+        out = _fast.f_quantize(input, scales, zero_points, dtype, axis, div_mode)
         if out is not None:
             return out
     op = "quantize"
@@ -217,7 +221,7 @@ def quant(out, src, scale, mode: Any = QuantMode.SYM, offset=None) -> None:
     ``offset`` is required for ASYM and rejected for SYM. Returns None, like pypto.
     """
     if (type(out) is _Tensor or type(out) is _Parameter) and not _is_compiling():
-        if _fast.t_tile_quant(out, src, scale, mode, offset) is not None:
+        if _fast.f_tile_quant(out, src, scale, mode, offset) is not None:
             return None
     op = "tile_quant"
     b = _backend(op, "out", out)
@@ -243,7 +247,7 @@ def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst
     ("pertensor"; not with smooth_scales). A row containing NaN gets NaN scale / offset and y = 0.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _fast.t_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode)
+        out = _fast.f_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode)
         if out is not None:
             return out
     op = "dynamic_quant_asymmetric"
@@ -267,7 +271,7 @@ def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None)
     scale 0 and y = 0; a row containing NaN gets a NaN scale and y = 0.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _fast.t_dynamic_quant(x, smooth_scales, group_index, dst_type)
+        out = _fast.f_dynamic_quant(x, smooth_scales, group_index, dst_type)
         if out is not None:
             return out
     op = "dynamic_quant"
@@ -288,7 +292,7 @@ def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     the result is narrowed once, round to nearest even.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _fast.t_anti_quant(x, scale, offset, dst_dtype, src_dtype)
+        out = _fast.f_anti_quant(x, scale, offset, dst_dtype, src_dtype)
         if out is not None:
             return out
     op = "anti_quant"
@@ -323,10 +327,9 @@ def acts_ulq(x, clamp_min, clamp_max, fixed_min: bool = False, num_bits: int = 8
     each summed down to the shape of its input.
     """
     if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _fast.t_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits)
+        out = _fast.f_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits)
         if out is not None:
-            return out if out is not NotImplemented else \
-                _torch_backend.acts_ulq_autograd(x, clamp_min, clamp_max, fixed_min, num_bits)
+            return out
     op = "acts_ulq"
     b = _backend(op, "x", x)
     return b.acts_ulq(op, x, clamp_min, clamp_max, _args.as_bool(op, "fixed_min", fixed_min),

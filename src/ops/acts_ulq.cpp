@@ -14,6 +14,8 @@
 #include "core/check.hpp"
 #include "core/device_ops.hpp"
 #include "core/kernels.hpp"
+#include "ops/spec.hpp"
+#include "xquant/plan.hpp"
 
 namespace xquant {
 
@@ -321,6 +323,20 @@ ActsUlqGrads acts_ulq_backward(ConstTensorView y_grad, const Shape& x_shape, Con
   acts_ulq_backward_out(g.x_grad, g.clamp_min_grad, g.clamp_max_grad, y_grad, clamp_min, clamp_max, clamp_min_mask,
                         clamp_max_mask, x_clamped_loss, fixed_min, num_bits);
   return g;
+}
+
+Shape plan_acts_ulq(const TensorSpec& x, const TensorSpec& clamp_min, const TensorSpec& clamp_max, int num_bits) {
+  return validate_forward_inputs(detail::spec_view(x), detail::spec_view(clamp_min), detail::spec_view(clamp_max),
+                                 num_bits);
+}
+
+Shape plan_acts_ulq_backward(const TensorSpec& y_grad, const Shape& x_shape, const TensorSpec& clamp_min,
+                             const TensorSpec& clamp_max, const TensorSpec& clamp_min_mask,
+                             const TensorSpec& clamp_max_mask, const TensorSpec& x_clamped_loss, int num_bits) {
+  check_view(kOpBackward, "x_grad", detail::spec_view(TensorSpec{clamp_min.dtype, x_shape}));
+  return validate_backward_inputs("x_grad", x_shape, detail::spec_view(y_grad), detail::spec_view(clamp_min),
+                                  detail::spec_view(clamp_max), detail::spec_view(clamp_min_mask),
+                                  detail::spec_view(clamp_max_mask), detail::spec_view(x_clamped_loss), num_bits);
 }
 
 }  // namespace xquant

@@ -15,6 +15,8 @@
 #include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
+#include "ops/spec.hpp"
+#include "xquant/plan.hpp"
 
 namespace xquant {
 
@@ -152,6 +154,11 @@ Tensor anti_quant(ConstTensorView x, ConstTensorView scale, std::optional<ConstT
   Tensor out(dst_dtype, p.out_shape, x.device);
   anti_quant_out(out, x, scale, offset, src_dtype);
   return out;
+}
+
+Shape plan_anti_quant(const TensorSpec& x, const TensorSpec& scale, const std::optional<TensorSpec>& offset,
+                      QuantDType src_dtype) {
+  return validate_inputs(detail::spec_view(x), detail::spec_view(scale), detail::spec_view(offset), src_dtype).out_shape;
 }
 
 }  // namespace xquant

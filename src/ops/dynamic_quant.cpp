@@ -14,7 +14,9 @@
 #include "core/check.hpp"
 #include "core/device_ops.hpp"
 #include "core/kernels.hpp"
+#include "ops/spec.hpp"
 #include "xquant/dynamic_quant.hpp"
+#include "xquant/plan.hpp"
 
 namespace xquant {
 
@@ -50,7 +52,7 @@ std::vector<std::int64_t> read_group_index(const ConstTensorView& g_view) {
 
 Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::optional<ConstTensorView>& smooth_scales,
                      const std::optional<ConstTensorView>& group_index, QuantDType dst_type,
-                     DynamicQuantMode quant_mode) {
+                     DynamicQuantMode quant_mode, bool read_values = true) {
   // x: floating, rank >= 2.
   detail::check_view(op, "x", x);
   detail::check_floating(op, "x", x.dtype);
@@ -136,6 +138,7 @@ Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::o
     if (experts < 1)
       fail(ErrorCode::shape_mismatch, op, "group_index",
            "group_index has shape " + shape_str(g.shape) + " but expected at least 1 expert");
+    if (!read_values) return p;  // planning: the row ends are values
     p.group_ends = read_group_index(g);
     for (std::int64_t e = 0; e < experts; ++e) {
       const std::int64_t v = p.group_ends[static_cast<std::size_t>(e)];
@@ -268,6 +271,21 @@ DynamicQuantSymmetricResult dynamic_quant(ConstTensorView x, std::optional<Const
   DynamicQuantSymmetricResult r{Tensor(p.y_dtype, p.y_shape, dev), Tensor(DType::float32, p.param_shape, dev)};
   dynamic_quant_out(r.y, r.scale, x, smooth_scales, group_index, dst_type);
   return r;
+}
+
+DynamicQuantShapes plan_dynamic_quant_asymmetric(const TensorSpec& x, const std::optional<TensorSpec>& smooth_scales,
+                                                 const std::optional<TensorSpec>& group_index, QuantDType dst_type,
+                                                 DynamicQuantMode quant_mode) {
+  const Plan p = validate_inputs(kAsymmetricOp, detail::spec_view(x), detail::spec_view(smooth_scales),
+                                 detail::spec_view(group_index), dst_type, quant_mode, false);
+  return {p.y_dtype, p.y_shape, p.param_shape};
+}
+
+DynamicQuantShapes plan_dynamic_quant(const TensorSpec& x, const std::optional<TensorSpec>& smooth_scales,
+                                      const std::optional<TensorSpec>& group_index, QuantDType dst_type) {
+  const Plan p = validate_inputs(kSymmetricOp, detail::spec_view(x), detail::spec_view(smooth_scales),
+                                 detail::spec_view(group_index), dst_type, DynamicQuantMode::pertoken, false);
+  return {p.y_dtype, p.y_shape, p.param_shape};
 }
 
 }  // namespace xquant

@@ -11,6 +11,8 @@
 #include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
+#include "ops/spec.hpp"
+#include "xquant/plan.hpp"
 
 namespace xquant {
 namespace {
@@ -30,9 +32,10 @@ std::string float_str(float v) {
   return buf;
 }
 
-// Checks inputs / amax / options; axis == nullopt is the per-tensor form.
+// Checks inputs / amax / options; axis == nullopt is the per-tensor form. read_values = false: shapes
+// only (plan_*: amax's values are neither checked nor turned into parameters).
 FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const ConstTensorView& amax,
-                      std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
+                      std::optional<std::int64_t> axis, const FakeQuantOptions& o, bool read_values = true) {
   detail::check_view(op, "inputs", inputs);
   detail::check_floating(op, "inputs", inputs.dtype);
   detail::check_view(op, "amax", amax);
@@ -54,6 +57,7 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
                std::to_string(ax) + " (expected a 1-D amax of that length)");
     pb.split = detail::split_at_axis(inputs.shape, ax);
   }
+  if (!read_values) return pb;
   // amax must be finite and >= 0; name the first bad channel. (Read on the host: a CUDA amax is copied.)
   const detail::HostCopy amax_host(amax);
   const ConstTensorView& amax_h = amax_host.view();
@@ -75,6 +79,12 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
         detail::init_fake_quant_params(a, o.num_bits, o.is_unsigned, o.narrow_range, half);
   }
   return pb;
+}
+
+void check_grad_out(const char* op, const ConstTensorView& grad_out, const ConstTensorView& inputs) {
+  detail::check_view(op, "grad_out", grad_out);
+  detail::check_dtype(op, "grad_out", grad_out.dtype, inputs.dtype);
+  detail::check_shape(op, "grad_out", grad_out.shape, inputs.shape, "the shape of inputs");
 }
 
 // Allocating forms: inputs and amax on one device, which can run the forward kernel.
@@ -146,9 +156,7 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
   const detail::KernelTable& kt = detail::kernels_for(op, "inputs", dev);
   const auto backward = kt.fake_quant_backward;
   FakeQuantProblem pb = plan(op, inputs, amax, axis, options);
-  detail::check_view(op, "grad_out", grad_out);
-  detail::check_dtype(op, "grad_out", grad_out.dtype, inputs.dtype);
-  detail::check_shape(op, "grad_out", grad_out.shape, inputs.shape, "the shape of inputs");
+  check_grad_out(op, grad_out, inputs);
   detail::check_output(op, "grad_inputs", grad_inputs, inputs.dtype, inputs.shape, "the shape of inputs");
   // grad_inputs is written while grad_out and inputs are still read: the same buffer is fine (each
   // element is read before it is written), a partial overlap is not.
@@ -211,6 +219,32 @@ FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorV
                                                                : std::nullopt,
                                  grad_out, inputs, amax, axis, options);
   return g;
+}
+
+// ---- planning (xquant/plan.hpp) ------------------------------------------------------------------------
+
+Shape plan_fake_tensor_quant(const TensorSpec& inputs, const TensorSpec& amax, const FakeQuantOptions& options) {
+  plan("fake_tensor_quant", detail::spec_view(inputs), detail::spec_view(amax), std::nullopt, options, false);
+  return inputs.shape;
+}
+
+Shape plan_fake_tensor_quant_inplace(const TensorSpec& inputs, const TensorSpec& amax, const FakeQuantOptions& options) {
+  plan("fake_tensor_quant_inplace", detail::spec_view(inputs), detail::spec_view(amax), std::nullopt, options, false);
+  return inputs.shape;
+}
+
+Shape plan_fake_tensor_quant_with_axis(const TensorSpec& inputs, const TensorSpec& amax, std::int64_t axis,
+                                       const FakeQuantOptions& options) {
+  plan("fake_tensor_quant_with_axis", detail::spec_view(inputs), detail::spec_view(amax), axis, options, false);
+  return inputs.shape;
+}
+
+void plan_fake_tensor_quant_backward(const TensorSpec& grad_out, const TensorSpec& inputs, const TensorSpec& amax,
+                                     std::optional<std::int64_t> axis, const FakeQuantOptions& options) {
+  const char* op = "fake_tensor_quant_backward";
+  const ConstTensorView x = detail::spec_view(inputs);
+  plan(op, x, detail::spec_view(amax), axis, options, false);
+  check_grad_out(op, detail::spec_view(grad_out), x);
 }
 
 }  // namespace xquant

@@ -10,6 +10,8 @@
 #include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
+#include "ops/spec.hpp"
+#include "xquant/plan.hpp"
 
 namespace xquant {
 
@@ -220,6 +222,13 @@ Tensor quantize(ConstTensorView input, ConstTensorView scales, std::optional<Con
   Tensor out(storage_dtype(dtype), plan.out_shape, dev);
   run(dev, plan, out.data(), input, scales, zero_points, dtype, div_mode);
   return out;
+}
+
+Shape plan_quantize(const TensorSpec& input, const TensorSpec& scales, const std::optional<TensorSpec>& zero_points,
+                    QuantDType dtype, std::int64_t axis, bool div_mode) {
+  return make_plan(detail::spec_view(input), detail::spec_view(scales), detail::spec_view(zero_points), dtype, axis,
+                   div_mode)
+      .out_shape;
 }
 
 }  // namespace xquant

@@ -6,10 +6,13 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "core/check.hpp"
 #include "core/device_ops.hpp"
 #include "core/kernels.hpp"
+#include "ops/spec.hpp"
+#include "xquant/plan.hpp"
 
 namespace xquant {
 
@@ -132,6 +135,25 @@ Tensor tile_quant(ConstTileView src, ConstTileView scale, QuantMode mode, std::o
   Tensor out(mode == QuantMode::SYM ? DType::int8 : DType::uint8, Shape{src.rows, src.cols}, src.device);
   tile_quant(TileView{out.data(), out.dtype(), src.rows, src.cols, src.cols, src.device}, src, scale, mode, offset);
   return out;
+}
+
+void plan_tile_quant(const TensorSpec& out, const TensorSpec& src, const TensorSpec& scale, QuantMode mode,
+                     const std::optional<TensorSpec>& offset) {
+  const std::pair<std::string_view, const TensorSpec*> specs[] = {
+      {"out", &out}, {"src", &src}, {"scale", &scale}, {"offset", offset ? &*offset : nullptr}};
+  for (const auto& [arg, s] : specs)
+    if (s != nullptr && s->shape.size() != 2)
+      fail(ErrorCode::shape_mismatch, kOp, arg,
+           std::string(arg) + " has shape " + shape_str(s->shape) + " but expected a 2-D tile");
+  const auto tile = [](const TensorSpec& s) {
+    return ConstTileView{detail::spec_data(), s.dtype, s.shape[0], s.shape[1], s.shape[1]};
+  };
+  std::optional<ConstTileView> off;
+  if (offset) off = tile(*offset);
+  const ConstTileView src_tile = tile(src);
+  check_inputs(src_tile, tile(scale), mode, off);
+  check_tile("out", tile(out), mode == QuantMode::SYM ? DType::int8 : DType::uint8,
+             Expected{src_tile.rows, src_tile.cols, "the valid shape of src"});
 }
 
 }  // namespace xquant

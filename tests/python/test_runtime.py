@@ -3,7 +3,6 @@ give identical bits, for 1 and 2 threads, through the Python layer."""
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (scripts/setup-python installs it)")
 pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed (scripts/setup-python installs it)")
 
 import numpy as np

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
+import pytest
 
 from golden import BF16
 
+try:  # the NumPy tests also run without torch (scripts/test-python-numpy): their torch halves skip
+    import torch
+except ImportError:
+    torch = None
+
 NP_DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BF16]
-TORCH_OF = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16, BF16: torch.bfloat16}
+TORCH_OF = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+            BF16: torch.bfloat16} if torch is not None else {}
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (the torch-free run of the NumPy "
+                                                       "tests, scripts/test-python-numpy)")
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
