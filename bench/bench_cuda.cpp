@@ -28,13 +28,13 @@ namespace {
 
 using namespace xquant;
 
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    const cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                      \
-      std::exit(2);                                                                                \
-    }                                                                                              \
+#define CK(call)                                                              \
+  do {                                                                        \
+    const cudaError_t e_ = (call);                                            \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(2);                                                           \
+    }                                                                         \
   } while (0)
 
 Tensor host_random(DType dt, Shape shape, std::uint32_t seed, float spread) {
@@ -45,11 +45,20 @@ Tensor host_random(DType dt, Shape shape, std::uint32_t seed, float spread) {
     float v = u(rng);
     if (i % 97 == 0) v = std::nearbyint(v) + 0.5f;  // ties
     switch (dt) {
-      case DType::float32: t.data<float>()[i] = v; break;
-      case DType::float16: t.data<std::uint16_t>()[i] = float_to_half(v); break;
-      case DType::bfloat16: t.data<std::uint16_t>()[i] = float_to_bfloat16(v); break;
-      case DType::int8: t.data<std::int8_t>()[i] = static_cast<std::int8_t>(rng()); break;
-      default: break;
+      case DType::float32:
+        t.data<float>()[i] = v;
+        break;
+      case DType::float16:
+        t.data<std::uint16_t>()[i] = float_to_half(v);
+        break;
+      case DType::bfloat16:
+        t.data<std::uint16_t>()[i] = float_to_bfloat16(v);
+        break;
+      case DType::int8:
+        t.data<std::int8_t>()[i] = static_cast<std::int8_t>(rng());
+        break;
+      default:
+        break;
     }
   }
   return t;
@@ -145,7 +154,8 @@ int main(int argc, char** argv) {
   {  // fake_tensor_quant_with_axis, float16, axis 1
     const Tensor x = host_random(DType::float16, shape, 3, 300.0f);
     Tensor amax(DType::float16, {C});
-    for (std::int64_t c = 0; c < C; ++c) amax.data<std::uint16_t>()[c] = float_to_half(50.0f + static_cast<float>(c % 100));
+    for (std::int64_t c = 0; c < C; ++c)
+      amax.data<std::uint16_t>()[c] = float_to_half(50.0f + static_cast<float>(c % 100));
     const Tensor dx = to_dev(x), da = to_dev(amax);
     Tensor dy(DType::float16, shape, Device::cuda());
     fake_tensor_quant_with_axis_out(dy, dx, da, 1);
@@ -186,8 +196,8 @@ int main(int argc, char** argv) {
         gmax(DType::float16, {1}, Device::cuda());
     auto bwd = [&] { acts_ulq_backward_out(xg, gmin, gmax, ddy, dmin, dmax, m1, m2, l); };
     bwd();
-    const ActsUlqGrads gw = acts_ulq_backward(dy, shape, cmin, cmax, want.clamp_min_mask, want.clamp_max_mask,
-                                              want.x_clamped_loss);
+    const ActsUlqGrads gw =
+        acts_ulq_backward(dy, shape, cmin, cmax, want.clamp_min_mask, want.clamp_max_mask, want.x_clamped_loss);
     add("acts_ulq_backward f16 per-tensor clamps (2 full sums)", n * 10,
         same(gw.x_grad, xg) && same(gw.clamp_min_grad, gmin) && same(gw.clamp_max_grad, gmax), bwd);
   }
@@ -248,7 +258,9 @@ int main(int argc, char** argv) {
     const Shape ps = mode == DynamicQuantMode::pertoken ? Shape{R} : Shape{1};
     Tensor dy(DType::int8, shape, Device::cuda()), dsc(DType::float32, ps, Device::cuda()),
         dof(DType::float32, ps, Device::cuda());
-    auto run = [&] { dynamic_quant_asymmetric_out(dy, dsc, dof, dx, std::nullopt, std::nullopt, QuantDType::qint8, mode); };
+    auto run = [&] {
+      dynamic_quant_asymmetric_out(dy, dsc, dof, dx, std::nullopt, std::nullopt, QuantDType::qint8, mode);
+    };
     run();
     const DynamicQuantResult want = dynamic_quant_asymmetric(x, std::nullopt, std::nullopt, QuantDType::qint8, mode);
     const bool ok = same(want.y, dy) && same(want.scale, dsc) && same(want.offset, dof);
@@ -267,8 +279,9 @@ int main(int argc, char** argv) {
   }
 
   // Report.
-  std::string md = "| operator (" + std::to_string(R) + " x " + std::to_string(C) + ", " + prop.name +
-                   ") | median ms | GB/s | memcpy GB/s | fraction of memcpy | bit-exact vs cpu |\n|---|---:|---:|---:|---:|:-:|\n";
+  std::string md =
+      "| operator (" + std::to_string(R) + " x " + std::to_string(C) + ", " + prop.name +
+      ") | median ms | GB/s | memcpy GB/s | fraction of memcpy | bit-exact vs cpu |\n|---|---:|---:|---:|---:|:-:|\n";
   std::string js = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n  \"rows\": " + std::to_string(R) +
                    ", \"cols\": " + std::to_string(C) + ", \"reps\": " + std::to_string(reps) + ",\n  \"results\": [\n";
   bool all_ok = true;

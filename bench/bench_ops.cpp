@@ -28,7 +28,8 @@ xq::Tensor random_tensor(xq::DType dt, xq::Shape shape, float range = 4.f) {
   if (dt == xq::DType::float32) return f;
   xq::Tensor t(dt, shape);
   auto* q = t.data<std::uint16_t>();
-  for (std::int64_t i = 0; i < f.numel(); ++i) q[i] = dt == xq::DType::float16 ? xq::float_to_half(p[i]) : xq::float_to_bfloat16(p[i]);
+  for (std::int64_t i = 0; i < f.numel(); ++i)
+    q[i] = dt == xq::DType::float16 ? xq::float_to_half(p[i]) : xq::float_to_bfloat16(p[i]);
   return t;
 }
 
@@ -82,7 +83,8 @@ void BM_fake_quant_axis(benchmark::State& st) {
   const xq::Shape shape = {32, 8, 512, 768};
   xq::Tensor x = random_tensor(xq::DType::float32, shape), y(xq::DType::float32, shape);
   xq::Tensor amax = filled({shape[static_cast<std::size_t>(axis)]}, 3.f);
-  xq::fake_tensor_quant_with_axis_out(y, x, amax, axis);  // warm-up: first-touch page faults and thread start are not the steady state
+  xq::fake_tensor_quant_with_axis_out(
+      y, x, amax, axis);  // warm-up: first-touch page faults and thread start are not the steady state
   for (auto _ : st) xq::fake_tensor_quant_with_axis_out(y, x, amax, axis);
   set_bytes(st, 8.0 * static_cast<double>(x.numel()));
 }
@@ -91,7 +93,9 @@ void BM_fake_quant_backward(benchmark::State& st) {
   const std::int64_t n = st.range(0);
   xq::Tensor x = random_tensor(xq::DType::float32, {n}), g = random_tensor(xq::DType::float32, {n});
   xq::Tensor gi(xq::DType::float32, {n}), ga(xq::DType::float32, {1}), amax = filled({1}, 3.f);
-  xq::fake_tensor_quant_backward_out(gi, ga.view(), g, x, amax, std::nullopt);  // warm-up: first-touch page faults and thread start are not the steady state
+  xq::fake_tensor_quant_backward_out(
+      gi, ga.view(), g, x, amax,
+      std::nullopt);  // warm-up: first-touch page faults and thread start are not the steady state
   for (auto _ : st) xq::fake_tensor_quant_backward_out(gi, ga.view(), g, x, amax, std::nullopt);
   set_bytes(st, 12.0 * static_cast<double>(n));
 }
@@ -104,7 +108,8 @@ void BM_quantize_per_channel(benchmark::State& st) {
   // int8 (div mode): per-channel on axis 0; int4 (mul mode): per-channel on the last axis
   xq::Tensor scales = filled({4096}, div ? 0.03f : 2.f);
   xq::Tensor y(xq::storage_dtype(q), xq::quantize_output_shape(shape, q));
-  xq::quantize_out(y, x, scales, std::nullopt, q, div ? 0 : -1, div);  // warm-up: first-touch page faults and thread start are not the steady state
+  xq::quantize_out(y, x, scales, std::nullopt, q, div ? 0 : -1,
+                   div);  // warm-up: first-touch page faults and thread start are not the steady state
   for (auto _ : st) xq::quantize_out(y, x, scales, std::nullopt, q, div ? 0 : -1, div);
   set_bytes(st, static_cast<double>(x.nbytes() + y.nbytes()));
 }
@@ -118,11 +123,12 @@ void BM_dynamic_quant(benchmark::State& st) {
   xq::Tensor sm = random_tensor(dt, {cols}, 1.f);
   xq::Tensor y(xq::storage_dtype(q), xq::quantize_output_shape({rows, cols}, q));
   xq::Tensor scale(xq::DType::float32, {rows}), offset(xq::DType::float32, {rows});
-  xq::dynamic_quant_asymmetric_out(y, scale, offset, x, smooth ? std::optional<xq::ConstTensorView>(sm.view()) : std::nullopt,
-                                     std::nullopt, q);  // warm-up
+  xq::dynamic_quant_asymmetric_out(y, scale, offset, x,
+                                   smooth ? std::optional<xq::ConstTensorView>(sm.view()) : std::nullopt, std::nullopt,
+                                   q);  // warm-up
   for (auto _ : st)
-    xq::dynamic_quant_asymmetric_out(y, scale, offset, x, smooth ? std::optional<xq::ConstTensorView>(sm.view()) : std::nullopt,
-                                     std::nullopt, q);
+    xq::dynamic_quant_asymmetric_out(
+        y, scale, offset, x, smooth ? std::optional<xq::ConstTensorView>(sm.view()) : std::nullopt, std::nullopt, q);
   set_bytes(st, static_cast<double>(x.nbytes() + y.nbytes() + 8 * rows));
 }
 
@@ -130,8 +136,10 @@ void BM_acts_ulq(benchmark::State& st) {
   const std::int64_t n = st.range(0);
   xq::Tensor x = random_tensor(xq::DType::float32, {n});
   xq::Tensor cmin = filled({1}, -1.5f), cmax = filled({1}, 2.f);
-  xq::Tensor y(xq::DType::float32, {n}), mn(xq::DType::float32, {n}), mx(xq::DType::float32, {n}), loss(xq::DType::float32, {n});
-  xq::acts_ulq_out(y, mn, mx, loss, x, cmin, cmax);  // warm-up: first-touch page faults and thread start are not the steady state
+  xq::Tensor y(xq::DType::float32, {n}), mn(xq::DType::float32, {n}), mx(xq::DType::float32, {n}),
+      loss(xq::DType::float32, {n});
+  xq::acts_ulq_out(y, mn, mx, loss, x, cmin,
+                   cmax);  // warm-up: first-touch page faults and thread start are not the steady state
   for (auto _ : st) xq::acts_ulq_out(y, mn, mx, loss, x, cmin, cmax);
   set_bytes(st, 20.0 * static_cast<double>(n));
 }
@@ -142,7 +150,8 @@ void BM_acts_ulq_backward(benchmark::State& st) {
   xq::Tensor cmin = filled({1}, -1.5f), cmax = filled({1}, 2.f);
   auto f = xq::acts_ulq(x, cmin, cmax);
   xq::Tensor gx(xq::DType::float32, {n}), gmin(xq::DType::float32, {1}), gmax(xq::DType::float32, {1});
-  xq::acts_ulq_backward_out(gx, gmin, gmax, dy, cmin, cmax, f.clamp_min_mask, f.clamp_max_mask, f.x_clamped_loss);  // warm-up
+  xq::acts_ulq_backward_out(gx, gmin, gmax, dy, cmin, cmax, f.clamp_min_mask, f.clamp_max_mask,
+                            f.x_clamped_loss);  // warm-up
   for (auto _ : st)
     xq::acts_ulq_backward_out(gx, gmin, gmax, dy, cmin, cmax, f.clamp_min_mask, f.clamp_max_mask, f.x_clamped_loss);
   set_bytes(st, 20.0 * static_cast<double>(n));
@@ -151,10 +160,12 @@ void BM_acts_ulq_backward(benchmark::State& st) {
 void BM_tile_quant(benchmark::State& st) {
   xq::Tensor src = random_tensor(xq::DType::float32, {64, 128}, 40.f), scale = filled({64, 1}, 4.f);
   xq::Tensor out(xq::DType::int8, {64, 128});
-  xq::tile_quant(xq::TileView{out.data(), xq::DType::int8, 64, 128, 128}, xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
-                   xq::ConstTileView(scale.data(), xq::DType::float32, 64, 1, 1));  // warm-up
+  xq::tile_quant(xq::TileView{out.data(), xq::DType::int8, 64, 128, 128},
+                 xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
+                 xq::ConstTileView(scale.data(), xq::DType::float32, 64, 1, 1));  // warm-up
   for (auto _ : st)
-    xq::tile_quant(xq::TileView{out.data(), xq::DType::int8, 64, 128, 128}, xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
+    xq::tile_quant(xq::TileView{out.data(), xq::DType::int8, 64, 128, 128},
+                   xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
                    xq::ConstTileView(scale.data(), xq::DType::float32, 64, 1, 1));
   set_bytes(st, 5.0 * 64 * 128);
 }
@@ -169,8 +180,10 @@ void BM_small_fake_quant(benchmark::State& st, std::int64_t axis) {
   xq::Tensor x = random_tensor(xq::DType::float32, shape), y(xq::DType::float32, shape);
   xq::Tensor amax = filled({axis < 0 ? 1 : shape[static_cast<std::size_t>(axis)]}, 3.f);
   auto call = [&] {
-    if (axis < 0) xq::fake_tensor_quant_out(y, x, amax);
-    else xq::fake_tensor_quant_with_axis_out(y, x, amax, axis);
+    if (axis < 0)
+      xq::fake_tensor_quant_out(y, x, amax);
+    else
+      xq::fake_tensor_quant_with_axis_out(y, x, amax, axis);
   };
   call();  // warm-up
   for (auto _ : st) call();
@@ -191,8 +204,8 @@ void BM_small_quantize(benchmark::State& st, xq::QuantDType q, std::int64_t axis
 }
 
 // per_channel: scale / offset of length 128 (the last axis), else one scale and offset.
-void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_channel,
-                         xq::DType dst = xq::DType::float32, bool with_offset = true) {
+void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_channel, xq::DType dst = xq::DType::float32,
+                         bool with_offset = true) {
   const bool int4 = src == xq::QuantDType::quint4x2;
   xq::Tensor x(int4 ? xq::DType::int32 : xq::DType::int8, {kSmallRows, int4 ? kSmallCols / 8 : kSmallCols});
   std::mt19937 rng(1);
@@ -201,7 +214,8 @@ void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_chan
   const std::int64_t h = per_channel ? kSmallCols : 1;
   xq::Tensor scale = filled({h}, 0.5f), offset = filled({h}, 1.f);
   xq::Tensor out(dst, {kSmallRows, kSmallCols});
-  const std::optional<xq::ConstTensorView> off = with_offset ? std::optional<xq::ConstTensorView>(offset.view()) : std::nullopt;
+  const std::optional<xq::ConstTensorView> off =
+      with_offset ? std::optional<xq::ConstTensorView>(offset.view()) : std::nullopt;
   xq::anti_quant_out(out, x, scale, off, src);  // warm-up
   for (auto _ : st) xq::anti_quant_out(out, x, scale, off, src);
   set_bytes(st, static_cast<double>(x.nbytes() + out.nbytes()));
@@ -214,39 +228,82 @@ const auto i8 = static_cast<std::int64_t>(xq::QuantDType::qint8);
 const auto i4 = static_cast<std::int64_t>(xq::QuantDType::quint4x2);
 
 BENCHMARK(BM_memcpy_probe)->Arg(kBig)->Arg(1024)->Arg(4096)->Arg(65536)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_fake_quant_per_tensor)->Arg(kBig)->Arg(1024)->Arg(4096)->Arg(65536)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_fake_quant_per_tensor)
+    ->Arg(kBig)
+    ->Arg(1024)
+    ->Arg(4096)
+    ->Arg(65536)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_fake_quant_per_tensor_alloc)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_axis)->Arg(1)->Arg(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_quantize_per_channel)->Arg(i8)->Arg(i4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_dynamic_quant)
-    ->Args({bf16, i8, 0, 8192, 4096})->Args({f32, i8, 0, 8192, 4096})->Args({bf16, i4, 0, 8192, 4096})
-    ->Args({bf16, i8, 1, 8192, 4096})->Args({f32, i4, 1, 8192, 4096})->Args({f32, i8, 0, 1, 1024})->Args({f32, i8, 0, 1, 4096})
+    ->Args({bf16, i8, 0, 8192, 4096})
+    ->Args({f32, i8, 0, 8192, 4096})
+    ->Args({bf16, i4, 0, 8192, 4096})
+    ->Args({bf16, i8, 1, 8192, 4096})
+    ->Args({f32, i4, 1, 8192, 4096})
+    ->Args({f32, i8, 0, 1, 1024})
+    ->Args({f32, i8, 0, 1, 4096})
     // in cache (L2): the kernels' compute speed, without DRAM
-    ->Args({bf16, i8, 0, 64, 4096})->Args({bf16, i4, 0, 64, 4096})->Args({bf16, i8, 1, 64, 4096})->Args({f32, i8, 0, 32, 4096})
+    ->Args({bf16, i8, 0, 64, 4096})
+    ->Args({bf16, i4, 0, 64, 4096})
+    ->Args({bf16, i8, 1, 64, 4096})
+    ->Args({f32, i8, 0, 32, 4096})
     ->Args({f32, i4, 1, 32, 4096})
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq)->Arg(kBig)->Arg(4096)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_tile_quant)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_fake_quant, per_tensor, -1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_fake_quant, axis0, 0)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_fake_quant, axis1, 1)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_quantize, int8_per_tensor, xq::QuantDType::qint8, -1)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_quantize, int8_axis0, xq::QuantDType::qint8, 0)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_quantize, int8_axis1, xq::QuantDType::qint8, 1)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_quantize, int4_per_tensor, xq::QuantDType::quint4x2, -1)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_quantize, int4_last_axis, xq::QuantDType::quint4x2, 1)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_tensor, xq::QuantDType::qint8, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_channel, xq::QuantDType::qint8, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor, xq::QuantDType::quint4x2, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel, xq::QuantDType::quint4x2, true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int8_per_tensor, xq::QuantDType::qint8, -1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int8_axis0, xq::QuantDType::qint8, 0)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int8_axis1, xq::QuantDType::qint8, 1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int4_per_tensor, xq::QuantDType::quint4x2, -1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_quantize, int4_last_axis, xq::QuantDType::quint4x2, 1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_tensor, xq::QuantDType::qint8, false)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int8_per_channel, xq::QuantDType::qint8, true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor, xq::QuantDType::quint4x2, false)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel, xq::QuantDType::quint4x2, true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 // the case of bench/py_overhead.py: int4 per channel -> bfloat16, float32 scale, no offset
-BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor_bf16_no_offset, xq::QuantDType::quint4x2, false, xq::DType::bfloat16, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel_bf16_no_offset, xq::QuantDType::quint4x2, true, xq::DType::bfloat16, false)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_dynamic_quant)->Name("BM_small_dynamic_quant")->Args({f32, i8, 0, kSmallRows, kSmallCols})
-    ->Args({bf16, i8, 0, kSmallRows, kSmallCols})->Args({f32, i4, 0, kSmallRows, kSmallCols})
-    ->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor_bf16_no_offset, xq::QuantDType::quint4x2, false,
+                  xq::DType::bfloat16, false)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel_bf16_no_offset, xq::QuantDType::quint4x2, true,
+                  xq::DType::bfloat16, false)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_dynamic_quant)
+    ->Name("BM_small_dynamic_quant")
+    ->Args({f32, i8, 0, kSmallRows, kSmallCols})
+    ->Args({bf16, i8, 0, kSmallRows, kSmallCols})
+    ->Args({f32, i4, 0, kSmallRows, kSmallCols})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // ---- ratio mode: each out-variant interleaved with the memcpy probe ----
 // This machine's memory bandwidth drifts by 2x within minutes (it is shared), so a probe measured once
@@ -284,15 +341,19 @@ int run_ratios(const char* json_path, const char* filter) {
   };
   const double probe_bytes = 8.0 * static_cast<double>(n);
   // operands
-  xq::Tensor x = random_tensor(xq::DType::float32, {n}), y(xq::DType::float32, {n}), g = random_tensor(xq::DType::float32, {n});
+  xq::Tensor x = random_tensor(xq::DType::float32, {n}), y(xq::DType::float32, {n}),
+             g = random_tensor(xq::DType::float32, {n});
   xq::Tensor amax = filled({1}, 3.f), ga(xq::DType::float32, {1});
   const xq::Shape s4 = {32, 8, 512, 768};
   xq::TensorView x4(x.data(), xq::DType::float32, s4), y4(y.data(), xq::DType::float32, s4);
   xq::Tensor a8 = filled({8}, 3.f), a768 = filled({768}, 3.f);
-  xq::Tensor m = random_tensor(xq::DType::float32, {4096, 4096}), m_i8(xq::DType::int8, {4096, 4096}), m_i4(xq::DType::int32, {4096, 512});
+  xq::Tensor m = random_tensor(xq::DType::float32, {4096, 4096}), m_i8(xq::DType::int8, {4096, 4096}),
+             m_i4(xq::DType::int32, {4096, 512});
   xq::Tensor sc = filled({4096}, 0.03f), sc4 = filled({4096}, 2.f);
-  xq::Tensor xb = random_tensor(xq::DType::bfloat16, {8192, 4096}), xf = random_tensor(xq::DType::float32, {8192, 4096});
-  xq::Tensor smb = random_tensor(xq::DType::bfloat16, {4096}, 1.f), smf = random_tensor(xq::DType::float32, {4096}, 1.f);
+  xq::Tensor xb = random_tensor(xq::DType::bfloat16, {8192, 4096}),
+             xf = random_tensor(xq::DType::float32, {8192, 4096});
+  xq::Tensor smb = random_tensor(xq::DType::bfloat16, {4096}, 1.f),
+             smf = random_tensor(xq::DType::float32, {4096}, 1.f);
   xq::Tensor dy8(xq::DType::int8, {8192, 4096}), dy4(xq::DType::int32, {8192, 512});
   xq::Tensor dsc(xq::DType::float32, {8192}), dof(xq::DType::float32, {8192});
   xq::Tensor cmin = filled({1}, -1.5f), cmax = filled({1}, 2.f);
@@ -304,16 +365,19 @@ int run_ratios(const char* json_path, const char* filter) {
   using Q = xq::QuantDType;
   auto dyn = [&](const xq::Tensor& xin, const xq::Tensor* sm, Q q) {
     xq::Tensor& yo = q == Q::qint8 ? dy8 : dy4;
-    xq::dynamic_quant_asymmetric_out(yo, dsc, dof, xin, sm ? std::optional<xq::ConstTensorView>(sm->view()) : std::nullopt,
-                                     std::nullopt, q);
+    xq::dynamic_quant_asymmetric_out(
+        yo, dsc, dof, xin, sm ? std::optional<xq::ConstTensorView>(sm->view()) : std::nullopt, std::nullopt, q);
   };
   const std::vector<RatioCase> cases = {
       {"fake_tensor_quant_out [100663296] f32", 8 * N, [&] { xq::fake_tensor_quant_out(y, x, amax); }},
-      {"fake_tensor_quant_with_axis_out axis=1 [32,8,512,768]", 8 * N, [&] { xq::fake_tensor_quant_with_axis_out(y4, x4, a8, 1); }},
-      {"fake_tensor_quant_with_axis_out axis=3 [32,8,512,768]", 8 * N, [&] { xq::fake_tensor_quant_with_axis_out(y4, x4, a768, 3); }},
+      {"fake_tensor_quant_with_axis_out axis=1 [32,8,512,768]", 8 * N,
+       [&] { xq::fake_tensor_quant_with_axis_out(y4, x4, a8, 1); }},
+      {"fake_tensor_quant_with_axis_out axis=3 [32,8,512,768]", 8 * N,
+       [&] { xq::fake_tensor_quant_with_axis_out(y4, x4, a768, 3); }},
       {"fake_tensor_quant_backward_out [100663296] + grad_amax", 12 * N,
        [&] { xq::fake_tensor_quant_backward_out(o1, ga.view(), g, x, amax, std::nullopt); }},
-      {"quantize_out per-channel int8 [4096,4096]", 5 * M, [&] { xq::quantize_out(m_i8, m, sc, std::nullopt, Q::qint8, 0, true); }},
+      {"quantize_out per-channel int8 [4096,4096]", 5 * M,
+       [&] { xq::quantize_out(m_i8, m, sc, std::nullopt, Q::qint8, 0, true); }},
       {"quantize_out per-channel quint4x2 [4096,4096]", 4.5 * M,
        [&] { xq::quantize_out(m_i4, m, sc4, std::nullopt, Q::quint4x2, -1, false); }},
       {"dynamic pertoken bf16->int8 [8192,4096]", 3 * T, [&] { dyn(xb, nullptr, Q::qint8); }},
@@ -329,7 +393,8 @@ int run_ratios(const char* json_path, const char* filter) {
               4.0 * N / 1e6, 15);
   std::printf("%-58s %9s %8s %9s %7s\n", "operator (out-variant)", "ms", "GB/s", "copy GB/s", "ratio");
   std::FILE* js = json_path ? std::fopen(json_path, "w") : nullptr;
-  if (js) std::fprintf(js, "{\"threads\": %d, \"simd_target\": \"%s\", \"rows\": [\n", threads, xq::simd_target().c_str());
+  if (js)
+    std::fprintf(js, "{\"threads\": %d, \"simd_target\": \"%s\", \"rows\": [\n", threads, xq::simd_target().c_str());
   bool first = true;
   for (std::size_t k = 0; k < cases.size(); ++k) {
     const RatioCase& c = cases[k];
@@ -345,8 +410,8 @@ int run_ratios(const char* json_path, const char* filter) {
     const double gbs = c.bytes / to / 1e9, pgbs = probe_bytes / tp / 1e9;
     std::printf("%-58s %9.3f %8.1f %9.1f %6.0f%%\n", c.name, to * 1e3, gbs, pgbs, 100 * gbs / pgbs);
     if (js)
-      std::fprintf(js, "%s  {\"case\": \"%s\", \"ms\": %.4f, \"gbs\": %.2f, \"memcpy_gbs\": %.2f, \"ratio\": %.3f}", first ? "" : ",\n",
-                   c.name, to * 1e3, gbs, pgbs, gbs / pgbs);
+      std::fprintf(js, "%s  {\"case\": \"%s\", \"ms\": %.4f, \"gbs\": %.2f, \"memcpy_gbs\": %.2f, \"ratio\": %.3f}",
+                   first ? "" : ",\n", c.name, to * 1e3, gbs, pgbs, gbs / pgbs);
     first = false;
   }
   if (js) {
@@ -365,7 +430,8 @@ namespace mm {
 xq::Tensor random_int8(xq::Shape shape, int lo = -128, int span = 256) {
   xq::Tensor t(xq::DType::int8, shape);
   std::mt19937 rng(7);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::int8_t>()[i] = static_cast<std::int8_t>(lo + static_cast<int>(rng() % span));
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.data<std::int8_t>()[i] = static_cast<std::int8_t>(lo + static_cast<int>(rng() % span));
   return t;
 }
 
@@ -430,8 +496,8 @@ void BM_weight_quant_matmul(benchmark::State& st) {
     xq::weight_quant_batchmatmul_out(out, x, w, s, opt);
     benchmark::ClobberMemory();
   }
-  st.counters["GFLOPS"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()),
-                                             benchmark::Counter::kIsRate);
+  st.counters["GFLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()), benchmark::Counter::kIsRate);
 }
 
 // The same as a naive loop: dequantize the weight to float, then a float32 triple loop.
@@ -441,7 +507,8 @@ void BM_weight_quant_matmul_naive(benchmark::State& st) {
   xq::Tensor w = random_int8({K, N});
   xq::Tensor s = random_tensor(xq::DType::float32, {N}, 0.01f), o = random_tensor(xq::DType::float32, {N}, 4.f);
   xq::Tensor out(xq::DType::float16, {M, N});
-  std::vector<float> wf(static_cast<std::size_t>(K * N)), xf(static_cast<std::size_t>(M * K)), acc(static_cast<std::size_t>(N));
+  std::vector<float> wf(static_cast<std::size_t>(K * N)), xf(static_cast<std::size_t>(M * K)),
+      acc(static_cast<std::size_t>(N));
   for (auto _ : st) {
     for (std::int64_t i = 0; i < K * N; ++i)
       wf[i] = (static_cast<float>(w.data<std::int8_t>()[i]) + o.data<float>()[i % N]) * s.data<float>()[i % N];
@@ -454,20 +521,38 @@ void BM_weight_quant_matmul_naive(benchmark::State& st) {
     }
     benchmark::ClobberMemory();
   }
-  st.counters["GFLOPS"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()),
-                                             benchmark::Counter::kIsRate);
+  st.counters["GFLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(M * K * N) * static_cast<double>(st.iterations()), benchmark::Counter::kIsRate);
 }
 
 }  // namespace mm
 
-BENCHMARK(mm::BM_quant_matmul)->Args({1, 4096, 4096})->Args({16, 4096, 4096})->Args({2048, 4096, 4096})
-    ->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(mm::BM_quant_matmul_naive)->Args({1, 4096, 4096})->Args({16, 4096, 4096})->Args({256, 4096, 4096})
-    ->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(mm::BM_weight_quant_matmul)->Args({1, 4096, 4096, 0})->Args({16, 4096, 4096, 0})->Args({1, 4096, 4096, 1})
-    ->Args({16, 4096, 4096, 1})->Args({2048, 4096, 4096, 0})->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(mm::BM_weight_quant_matmul_naive)->Args({1, 4096, 4096})->Args({16, 4096, 4096})->Args({256, 4096, 4096})
-    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(mm::BM_quant_matmul)
+    ->Args({1, 4096, 4096})
+    ->Args({16, 4096, 4096})
+    ->Args({2048, 4096, 4096})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(mm::BM_quant_matmul_naive)
+    ->Args({1, 4096, 4096})
+    ->Args({16, 4096, 4096})
+    ->Args({256, 4096, 4096})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(mm::BM_weight_quant_matmul)
+    ->Args({1, 4096, 4096, 0})
+    ->Args({16, 4096, 4096, 0})
+    ->Args({1, 4096, 4096, 1})
+    ->Args({16, 4096, 4096, 1})
+    ->Args({2048, 4096, 4096, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(mm::BM_weight_quant_matmul_naive)
+    ->Args({1, 4096, 4096})
+    ->Args({16, 4096, 4096})
+    ->Args({256, 4096, 4096})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
   // bench_ops --ratios [FILE.json] [--filter SUBSTRING]: the interleaved operator / memcpy table
@@ -476,8 +561,10 @@ int main(int argc, char** argv) {
     const char* json = nullptr;
     const char* filter = nullptr;
     for (int i = 2; i < argc; ++i) {
-      if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) filter = argv[++i];
-      else json = argv[i];
+      if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc)
+        filter = argv[++i];
+      else
+        json = argv[i];
     }
     return run_ratios(json, filter);
   }

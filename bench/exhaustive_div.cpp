@@ -170,14 +170,21 @@ float from_bits(std::uint32_t b) {
 }
 
 bool report(const char* what, const DivStats& st, double secs, bool bits_are_x) {
-  std::printf("%-34s lanes %12llu  fast path %12llu  two-step wrong %llu  one-step wrong %llu  result wrong %llu  (%.1f s)\n",
-              what, static_cast<unsigned long long>(st.lanes), static_cast<unsigned long long>(st.in_domain),
-              static_cast<unsigned long long>(st.bad_two), static_cast<unsigned long long>(st.bad_one),
-              static_cast<unsigned long long>(st.bad_exact), secs);
+  std::printf(
+      "%-34s lanes %12llu  fast path %12llu  two-step wrong %llu  one-step wrong %llu  result wrong %llu  (%.1f s)\n",
+      what, static_cast<unsigned long long>(st.lanes), static_cast<unsigned long long>(st.in_domain),
+      static_cast<unsigned long long>(st.bad_two), static_cast<unsigned long long>(st.bad_one),
+      static_cast<unsigned long long>(st.bad_exact), secs);
   const char* unit = bits_are_x ? "x" : "scale";
-  if (st.bad_one) std::printf("    first one-step miss: %s bits 0x%08x (%.9g)\n", unit, st.first_bad_one, from_bits(st.first_bad_one));
-  if (st.bad_two) std::printf("    FIRST TWO-STEP MISS: %s bits 0x%08x (%.9g)\n", unit, st.first_bad_two, from_bits(st.first_bad_two));
-  if (st.bad_exact) std::printf("    FIRST RESULT MISS: %s bits 0x%08x (%.9g)\n", unit, st.first_bad_exact, from_bits(st.first_bad_exact));
+  if (st.bad_one)
+    std::printf("    first one-step miss: %s bits 0x%08x (%.9g)\n", unit, st.first_bad_one,
+                from_bits(st.first_bad_one));
+  if (st.bad_two)
+    std::printf("    FIRST TWO-STEP MISS: %s bits 0x%08x (%.9g)\n", unit, st.first_bad_two,
+                from_bits(st.first_bad_two));
+  if (st.bad_exact)
+    std::printf("    FIRST RESULT MISS: %s bits 0x%08x (%.9g)\n", unit, st.first_bad_exact,
+                from_bits(st.first_bad_exact));
   std::fflush(stdout);
   return st.bad_two == 0 && st.bad_exact == 0;
 }
@@ -191,8 +198,8 @@ DivStats sweep(float s, std::uint64_t begin, std::uint64_t end) {
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::uint64_t b = begin + static_cast<std::uint64_t>(c) * kChunk;
     const std::uint64_t n = std::min(kChunk, end - b);
-    part[static_cast<std::size_t>(c)] = HWY_DYNAMIC_DISPATCH(xquant::detail::CheckBits)(s, static_cast<std::uint32_t>(b),
-                                                                                       static_cast<std::uint32_t>(n));
+    part[static_cast<std::size_t>(c)] = HWY_DYNAMIC_DISPATCH(xquant::detail::CheckBits)(
+        s, static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(n));
   }
   DivStats all;
   for (const auto& p : part) all.add(p);
@@ -211,13 +218,19 @@ int main(int argc, char** argv) {
   std::string target;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--random" && i + 1 < argc) random_scales = std::atoi(argv[++i]);
-    else if (a == "--every-scale" && i + 1 < argc) every_scale_x = std::atoi(argv[++i]);
-    else if (a == "--target" && i + 1 < argc) target = argv[++i];
-    else if (a == "--integers" && i + 1 < argc) integer_bits = std::atoi(argv[++i]);
-    else if (a == "--quick") quick = true;
+    if (a == "--random" && i + 1 < argc)
+      random_scales = std::atoi(argv[++i]);
+    else if (a == "--every-scale" && i + 1 < argc)
+      every_scale_x = std::atoi(argv[++i]);
+    else if (a == "--target" && i + 1 < argc)
+      target = argv[++i];
+    else if (a == "--integers" && i + 1 < argc)
+      integer_bits = std::atoi(argv[++i]);
+    else if (a == "--quick")
+      quick = true;
     else {
-      std::fprintf(stderr, "usage: %s [--target avx2|avx3] [--random N] [--every-scale K] [--integers B] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--target avx2|avx3] [--random N] [--every-scale K] [--integers B] [--quick]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -299,7 +312,9 @@ int main(int argc, char** argv) {
   if (every_scale_x > 0) {
     std::mt19937 rng(777);
     std::vector<float> xs(static_cast<std::size_t>((every_scale_x + 63) / 64 * 64));
-    for (auto& x : xs) x = from_bits(static_cast<std::uint32_t>(((rng() & 1u) << 31) | ((120u + rng() % 16u) << 23) | (rng() & 0x7FFFFFu)));
+    for (auto& x : xs)
+      x = from_bits(
+          static_cast<std::uint32_t>(((rng() & 1u) << 31) | ((120u + rng() % 16u) << 23) | (rng() & 0x7FFFFFu)));
     const std::uint32_t first = 0x3F800000u, count = 1u << 23, piece = 1u << 14;
     std::vector<DivStats> part(count / piece);
     const double t0 = now();

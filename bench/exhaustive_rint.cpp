@@ -54,7 +54,8 @@ struct Sweep {
   }
   std::uint64_t size() const { return neg + pos; }
   float at(std::uint64_t i) const {
-    return i < neg ? bits_float(0x80000000u + static_cast<std::uint32_t>(i)) : bits_float(pos_first + static_cast<std::uint32_t>(i - neg));
+    return i < neg ? bits_float(0x80000000u + static_cast<std::uint32_t>(i))
+                   : bits_float(pos_first + static_cast<std::uint32_t>(i - neg));
   }
 };
 
@@ -69,11 +70,20 @@ int main(int argc, char** argv) {
   };
   // Ordinary rows, rows far from zero (large |x / s|, near the check's limit), tiny and huge magnitudes,
   // one-signed rows, and a constant-ish row (the 1e-12 scale floor).
-  const std::vector<Range> ranges = {{-1.0f, 2.0f},   {0.0f, 1.0f},        {-3e-5f, 1e-5f},  {-448.0f, 57344.0f},
-                                     {1000.0f, 1001.0f}, {-1e30f, 1e30f},  {0.75f, 0.7500001f}, {-1e-38f, 3e-38f},
+  const std::vector<Range> ranges = {{-1.0f, 2.0f},
+                                     {0.0f, 1.0f},
+                                     {-3e-5f, 1e-5f},
+                                     {-448.0f, 57344.0f},
+                                     {1000.0f, 1001.0f},
+                                     {-1e30f, 1e30f},
+                                     {0.75f, 0.7500001f},
+                                     {-1e-38f, 3e-38f},
                                      // scale 1 (int8 asymmetric, int8 / int4 symmetric, int4 asymmetric):
                                      // every half-integer x is an exact tie of rint
-                                     {-128.0f, 127.0f}, {-127.0f, 127.0f}, {-7.0f, 7.0f}, {-8.0f, 7.0f}};
+                                     {-128.0f, 127.0f},
+                                     {-127.0f, 127.0f},
+                                     {-7.0f, 7.0f},
+                                     {-8.0f, 7.0f}};
   using xquant::QuantDType;
   constexpr std::int64_t H = 1 << 16;
   constexpr std::int64_t kRows = 64;  // per chunk: 4 Mi elements
@@ -93,11 +103,15 @@ int main(int argc, char** argv) {
         const xquant::Shape yshape = q == QuantDType::qint8 ? xquant::Shape{rows, cols} : xquant::Shape{rows, cols / 8};
         const xquant::DType ydt = q == QuantDType::qint8 ? xquant::DType::int8 : xquant::DType::int32;
         const xquant::TensorView yr(y_ref.data(), ydt, yshape), yc(y_cpu.data(), ydt, yshape);
-        const xquant::TensorView sr(s_ref.data(), xquant::DType::float32, {rows}), sc(s_cpu.data(), xquant::DType::float32, {rows});
-        const xquant::TensorView orr(o_ref.data(), xquant::DType::float32, {rows}), oc(o_cpu.data(), xquant::DType::float32, {rows});
+        const xquant::TensorView sr(s_ref.data(), xquant::DType::float32, {rows}),
+            sc(s_cpu.data(), xquant::DType::float32, {rows});
+        const xquant::TensorView orr(o_ref.data(), xquant::DType::float32, {rows}),
+            oc(o_cpu.data(), xquant::DType::float32, {rows});
         auto run = [&](const xquant::TensorView& y, const xquant::TensorView& s, const xquant::TensorView& o) {
-          if (symmetric) xquant::dynamic_quant_out(y, s, x, std::nullopt, std::nullopt, q);
-          else xquant::dynamic_quant_asymmetric_out(y, s, o, x, std::nullopt, std::nullopt, q);
+          if (symmetric)
+            xquant::dynamic_quant_out(y, s, x, std::nullopt, std::nullopt, q);
+          else
+            xquant::dynamic_quant_asymmetric_out(y, s, o, x, std::nullopt, std::nullopt, q);
         };
         xquant::set_backend(xquant::Backend::reference);
         run(yr, sr, orr);
@@ -120,35 +134,37 @@ int main(int argc, char** argv) {
   };
   const auto t0 = std::chrono::steady_clock::now();
   for (int mode : {2, -1})
-  for (const Range& r : ranges) {
-    if (only16) break;
-    xquant::detail::set_fast_div_mode(mode);
-    const Sweep sw(r.lo, r.hi);
-    const std::uint64_t per_row = H - 2;
-    const std::uint64_t count = (sw.size() + step - 1) / step;
-    std::uint64_t range_bad = 0;
-    for (std::uint64_t done = 0; done < count; done += per_row * kRows) {
-      const std::int64_t rows = static_cast<std::int64_t>(std::min<std::uint64_t>(kRows, (count - done + per_row - 1) / per_row));
-      for (std::int64_t row = 0; row < rows; ++row) {
-        float* p = xs.data() + row * H;
-        p[0] = r.lo;
-        p[1] = r.hi;
-        for (std::int64_t k = 2; k < H; ++k) {
-          const std::uint64_t idx = done + static_cast<std::uint64_t>(row) * per_row + static_cast<std::uint64_t>(k - 2);
-          p[k] = idx < count ? sw.at(idx * step) : r.lo;
+    for (const Range& r : ranges) {
+      if (only16) break;
+      xquant::detail::set_fast_div_mode(mode);
+      const Sweep sw(r.lo, r.hi);
+      const std::uint64_t per_row = H - 2;
+      const std::uint64_t count = (sw.size() + step - 1) / step;
+      std::uint64_t range_bad = 0;
+      for (std::uint64_t done = 0; done < count; done += per_row * kRows) {
+        const std::int64_t rows =
+            static_cast<std::int64_t>(std::min<std::uint64_t>(kRows, (count - done + per_row - 1) / per_row));
+        for (std::int64_t row = 0; row < rows; ++row) {
+          float* p = xs.data() + row * H;
+          p[0] = r.lo;
+          p[1] = r.hi;
+          for (std::int64_t k = 2; k < H; ++k) {
+            const std::uint64_t idx =
+                done + static_cast<std::uint64_t>(row) * per_row + static_cast<std::uint64_t>(k - 2);
+            p[k] = idx < count ? sw.at(idx * step) : r.lo;
+          }
         }
+        const xquant::ConstTensorView x(xs.data(), xquant::DType::float32, {rows, H});
+        char label[96];
+        std::snprintf(label, sizeof label, "range [%g, %g]", double(r.lo), double(r.hi));
+        range_bad += compare(x, rows, H, true, label);
       }
-      const xquant::ConstTensorView x(xs.data(), xquant::DType::float32, {rows, H});
-      char label[96];
-      std::snprintf(label, sizeof label, "range [%g, %g]", double(r.lo), double(r.hi));
-      range_bad += compare(x, rows, H, true, label);
+      bad += range_bad;
+      std::printf("mode %2d, range [%.9g, %.9g]: %llu floats x {asymmetric, symmetric} x {int8, int4} x targets: %s\n",
+                  mode, double(r.lo), double(r.hi), static_cast<unsigned long long>(count),
+                  range_bad ? "DIFFERENCES" : "identical to the reference");
+      std::fflush(stdout);
     }
-    bad += range_bad;
-    std::printf("mode %2d, range [%.9g, %.9g]: %llu floats x {asymmetric, symmetric} x {int8, int4} x targets: %s\n", mode,
-                double(r.lo), double(r.hi), static_cast<unsigned long long>(count),
-                range_bad ? "DIFFERENCES" : "identical to the reference");
-    std::fflush(stdout);
-  }
   // float16 and bfloat16 rows: every value of the dtype in each range (at most 2^16, so one row each),
   // through the kernels' 16-bit loads (bfloat16's pairs are widened by unpacking, float16's by conversion).
   for (int mode : {2, -1})
@@ -178,9 +194,11 @@ int main(int argc, char** argv) {
         dt_bad += compare(x, 1, n, false, label);
       }
       bad += dt_bad;
-      std::printf("mode %2d, %s: every value of each range (%llu values) x {asymmetric, symmetric} x {int8, int4} x "
-                  "targets: %s\n", mode, bf ? "bfloat16" : "float16", static_cast<unsigned long long>(dt_values),
-                  dt_bad ? "DIFFERENCES" : "identical to the reference");
+      std::printf(
+          "mode %2d, %s: every value of each range (%llu values) x {asymmetric, symmetric} x {int8, int4} x "
+          "targets: %s\n",
+          mode, bf ? "bfloat16" : "float16", static_cast<unsigned long long>(dt_values),
+          dt_bad ? "DIFFERENCES" : "identical to the reference");
       std::fflush(stdout);
     }
   xquant::detail::set_fast_div_mode(-1);

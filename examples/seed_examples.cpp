@@ -114,7 +114,8 @@ void tile_quant_example() {
   xq::Tensor scale(xq::DType::float32, {64, 1});
   for (int r = 0; r < 64; ++r) {
     scale.data<float>()[r] = 4.f;
-    for (int c = 0; c < 128; ++c) src.data<float>()[r * 128 + c] = -16.f + 32.f * static_cast<float>(r) + 0.25f * static_cast<float>(c);
+    for (int c = 0; c < 128; ++c)
+      src.data<float>()[r * 128 + c] = -16.f + 32.f * static_cast<float>(r) + 0.25f * static_cast<float>(c);
   }
   xq::Tensor out = xq::tile_quant(xq::ConstTileView(src.data(), xq::DType::float32, 64, 128, 128),
                                   xq::ConstTileView(scale.data(), xq::DType::float32, 64, 1, 1), xq::QuantMode::SYM);

@@ -87,7 +87,8 @@ struct Workdir {
     devnull = std::fopen("/dev/null", "w");
     if (!devnull) std::abort();
     xqcli::configure_threads(1);
-    const std::string plain = safetensors_file({{"model.layers.0.mlp.up_proj.weight", {8, 16}}, {"model.norm.weight", {16}}});
+    const std::string plain =
+        safetensors_file({{"model.layers.0.mlp.up_proj.weight", {8, 16}}, {"model.norm.weight", {16}}});
     for (const char* d : {"/plain", "/sharded", "/quantized"}) fs::create_directory(path + d);
     write_file(path + "/plain/model.safetensors", plain);
     write_file(path + "/plain/config.json", R"({"model_type": "llama", "torch_dtype": "float32"})");

@@ -148,14 +148,25 @@ DType maybe_other_dtype(Reader& r, DType dt) {
 // A dimension: mostly 1..8; sometimes 0 or a length around a vector / unroll / chunk boundary; rarely
 // negative or huge (only kept where the shape stays empty or invalid, see fit_shape).
 std::int64_t dim(Reader& r) {
-  static constexpr std::int64_t kSizes[32] = {0,  9,   15,  16,  17,  31,  32,   33,   63,   64,   65,
-                                              2,  3,   4,   8,   12,  24,  48,   100,  127,  128,  129,
+  static constexpr std::int64_t kSizes[32] = {0,   9,   15,  16,   17,   31,   32,   33,   63,   64,  65,
+                                              2,   3,   4,   8,    12,   24,   48,   100,  127,  128, 129,
                                               255, 256, 257, 1000, 1023, 1024, 1025, 2047, 2048, 4097};
-  static constexpr std::int64_t kWeird[16] = {-1, -2, kI64Min, kI64Max, std::int64_t{1} << 31,
-                                              (std::int64_t{1} << 31) + 1, std::int64_t{1} << 32,
-                                              std::int64_t{1} << 62, 3037000500, 3037000499,
-                                              std::int64_t{1} << 40, (std::int64_t{1} << 32) - 1,
-                                              std::int64_t{1} << 20, 0, 0, 1};
+  static constexpr std::int64_t kWeird[16] = {-1,
+                                              -2,
+                                              kI64Min,
+                                              kI64Max,
+                                              std::int64_t{1} << 31,
+                                              (std::int64_t{1} << 31) + 1,
+                                              std::int64_t{1} << 32,
+                                              std::int64_t{1} << 62,
+                                              3037000500,
+                                              3037000499,
+                                              std::int64_t{1} << 40,
+                                              (std::int64_t{1} << 32) - 1,
+                                              std::int64_t{1} << 20,
+                                              0,
+                                              0,
+                                              1};
   const std::uint8_t b = r.byte();
   if (b < 192) return 1 + b % 8;
   if (b < 240) return kSizes[b % 32];
@@ -197,9 +208,12 @@ Shape fit_shape(Shape s, DType dt, std::size_t max_bytes) {
     const auto n = numel_of(s);
     if (!n || *n <= limit) return s;
     for (auto& d : s) {
-      if (round == 0 && d > 64) d = 1 + d % 64;
-      else if (round == 1 && d > 8) d = 1 + d % 8;
-      else if (round >= 2 && d > 1) d = 1;
+      if (round == 0 && d > 64)
+        d = 1 + d % 64;
+      else if (round == 1 && d > 8)
+        d = 1 + d % 8;
+      else if (round >= 2 && d > 1)
+        d = 1;
     }
   }
 }
@@ -211,12 +225,33 @@ Shape maybe_corrupt_shape(Reader& r, Shape s) {
   if (b < 232) return s;
   const std::size_t i = s.empty() ? 0 : (b / 8) % s.size();
   switch (b % 6) {
-    case 0: s.push_back(1); break;
-    case 1: if (!s.empty()) s.pop_back(); break;
-    case 2: if (s.empty()) s.push_back(2); else if (s[i] < kI64Max) s[i] += 1; break;
-    case 3: if (!s.empty()) s[i] = 0; else s.push_back(0); break;
-    case 4: s.clear(); break;
-    default: if (!s.empty()) s[i] = -1; else s.push_back(-1); break;
+    case 0:
+      s.push_back(1);
+      break;
+    case 1:
+      if (!s.empty()) s.pop_back();
+      break;
+    case 2:
+      if (s.empty())
+        s.push_back(2);
+      else if (s[i] < kI64Max)
+        s[i] += 1;
+      break;
+    case 3:
+      if (!s.empty())
+        s[i] = 0;
+      else
+        s.push_back(0);
+      break;
+    case 4:
+      s.clear();
+      break;
+    default:
+      if (!s.empty())
+        s[i] = -1;
+      else
+        s.push_back(-1);
+      break;
   }
   return s;
 }
@@ -235,7 +270,7 @@ int num_bits(Reader& r, int lo, int hi) {
   const std::uint8_t b = r.byte();
   if (b < 224) return lo + b % (hi - lo + 1);
   const int weird[8] = {lo - 1, hi + 1, 0, -1, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
-                        64, 33};
+                        64,     33};
   return weird[b % 8];
 }
 
@@ -284,7 +319,8 @@ void make_group_ends(DType dt, std::uint8_t* p, std::int64_t n, std::int64_t row
     std::int64_t v = rows;
     if (i + 1 < n) {
       const std::int64_t room = rows - prev < kI64Max ? rows - prev + 1 : kI64Max;
-      v = prev + (room > 0 ? static_cast<std::int64_t>(p[xquant::dtype_size(dt) * static_cast<std::size_t>(i)]) % room : 0);
+      v = prev +
+          (room > 0 ? static_cast<std::int64_t>(p[xquant::dtype_size(dt) * static_cast<std::size_t>(i)]) % room : 0);
     }
     prev = v;
     if (dt == DType::int32) {
@@ -309,7 +345,7 @@ struct ViewSpec {
   std::int64_t rows = 0, cols = 0, pitch = 0;  // tile views
   bool null_data = false;
   int buffer = -1;
-  std::size_t offset = 0;  // bytes into the buffer
+  std::size_t offset = 0;                                      // bytes into the buffer
   std::function<void(std::uint8_t*, std::int64_t)> post_fill;  // applied to the view's elements
 };
 
@@ -381,8 +417,8 @@ struct Case {
 // ---- buffer layout and one execution ----
 
 struct Layout {
-  std::vector<std::size_t> sizes;              // bytes per buffer
-  std::vector<std::vector<std::uint8_t>> init;  // initial contents
+  std::vector<std::size_t> sizes;                                          // bytes per buffer
+  std::vector<std::vector<std::uint8_t>> init;                             // initial contents
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> writable;  // [begin, end) outputs may write
 };
 
@@ -551,9 +587,10 @@ void build_fake_quant(Reader& r, Case& c, int kind, bool alloc, bool big) {
   const int x = c.in(kind == 1 ? "inputs(inplace)" : "inputs", dt, shape);
   if (kind == 1) c.views[static_cast<std::size_t>(x)].role = Role::inout;
   const int a = c.in("amax", amax_dt, amax_shape);
-  if (sane_amax) c.views[static_cast<std::size_t>(a)].post_fill = [amax_dt](std::uint8_t* p, std::int64_t n) {
-    make_nonneg_finite(amax_dt, p, n);
-  };
+  if (sane_amax)
+    c.views[static_cast<std::size_t>(a)].post_fill = [amax_dt](std::uint8_t* p, std::int64_t n) {
+      make_nonneg_finite(amax_dt, p, n);
+    };
   if (kind <= 2) {
     c.op = kind == 0 ? "fake_tensor_quant" : kind == 1 ? "fake_tensor_quant_inplace" : "fake_tensor_quant_with_axis";
     if (kind == 1) {
@@ -567,16 +604,20 @@ void build_fake_quant(Reader& r, Case& c, int kind, bool alloc, bool big) {
       c.op += "(alloc)";
       c.call = [=](const Ctx& k) {
         std::vector<Tensor> res;
-        if (axis) res.push_back(xquant::fake_tensor_quant_with_axis(k.cv(x), k.cv(a), *axis, o));
-        else res.push_back(xquant::fake_tensor_quant(k.cv(x), k.cv(a), o));
+        if (axis)
+          res.push_back(xquant::fake_tensor_quant_with_axis(k.cv(x), k.cv(a), *axis, o));
+        else
+          res.push_back(xquant::fake_tensor_quant(k.cv(x), k.cv(a), o));
         return res;
       };
       return;
     }
     const int y = c.out("out", maybe_other_dtype(r, dt), maybe_corrupt_shape(r, shape));
     c.call = [=](const Ctx& k) {
-      if (axis) xquant::fake_tensor_quant_with_axis_out(k.tv(y), k.cv(x), k.cv(a), *axis, o);
-      else xquant::fake_tensor_quant_out(k.tv(y), k.cv(x), k.cv(a), o);
+      if (axis)
+        xquant::fake_tensor_quant_with_axis_out(k.tv(y), k.cv(x), k.cv(a), *axis, o);
+      else
+        xquant::fake_tensor_quant_out(k.tv(y), k.cv(x), k.cv(a), o);
       return std::vector<Tensor>{};
     };
     return;
@@ -607,7 +648,8 @@ void build_fake_quant(Reader& r, Case& c, int kind, bool alloc, bool big) {
 }
 
 std::string qdt_str(QuantDType q) {
-  return static_cast<int>(q) < 4 ? std::string(xquant::quant_dtype_name(q)) : "QuantDType(" + std::to_string(static_cast<int>(q)) + ")";
+  return static_cast<int>(q) < 4 ? std::string(xquant::quant_dtype_name(q))
+                                 : "QuantDType(" + std::to_string(static_cast<int>(q)) + ")";
 }
 
 void build_quantize(Reader& r, Case& c, bool alloc, bool big) {
@@ -634,18 +676,28 @@ void build_quantize(Reader& r, Case& c, bool alloc, bool big) {
   Shape scales_shape;
   const std::int64_t channels = ax >= 0 ? shape[static_cast<std::size_t>(ax)] : 1;
   switch (r.byte() % 6) {
-    case 0: scales_shape = {1}; break;
-    case 1: scales_shape = {channels}; break;
+    case 0:
+      scales_shape = {1};
+      break;
+    case 1:
+      scales_shape = {channels};
+      break;
     case 2:
       scales_shape.assign(shape.size(), 1);
       if (ax >= 0) scales_shape[static_cast<std::size_t>(ax)] = channels;
       break;
-    case 3: scales_shape = {}; break;
-    case 4: scales_shape = {0}; break;
-    default: scales_shape = decode_shape(r, 2); break;
+    case 3:
+      scales_shape = {};
+      break;
+    case 4:
+      scales_shape = {0};
+      break;
+    default:
+      scales_shape = decode_shape(r, 2);
+      break;
   }
   scales_shape = maybe_corrupt_shape(r, scales_shape);
-  static constexpr DType kZpTypes[6] = {DType::int8, DType::uint8, DType::int32,
+  static constexpr DType kZpTypes[6] = {DType::int8,    DType::uint8,   DType::int32,
                                         DType::float32, DType::float16, DType::bfloat16};
   const std::uint8_t zb = r.byte();
   DType zp_dt = kZpTypes[zb % 6];
@@ -786,7 +838,8 @@ void build_dynamic_quant(Reader& r, Case& c, bool alloc, bool big) {
     shape = std::move(lead);
   }
   const std::uint8_t qb = r.byte();
-  const QuantDType dst = qb < 248 ? ((flags & 1) ? QuantDType::quint4x2 : QuantDType::qint8) : static_cast<QuantDType>(qb % 8);
+  const QuantDType dst =
+      qb < 248 ? ((flags & 1) ? QuantDType::quint4x2 : QuantDType::qint8) : static_cast<QuantDType>(qb % 8);
   const std::uint8_t mb = r.byte();
   const auto mode = mb < 248 ? ((flags & 2) ? xquant::DynamicQuantMode::pertensor : xquant::DynamicQuantMode::pertoken)
                              : static_cast<xquant::DynamicQuantMode>(mb);
@@ -827,9 +880,8 @@ void build_dynamic_quant(Reader& r, Case& c, bool alloc, bool big) {
   }
   Shape y_shape = shape;
   if (dst == QuantDType::quint4x2 && !y_shape.empty()) y_shape.back() /= 8;
-  const Shape param_shape = mode == xquant::DynamicQuantMode::pertensor || shape.empty()
-                                ? Shape{1}
-                                : Shape(shape.begin(), shape.end() - 1);
+  const Shape param_shape =
+      mode == xquant::DynamicQuantMode::pertensor || shape.empty() ? Shape{1} : Shape(shape.begin(), shape.end() - 1);
   const int y = c.out("y", maybe_other_dtype(r, dst == QuantDType::quint4x2 ? DType::int32 : DType::int8),
                       maybe_corrupt_shape(r, y_shape));
   const int sc = c.out("scale", maybe_other_dtype(r, DType::float32), maybe_corrupt_shape(r, param_shape));
@@ -848,8 +900,10 @@ void build_dynamic_quant(Reader& r, Case& c, bool alloc, bool big) {
 Shape derive_broadcast(Reader& r, const Shape& base) {
   const std::uint8_t b = r.byte();
   switch (b % 5) {
-    case 0: return base;
-    case 1: return (b & 8) ? Shape{} : Shape{1};
+    case 0:
+      return base;
+    case 1:
+      return (b & 8) ? Shape{} : Shape{1};
     case 2:
     case 3: {
       const std::uint8_t ones = r.byte();
@@ -859,7 +913,8 @@ Shape derive_broadcast(Reader& r, const Shape& base) {
         if (ones & (1u << (i % 8))) s[i] = 1;
       return s;
     }
-    default: return decode_shape(r, 4);
+    default:
+      return decode_shape(r, 4);
   }
 }
 
@@ -917,7 +972,9 @@ void build_acts_ulq(Reader& r, Case& c, bool backward, bool alloc, bool big) {
   if (sane_masks)
     for (int m : {mmin, mmax}) {
       const DType mdt = c.views[static_cast<std::size_t>(m)].dtype;
-      c.views[static_cast<std::size_t>(m)].post_fill = [mdt](std::uint8_t* p, std::int64_t n) { make_zero_one(mdt, p, n); };
+      c.views[static_cast<std::size_t>(m)].post_fill = [mdt](std::uint8_t* p, std::int64_t n) {
+        make_zero_one(mdt, p, n);
+      };
     }
   if (alloc) {
     c.op += "(alloc)";
@@ -949,14 +1006,19 @@ void build_acts_ulq(Reader& r, Case& c, bool backward, bool alloc, bool big) {
 std::string describe(const Case& c) {
   std::string s = c.op + " " + c.args;
   for (const auto& v : c.views) {
-    s += "\n  " + v.name + (v.role == Role::in ? " (in) " : v.role == Role::out ? " (out) " : " (inout) ") +
+    s += "\n  " + v.name +
+         (v.role == Role::in    ? " (in) "
+          : v.role == Role::out ? " (out) "
+                                : " (inout) ") +
          std::string(xquant::dtype_name(v.dtype)) + " ";
     if (v.tile)
       s += "tile " + std::to_string(v.rows) + "x" + std::to_string(v.cols) + " pitch " + std::to_string(v.pitch);
     else
       s += xquant::shape_str(v.shape);
-    if (v.null_data) s += " data=nullptr";
-    else s += " buffer " + std::to_string(v.buffer) + " +" + std::to_string(v.offset);
+    if (v.null_data)
+      s += " data=nullptr";
+    else
+      s += " buffer " + std::to_string(v.buffer) + " +" + std::to_string(v.offset);
   }
   return s;
 }
@@ -1088,14 +1150,30 @@ inline bool run_one(const std::uint8_t* data, std::size_t size) {
   const bool big = ((config >> 3) & 7u) == 7u;
   const bool alloc = (op / 8) % 4 == 3;  // 1 in 4: the allocating form instead of the out-variant
   switch (op % 8) {
-    case 0: build_fake_quant(r, c, 0, alloc, big); break;
-    case 1: build_fake_quant(r, c, (op / 32) % 2 ? 1 : 2, alloc, big); break;
-    case 2: build_fake_quant(r, c, 3, alloc, big); break;
-    case 3: build_quantize(r, c, alloc, big); break;
-    case 4: build_tile_quant(r, c, alloc, big); break;
-    case 5: build_dynamic_quant(r, c, alloc, big); break;
-    case 6: build_acts_ulq(r, c, false, alloc, big); break;
-    default: build_acts_ulq(r, c, true, alloc, big); break;
+    case 0:
+      build_fake_quant(r, c, 0, alloc, big);
+      break;
+    case 1:
+      build_fake_quant(r, c, (op / 32) % 2 ? 1 : 2, alloc, big);
+      break;
+    case 2:
+      build_fake_quant(r, c, 3, alloc, big);
+      break;
+    case 3:
+      build_quantize(r, c, alloc, big);
+      break;
+    case 4:
+      build_tile_quant(r, c, alloc, big);
+      break;
+    case 5:
+      build_dynamic_quant(r, c, alloc, big);
+      break;
+    case 6:
+      build_acts_ulq(r, c, false, alloc, big);
+      break;
+    default:
+      build_acts_ulq(r, c, true, alloc, big);
+      break;
   }
   Layout L = layout_views(r, c);
   Pool pool(data + r.pos(), size - std::min(size, r.pos()));
@@ -1131,7 +1209,8 @@ inline bool run_one(const std::uint8_t* data, std::size_t size) {
   // Success: only the outputs' elements may have changed (compare with the outputs' bytes put back).
   for (std::size_t b = 0; b < L.sizes.size(); ++b) {
     std::vector<std::uint8_t> rest = ref.buffers[b];
-    for (const auto& [begin, end] : L.writable[b]) std::memcpy(rest.data() + begin, L.init[b].data() + begin, end - begin);
+    for (const auto& [begin, end] : L.writable[b])
+      std::memcpy(rest.data() + begin, L.init[b].data() + begin, end - begin);
     if (rest != L.init[b])
       fail(c.op + " wrote byte " + std::to_string(first_difference(rest, L.init[b])) + " of buffer " +
            std::to_string(b) + ", which belongs to no output element (an input or tile padding)\n" + describe(c));

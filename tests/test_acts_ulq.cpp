@@ -25,9 +25,12 @@ float levels_of(int num_bits) { return static_cast<float>((1 << num_bits) - 1); 
 // One float32 value rounded to dt and widened back (the single narrowing of an output).
 float narrow(DType dt, float v) {
   switch (dt) {
-    case DType::float16: return xquant::half_to_float(xquant::float_to_half(v));
-    case DType::bfloat16: return xquant::bfloat16_to_float(xquant::float_to_bfloat16(v));
-    default: return v;
+    case DType::float16:
+      return xquant::half_to_float(xquant::float_to_half(v));
+    case DType::bfloat16:
+      return xquant::bfloat16_to_float(xquant::float_to_bfloat16(v));
+    default:
+      return v;
   }
 }
 
@@ -108,8 +111,7 @@ Forward expected_forward(const Tensor& x, const Tensor& cmin, const Tensor& cmax
   const auto xv = to_floats(x), minv = to_floats(cmin), maxv = to_floats(cmax);
   const DType dt = x.dtype();
   for (std::int64_t o = 0; o < numel_of(f.shape); ++o) {
-    const Elem e = ulq_formula(xv[operand_index(f.shape, o, x.shape())],
-                               minv[operand_index(f.shape, o, cmin.shape())],
+    const Elem e = ulq_formula(xv[operand_index(f.shape, o, x.shape())], minv[operand_index(f.shape, o, cmin.shape())],
                                maxv[operand_index(f.shape, o, cmax.shape())], fixed_min, num_bits);
     f.y.push_back(narrow(dt, e.y));
     f.min_mask.push_back(narrow(dt, e.min_mask));
@@ -163,10 +165,10 @@ Backward expected_backward(const Tensor& y_grad, const Shape& x_shape, const Ten
   const auto at = [](std::int64_t o) { return static_cast<std::size_t>(o); };
   Backward b;
   b.x_grad = expected_reduction(out, x_shape, [&](std::int64_t o) { return (g[at(o)] * mn[at(o)]) * mx[at(o)]; });
-  b.min_grad = expected_reduction(out, cmin.shape(),
-                                  [&](std::int64_t o) { return g[at(o)] * ((1.0f - mn[at(o)]) - l[at(o)]); });
-  b.max_grad = expected_reduction(out, cmax.shape(),
-                                  [&](std::int64_t o) { return g[at(o)] * (l[at(o)] + (1.0f - mx[at(o)])); });
+  b.min_grad =
+      expected_reduction(out, cmin.shape(), [&](std::int64_t o) { return g[at(o)] * ((1.0f - mn[at(o)]) - l[at(o)]); });
+  b.max_grad =
+      expected_reduction(out, cmax.shape(), [&](std::int64_t o) { return g[at(o)] * (l[at(o)] + (1.0f - mx[at(o)])); });
   for (std::size_t t = 0; t < b.min_grad.size(); ++t)
     if (fixed_min || minv[t] > 0.0f) b.min_grad[t] = 0.0f;
   for (std::size_t t = 0; t < b.max_grad.size(); ++t)
@@ -231,8 +233,7 @@ xquant::ActsUlqResult check_forward(const Tensor& x, const Tensor& cmin, const T
 void check_backward(const Tensor& y_grad, const Shape& x_shape, const Tensor& cmin, const Tensor& cmax,
                     const Tensor& min_mask, const Tensor& max_mask, const Tensor& loss, bool fixed_min, int num_bits,
                     const std::string& what) {
-  const Backward e =
-      expected_backward(y_grad, x_shape, cmin, cmax, min_mask, max_mask, loss, fixed_min, num_bits);
+  const Backward e = expected_backward(y_grad, x_shape, cmin, cmax, min_mask, max_mask, loss, fixed_min, num_bits);
   auto g = xquant::acts_ulq_backward(y_grad, x_shape, cmin, cmax, min_mask, max_mask, loss, fixed_min, num_bits);
   EXPECT_EQ(g.x_grad.shape(), x_shape) << what;
   EXPECT_EQ(g.clamp_min_grad.shape(), cmin.shape()) << what;
@@ -272,13 +273,13 @@ TEST(ActsUlq, HandWorkedNumBits8ClampMinus1To1) {
   // num_bits 8: LEVELS = 255; clamp_min = -1, clamp_max = 1 -> ori_min = -1, ori_max = 1.
   const float s = (1.0f - (-1.0f)) / 255.0f;
   EXPECT_TRUE(same_bits(s, 0x1.010102p-7f));
-  const float ratio = -1.0f / s;                     // ori_min / s
-  EXPECT_TRUE(same_bits(ratio, -0x1.fdfffep+6f));    // -127.49999..., just above the tie
+  const float ratio = -1.0f / s;                   // ori_min / s
+  EXPECT_TRUE(same_bits(ratio, -0x1.fdfffep+6f));  // -127.49999..., just above the tie
   const float off = std::nearbyint(ratio);
   EXPECT_EQ(off, -127.0f);
   const float clip_lo = s * off;
   const float clip_hi = s * (off + 255.0f);
-  EXPECT_TRUE(same_bits(clip_lo, -0x1.fdfep-1f));  // -0.99607849
+  EXPECT_TRUE(same_bits(clip_lo, -0x1.fdfep-1f));   // -0.99607849
   EXPECT_TRUE(same_bits(clip_hi, 0x1.010102p+0f));  // 1.00392163
   EXPECT_EQ(clip_lo / s, -127.0f);
   EXPECT_EQ(clip_hi / s, 128.0f);
@@ -421,8 +422,8 @@ TEST(ActsUlq, NumBitsWidths) {
   }
   // num_bits 2: LEVELS = 3. clamp [-1, 2]: s = 1, off = -1, clip [-1, 2]; y = rint(clamped x).
   const Tensor x = make_float(DType::float32, {6}, {-3.0f, -0.5f, 0.5f, 1.5f, 2.0f, 9.0f});
-  auto r = xquant::acts_ulq(x, make_float(DType::float32, {}, {-1.0f}), make_float(DType::float32, {}, {2.0f}),
-                            false, 2);
+  auto r =
+      xquant::acts_ulq(x, make_float(DType::float32, {}, {-1.0f}), make_float(DType::float32, {}, {2.0f}), false, 2);
   expect_floats_bitexact(to_floats(r.y), {-1.0f, -0.0f, 0.0f, 2.0f, 2.0f, 2.0f}, "num_bits 2 y");
   expect_floats_bitexact(to_floats(r.x_clamped_loss), {0.0f, 0.5f / 3.0f, -0.5f / 3.0f, 0.5f / 3.0f, 0.0f, 0.0f},
                          "num_bits 2 loss");
@@ -476,9 +477,9 @@ TEST(ActsUlq, BroadcastShapes) {
       {{2, 3, 4, 5}, {5}, {}, {2, 3, 4, 5}},
       {{2, 3, 4, 5}, {3, 1, 1}, {3, 1, 1}, {2, 3, 4, 5}},
       {{2, 3, 4, 5}, {3, 1, 1}, {5}, {2, 3, 4, 5}},
-      {{4, 1}, {3}, {1, 3}, {4, 3}},             // x broadcast too
-      {{1}, {2, 3}, {}, {2, 3}},                 // x broadcast to the clamps' shape
-      {{}, {}, {}, {}},                          // rank 0: one element
+      {{4, 1}, {3}, {1, 3}, {4, 3}},  // x broadcast too
+      {{1}, {2, 3}, {}, {2, 3}},      // x broadcast to the clamps' shape
+      {{}, {}, {}, {}},               // rank 0: one element
       {{3, 1, 5}, {1, 4, 1}, {3, 4, 1}, {3, 4, 5}},
       {{2, 1, 2, 1, 2, 1, 2, 1}, {1, 2, 1, 2, 1, 2, 1, 2}, {2, 2, 1, 1, 2, 2, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2}},
       {{1, 1, 1, 1, 1, 1, 1, 3}, {2, 1, 1, 1, 1, 1, 1, 1}, {1}, {2, 1, 1, 1, 1, 1, 1, 3}},
@@ -488,8 +489,8 @@ TEST(ActsUlq, BroadcastShapes) {
     for (DType dt : kFloatTypes) {
       for (bool fixed : {false, true}) {
         check_round_trip(rng, dt, c.x, c.cmin, c.cmax, fixed, 8,
-                         name_of(dt) + " x " + xquant::shape_str(c.x) + " min " + xquant::shape_str(c.cmin) +
-                             " max " + xquant::shape_str(c.cmax));
+                         name_of(dt) + " x " + xquant::shape_str(c.x) + " min " + xquant::shape_str(c.cmin) + " max " +
+                             xquant::shape_str(c.cmax));
       }
     }
   }
@@ -620,14 +621,14 @@ TEST(ActsUlq, BackwardZeroing) {
   const Tensor loss = random_tensor(rng, DType::float32, out, -0.001f, 0.001f);
   const float floor8 = 255.0f * kEps;
   const Tensor cmin = make_float(DType::float32, {6, 1}, {-1.0f, 1e-30f, 0.0f, -0.0f, 3.0f, -1e-30f});
-  const Tensor cmax = make_float(DType::float32, {6, 1},
-                                 {floor8, std::nextafter(floor8, 0.0f), 1.0f, -1.0f, kInf, -kInf});
+  const Tensor cmax =
+      make_float(DType::float32, {6, 1}, {floor8, std::nextafter(floor8, 0.0f), 1.0f, -1.0f, kInf, -kInf});
   auto r = xquant::acts_ulq_backward(g, out, cmin, cmax, mn, mx, loss);
   const auto ming = to_floats(r.clamp_min_grad), maxg = to_floats(r.clamp_max_grad);
-  for (int c : {1, 4}) EXPECT_TRUE(same_bits(ming[c], 0.0f)) << c;        // clamp_min > 0
-  for (int c : {0, 2, 3, 5}) EXPECT_NE(ming[c], 0.0f) << c;                // <= 0: kept
-  for (int c : {1, 3, 5}) EXPECT_TRUE(same_bits(maxg[c], 0.0f)) << c;      // clamp_max < LEVELS * EPS
-  for (int c : {0, 2, 4}) EXPECT_NE(maxg[c], 0.0f) << c;                   // at the floor or above: kept
+  for (int c : {1, 4}) EXPECT_TRUE(same_bits(ming[c], 0.0f)) << c;     // clamp_min > 0
+  for (int c : {0, 2, 3, 5}) EXPECT_NE(ming[c], 0.0f) << c;            // <= 0: kept
+  for (int c : {1, 3, 5}) EXPECT_TRUE(same_bits(maxg[c], 0.0f)) << c;  // clamp_max < LEVELS * EPS
+  for (int c : {0, 2, 4}) EXPECT_NE(maxg[c], 0.0f) << c;               // at the floor or above: kept
   check_backward(g, out, cmin, cmax, mn, mx, loss, false, 8, "zeroing");
   auto fixed = xquant::acts_ulq_backward(g, out, cmin, cmax, mn, mx, loss, true);
   for (float v : to_floats(fixed.clamp_min_grad)) EXPECT_TRUE(same_bits(v, 0.0f));
@@ -739,8 +740,11 @@ TEST(ActsUlq, ForwardValidation) {
        {"clamp_max has shape [3, 1]", "x's shape [2, 4]"});
   {  // clamp_max fits x [2, 1] but not clamp_min [3]
     const Tensor x21 = random_tensor(rng, DType::float32, {2, 1}, -1, 1);
-    expect_error([&] { (void)xquant::acts_ulq(x21, make_float(DType::float32, {3}, {0, 0, 0}), cmin); },
-                 ErrorCode::shape_mismatch, "clamp_max", {"clamp_max has shape [4]", "clamp_min's shape [3]"});
+    expect_error(
+        [&] {
+          (void)xquant::acts_ulq(x21, make_float(DType::float32, {3}, {0, 0, 0}), cmin);
+        },
+        ErrorCode::shape_mismatch, "clamp_max", {"clamp_max has shape [4]", "clamp_min's shape [3]"});
   }
   const Shape rank9 = {1, 1, 1, 1, 1, 1, 1, 1, 1};
   const Tensor x9 = make_float(DType::float32, rank9, {0.5f});
@@ -750,15 +754,21 @@ TEST(ActsUlq, ForwardValidation) {
   both(x, cmin, cmax, 1, ErrorCode::invalid_argument, "num_bits", {"num_bits is 1", "[2, 16]"});
   both(x, cmin, cmax, 17, ErrorCode::invalid_argument, "num_bits", {"num_bits is 17"});
   both(x, cmin, cmax, 0, ErrorCode::invalid_argument, "num_bits", {});
-  both(ConstTensorView(x.data(), DType::float32, {2, -4}), cmin, cmax, 8, ErrorCode::shape_mismatch, "x",
-       {"negative"});
+  both(ConstTensorView(x.data(), DType::float32, {2, -4}), cmin, cmax, 8, ErrorCode::shape_mismatch, "x", {"negative"});
   both(ConstTensorView(nullptr, DType::float32, {2, 4}), cmin, cmax, 8, ErrorCode::invalid_argument, "x", {"null"});
 
   // acts_ulq_output_shape throws the same way.
-  expect_error([] { (void)xquant::acts_ulq_output_shape({2, 4}, {3}, {}); }, ErrorCode::shape_mismatch, "clamp_min",
-               {"clamp_min has shape [3] which does not broadcast with x's shape [2, 4]"});
-  expect_error([] { (void)xquant::acts_ulq_output_shape({2, 4}, {}, {1, 2, 1, 1, 1, 1, 1, 1, 1}); },
-               ErrorCode::shape_mismatch, "clamp_max", {"rank 9"});
+  expect_error(
+      [] {
+        (void)xquant::acts_ulq_output_shape({2, 4}, {3}, {});
+      },
+      ErrorCode::shape_mismatch, "clamp_min",
+      {"clamp_min has shape [3] which does not broadcast with x's shape [2, 4]"});
+  expect_error(
+      [] {
+        (void)xquant::acts_ulq_output_shape({2, 4}, {}, {1, 2, 1, 1, 1, 1, 1, 1, 1});
+      },
+      ErrorCode::shape_mismatch, "clamp_max", {"rank 9"});
   expect_error([] { (void)xquant::acts_ulq_output_shape({-1}, {}, {}); }, ErrorCode::shape_mismatch, "x", {});
   // 0 broadcasts with 1 only.
   expect_error([] { (void)xquant::acts_ulq_output_shape({0}, {2}, {}); }, ErrorCode::shape_mismatch, "clamp_min", {});
@@ -807,21 +817,27 @@ TEST(ActsUlq, ForwardOverlap) {
   FwdOutputs o({8});
   // y overlaps x (even exactly: in-place is not offered).
   for (int shift : {0, 4, 7}) {
-    expect_error([&] { xquant::acts_ulq_out(TensorView(p + shift, DType::float32, {8}), o.mn, o.mx, o.loss, x, cmin,
-                                            cmax); },
-                 ErrorCode::aliasing, "y", {"y overlaps x"});
+    expect_error(
+        [&] { xquant::acts_ulq_out(TensorView(p + shift, DType::float32, {8}), o.mn, o.mx, o.loss, x, cmin, cmax); },
+        ErrorCode::aliasing, "y", {"y overlaps x"});
   }
   // x_clamped_loss overlaps clamp_min.
   Tensor cbuf = make_float(DType::float32, {9}, {-1.0f, 0, 0, 0, 0, 0, 0, 0, 0});
   const Tensor cbuf_before = Tensor::copy_of(cbuf);
   const ConstTensorView cmin_in_buf(cbuf.data<float>(), DType::float32, {});
-  expect_error([&] { xquant::acts_ulq_out(o.y, o.mn, o.mx, TensorView(cbuf.data<float>(), DType::float32, {8}),
-                                          x, cmin_in_buf, cmax); },
-               ErrorCode::aliasing, "x_clamped_loss", {"clamp_min"});
+  expect_error(
+      [&] {
+        xquant::acts_ulq_out(o.y, o.mn, o.mx, TensorView(cbuf.data<float>(), DType::float32, {8}), x, cmin_in_buf,
+                             cmax);
+      },
+      ErrorCode::aliasing, "x_clamped_loss", {"clamp_min"});
   // Outputs overlapping each other: clamp_max_mask shares y's buffer (p + 8 .. p + 16 vs p + 12 ..).
-  expect_error([&] { xquant::acts_ulq_out(TensorView(p + 8, DType::float32, {8}), o.mn,
-                                          TensorView(p + 12, DType::float32, {8}), o.loss, x, cmin, cmax); },
-               ErrorCode::aliasing, "clamp_max_mask", {"clamp_max_mask overlaps y"});
+  expect_error(
+      [&] {
+        xquant::acts_ulq_out(TensorView(p + 8, DType::float32, {8}), o.mn, TensorView(p + 12, DType::float32, {8}),
+                             o.loss, x, cmin, cmax);
+      },
+      ErrorCode::aliasing, "clamp_max_mask", {"clamp_max_mask overlaps y"});
   EXPECT_TRUE(same_bytes(buf, before));
   EXPECT_TRUE(same_bytes(cbuf, cbuf_before));
   EXPECT_TRUE(o.untouched());
@@ -836,9 +852,9 @@ struct BwdInputs {
 };
 
 BwdInputs make_bwd_inputs(std::mt19937& rng, DType dt = DType::float32) {
-  return {random_tensor(rng, dt, {2, 4}, -1, 1),   random_tensor(rng, dt, {4}, -1, 0),
-          random_tensor(rng, dt, {2, 1}, 0, 1),    random_tensor(rng, dt, {2, 4}, 0, 1),
-          random_tensor(rng, dt, {2, 4}, 0, 1),    random_tensor(rng, dt, {2, 4}, -0.01f, 0.01f)};
+  return {random_tensor(rng, dt, {2, 4}, -1, 1), random_tensor(rng, dt, {4}, -1, 0),
+          random_tensor(rng, dt, {2, 1}, 0, 1),  random_tensor(rng, dt, {2, 4}, 0, 1),
+          random_tensor(rng, dt, {2, 4}, 0, 1),  random_tensor(rng, dt, {2, 4}, -0.01f, 0.01f)};
 }
 
 struct BwdOutputs {
@@ -864,17 +880,20 @@ TEST(ActsUlq, BackwardValidation) {
   using Views = std::vector<ConstTensorView>;  // y_grad, clamp_min, clamp_max, min mask, max mask, loss
   const Views good = {in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss};
   // Runs the out-variant (outputs untouched) and the allocating form with an input replaced.
-  auto both = [&](std::size_t slot, const ConstTensorView& replacement, int nb, ErrorCode code,
-                  const std::string& arg, const std::vector<std::string>& needles) {
+  auto both = [&](std::size_t slot, const ConstTensorView& replacement, int nb, ErrorCode code, const std::string& arg,
+                  const std::vector<std::string>& needles) {
     Views v = good;
     if (slot < v.size()) v[slot] = replacement;
     BwdOutputs o({2, 4}, v[1].shape, v[2].shape);
-    expect_error([&] { xquant::acts_ulq_backward_out(o.xg, o.ming, o.maxg, v[0], v[1], v[2], v[3], v[4], v[5], false,
-                                                     nb); },
-                 code, arg, needles);
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(o.xg, o.ming, o.maxg, v[0], v[1], v[2], v[3], v[4], v[5], false, nb); },
+        code, arg, needles);
     EXPECT_TRUE(o.untouched()) << arg;
-    expect_error([&] { (void)xquant::acts_ulq_backward(v[0], {2, 4}, v[1], v[2], v[3], v[4], v[5], false, nb); }, code,
-                 arg, needles);
+    expect_error(
+        [&] {
+          (void)xquant::acts_ulq_backward(v[0], {2, 4}, v[1], v[2], v[3], v[4], v[5], false, nb);
+        },
+        code, arg, needles);
   };
   constexpr std::size_t kNone = 99;
   // dtypes
@@ -909,9 +928,9 @@ TEST(ActsUlq, BackwardValidation) {
                  {4}, {2, 1});
     TensorView xg = o.xg;
     xg.shape = xs;
-    expect_error([&] { xquant::acts_ulq_backward_out(xg, o.ming, o.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 code, "x_grad", needles);
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(xg, o.ming, o.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss); }, code,
+        "x_grad", needles);
     EXPECT_TRUE(o.untouched());
     expect_error([&] { (void)xquant::acts_ulq_backward(in.g, xs, in.cmin, in.cmax, in.mn, in.mx, in.loss); }, code,
                  "x_shape", needles);
@@ -920,21 +939,23 @@ TEST(ActsUlq, BackwardValidation) {
   x_case({5}, ErrorCode::shape_mismatch, {"does not broadcast"});
   {  // clamp_min [3] fits clamp_max [2, 1] but not x [2, 4]: x's shape is blamed.
     BwdOutputs o({2, 4}, {3}, {2, 1});
-    expect_error([&] { xquant::acts_ulq_backward_out(o.xg, o.ming, o.maxg, in.g, f3, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
+    expect_error([&] { xquant::acts_ulq_backward_out(o.xg, o.ming, o.maxg, in.g, f3, in.cmax, in.mn, in.mx, in.loss); },
                  ErrorCode::shape_mismatch, "x_grad", {"x_grad has shape [2, 4]", "clamp_min's shape [3]"});
     EXPECT_TRUE(o.untouched());
-    expect_error([&] { (void)xquant::acts_ulq_backward(in.g, {2, 4}, f3, in.cmax, in.mn, in.mx, in.loss); },
-                 ErrorCode::shape_mismatch, "x_shape", {"x_shape has shape [2, 4]", "clamp_min's shape [3]"});
+    expect_error(
+        [&] {
+          (void)xquant::acts_ulq_backward(in.g, {2, 4}, f3, in.cmax, in.mn, in.mx, in.loss);
+        },
+        ErrorCode::shape_mismatch, "x_shape", {"x_shape has shape [2, 4]", "clamp_min's shape [3]"});
   }
   x_case({1, 1, 1, 1, 1, 1, 1, 2, 4}, ErrorCode::shape_mismatch, {"rank 9"});
   x_case({2, -4}, ErrorCode::shape_mismatch, {"negative"});
   // x of shape [3, 2, 4] broadcasts with the clamps, but then the output is [3, 2, 4], not y_grad's [2, 4].
   {
     BwdOutputs o({3, 2, 4}, {4}, {2, 1});
-    expect_error([&] { xquant::acts_ulq_backward_out(o.xg, o.ming, o.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::shape_mismatch, "y_grad", {"[3, 2, 4]"});
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(o.xg, o.ming, o.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss); },
+        ErrorCode::shape_mismatch, "y_grad", {"[3, 2, 4]"});
     EXPECT_TRUE(o.untouched());
   }
 
@@ -942,34 +963,38 @@ TEST(ActsUlq, BackwardValidation) {
   {
     BwdOutputs o({2, 4}, {4}, {2, 1}, DType::float16);
     BwdOutputs ok({2, 4}, {4}, {2, 1});
-    expect_error([&] { xquant::acts_ulq_backward_out(o.xg, ok.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::dtype_mismatch, "x_grad", {"float16"});
-    expect_error([&] { xquant::acts_ulq_backward_out(ok.xg, o.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::dtype_mismatch, "clamp_min_grad", {"float16"});
-    expect_error([&] { xquant::acts_ulq_backward_out(ok.xg, ok.ming, o.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::dtype_mismatch, "clamp_max_grad", {"float16"});
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(o.xg, ok.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss); },
+        ErrorCode::dtype_mismatch, "x_grad", {"float16"});
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(ok.xg, o.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss); },
+        ErrorCode::dtype_mismatch, "clamp_min_grad", {"float16"});
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(ok.xg, ok.ming, o.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss); },
+        ErrorCode::dtype_mismatch, "clamp_max_grad", {"float16"});
     EXPECT_TRUE(o.untouched());
     EXPECT_TRUE(ok.untouched());
     BwdOutputs wrong({2, 4}, {1, 4}, {2});
-    expect_error([&] { xquant::acts_ulq_backward_out(ok.xg, wrong.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::shape_mismatch, "clamp_min_grad", {"the shape of clamp_min"});
-    expect_error([&] { xquant::acts_ulq_backward_out(ok.xg, ok.ming, wrong.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::shape_mismatch, "clamp_max_grad", {"the shape of clamp_max"});
+    expect_error(
+        [&] {
+          xquant::acts_ulq_backward_out(ok.xg, wrong.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss);
+        },
+        ErrorCode::shape_mismatch, "clamp_min_grad", {"the shape of clamp_min"});
+    expect_error(
+        [&] {
+          xquant::acts_ulq_backward_out(ok.xg, ok.ming, wrong.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss);
+        },
+        ErrorCode::shape_mismatch, "clamp_max_grad", {"the shape of clamp_max"});
     TensorView null_min = ok.ming;
     null_min.data = nullptr;
-    expect_error([&] { xquant::acts_ulq_backward_out(ok.xg, null_min, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::invalid_argument, "clamp_min_grad", {"null"});
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(ok.xg, null_min, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss); },
+        ErrorCode::invalid_argument, "clamp_min_grad", {"null"});
     TensorView null_x = ok.xg;
     null_x.data = nullptr;
-    expect_error([&] { xquant::acts_ulq_backward_out(null_x, ok.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx,
-                                                     in.loss); },
-                 ErrorCode::invalid_argument, "x_grad", {"null"});
+    expect_error(
+        [&] { xquant::acts_ulq_backward_out(null_x, ok.ming, ok.maxg, in.g, in.cmin, in.cmax, in.mn, in.mx, in.loss); },
+        ErrorCode::invalid_argument, "x_grad", {"null"});
     EXPECT_TRUE(ok.untouched());
     EXPECT_TRUE(wrong.untouched());
   }
@@ -987,28 +1012,43 @@ TEST(ActsUlq, BackwardOverlap) {
   BwdOutputs o({2, 4}, {4}, {2, 1});
   // x_grad overlaps y_grad (exactly, or partly).
   for (int shift : {0, 3}) {
-    expect_error([&] { xquant::acts_ulq_backward_out(TensorView(p + shift, DType::float32, {2, 4}), o.ming, o.maxg, g,
-                                                     in.cmin, in.cmax, in.mn, in.mx, in.loss); },
-                 ErrorCode::aliasing, "x_grad", {"x_grad overlaps y_grad"});
+    expect_error(
+        [&] {
+          xquant::acts_ulq_backward_out(TensorView(p + shift, DType::float32, {2, 4}), o.ming, o.maxg, g, in.cmin,
+                                        in.cmax, in.mn, in.mx, in.loss);
+        },
+        ErrorCode::aliasing, "x_grad", {"x_grad overlaps y_grad"});
   }
   // clamp_max_grad overlaps x_grad (both outputs).
-  expect_error([&] { xquant::acts_ulq_backward_out(TensorView(p + 8, DType::float32, {2, 4}), o.ming,
-                                                   TensorView(p + 15, DType::float32, {2, 1}), g, in.cmin, in.cmax,
-                                                   in.mn, in.mx, in.loss); },
-               ErrorCode::aliasing, "clamp_max_grad", {"clamp_max_grad overlaps x_grad"});
+  expect_error(
+      [&] {
+        xquant::acts_ulq_backward_out(TensorView(p + 8, DType::float32, {2, 4}), o.ming,
+                                      TensorView(p + 15, DType::float32, {2, 1}), g, in.cmin, in.cmax, in.mn, in.mx,
+                                      in.loss);
+      },
+      ErrorCode::aliasing, "clamp_max_grad", {"clamp_max_grad overlaps x_grad"});
   // clamp_min_grad overlaps clamp_min / the masks / the loss.
   const ConstTensorView cmin_in_buf(p + 20, DType::float32, {4});
-  expect_error([&] { xquant::acts_ulq_backward_out(o.xg, TensorView(p + 22, DType::float32, {4}), o.maxg, in.g,
-                                                   cmin_in_buf, in.cmax, in.mn, in.mx, in.loss); },
-               ErrorCode::aliasing, "clamp_min_grad", {"clamp_min"});
+  expect_error(
+      [&] {
+        xquant::acts_ulq_backward_out(o.xg, TensorView(p + 22, DType::float32, {4}), o.maxg, in.g, cmin_in_buf, in.cmax,
+                                      in.mn, in.mx, in.loss);
+      },
+      ErrorCode::aliasing, "clamp_min_grad", {"clamp_min"});
   const ConstTensorView loss_in_buf(p + 24, DType::float32, {2, 4});
-  expect_error([&] { xquant::acts_ulq_backward_out(o.xg, TensorView(p + 30, DType::float32, {4}), o.maxg, in.g,
-                                                   in.cmin, in.cmax, in.mn, in.mx, loss_in_buf); },
-               ErrorCode::aliasing, "clamp_min_grad", {"x_clamped_loss"});
+  expect_error(
+      [&] {
+        xquant::acts_ulq_backward_out(o.xg, TensorView(p + 30, DType::float32, {4}), o.maxg, in.g, in.cmin, in.cmax,
+                                      in.mn, in.mx, loss_in_buf);
+      },
+      ErrorCode::aliasing, "clamp_min_grad", {"x_clamped_loss"});
   const ConstTensorView mask_in_buf(p + 24, DType::float32, {2, 4});
-  expect_error([&] { xquant::acts_ulq_backward_out(o.xg, o.ming, TensorView(p + 31, DType::float32, {2, 1}), in.g,
-                                                   in.cmin, in.cmax, in.mn, mask_in_buf, in.loss); },
-               ErrorCode::aliasing, "clamp_max_grad", {"clamp_max_mask"});
+  expect_error(
+      [&] {
+        xquant::acts_ulq_backward_out(o.xg, o.ming, TensorView(p + 31, DType::float32, {2, 1}), in.g, in.cmin, in.cmax,
+                                      in.mn, mask_in_buf, in.loss);
+      },
+      ErrorCode::aliasing, "clamp_max_grad", {"clamp_max_mask"});
   EXPECT_TRUE(same_bytes(buf, before));
   EXPECT_TRUE(o.untouched());
 }

@@ -32,9 +32,12 @@ int nibble(const std::vector<std::int32_t>& words, std::int64_t i) {
 std::uint32_t bits_of(DType dt, float v) {
   if (std::isnan(v)) v = std::bit_cast<float>(0x7FC00000u);  // canonical NaN, documented
   switch (dt) {
-    case DType::float16: return xquant::float_to_half(v);
-    case DType::bfloat16: return xquant::float_to_bfloat16(v);
-    default: return std::bit_cast<std::uint32_t>(v);
+    case DType::float16:
+      return xquant::float_to_half(v);
+    case DType::bfloat16:
+      return xquant::float_to_bfloat16(v);
+    default:
+      return std::bit_cast<std::uint32_t>(v);
   }
 }
 std::vector<std::uint32_t> out_bits(const Tensor& t) {
@@ -52,13 +55,15 @@ std::vector<std::uint32_t> oracle(DType dt, const std::vector<int>& q, std::int6
     const std::size_t c = s.size() == 1 ? 0 : i % static_cast<std::size_t>(H);
     const float off = o ? (*o)[c] : 0.0f;
     const float sum = static_cast<float>(q[i]) + off;  // rounded add
-    const float v = sum * s[c];                         // rounded multiply
+    const float v = sum * s[c];                        // rounded multiply
     want[i] = bits_of(dt, v);
   }
   return want;
 }
 
-Tensor scale_tensor(DType dt, const std::vector<float>& v) { return make_float(dt, {static_cast<std::int64_t>(v.size())}, v); }
+Tensor scale_tensor(DType dt, const std::vector<float>& v) {
+  return make_float(dt, {static_cast<std::int64_t>(v.size())}, v);
+}
 std::vector<float> widen(const Tensor& t) { return to_floats(t); }
 
 TEST(AntiQuant, HandValuesInt8) {
@@ -101,7 +106,8 @@ TEST(AntiQuant, NarrowingRoundsToNearestEvenOnce) {
   Tensor k = scale_tensor(DType::float32, {1000.0f});
   EXPECT_EQ(xquant::anti_quant(x127, k).data<std::uint16_t>()[0], 0x7C00);
   EXPECT_EQ(xquant::anti_quant(x127, k).data<std::uint16_t>()[1], 0xFC00);
-  expect_floats_bitexact(to_floats(xquant::anti_quant(x127, k, std::nullopt, DType::bfloat16)), {126976.0f, -128000.0f});
+  expect_floats_bitexact(to_floats(xquant::anti_quant(x127, k, std::nullopt, DType::bfloat16)),
+                         {126976.0f, -128000.0f});
 }
 
 TEST(AntiQuant, NaNAndInfinity) {
@@ -115,19 +121,19 @@ TEST(AntiQuant, NaNAndInfinity) {
       const auto got = out_bits(xquant::anti_quant(x, scale_tensor(DType::float32, {n}), std::nullopt, dt));
       EXPECT_EQ(got, (std::vector<std::uint32_t>{canon, canon, canon})) << xquant::dtype_name(dt);
       // NaN offset too, and both NaN (which operand a multiply propagates is not observable).
-      const auto both = out_bits(xquant::anti_quant(x, scale_tensor(DType::float32, {neg_payload}),
-                                                    scale_tensor(DType::float32, {n}), dt));
+      const auto both = out_bits(
+          xquant::anti_quant(x, scale_tensor(DType::float32, {neg_payload}), scale_tensor(DType::float32, {n}), dt));
       EXPECT_EQ(both, (std::vector<std::uint32_t>{canon, canon, canon})) << xquant::dtype_name(dt);
     }
     // Inf scale: -2 * Inf = -Inf, 0 * Inf = NaN, 5 * Inf = +Inf.
     const auto inf = out_bits(xquant::anti_quant(x, scale_tensor(DType::float32, {kInf}), std::nullopt, dt));
     EXPECT_EQ(inf, (std::vector<std::uint32_t>{bits_of(dt, -kInf), canon, bits_of(dt, kInf)}));
     // -Inf offset: (q - Inf) * 2 = -Inf everywhere; offset +Inf with scale 0: NaN.
-    const auto ninf = out_bits(xquant::anti_quant(x, scale_tensor(DType::float32, {2.0f}),
-                                                  scale_tensor(DType::float32, {-kInf}), dt));
+    const auto ninf = out_bits(
+        xquant::anti_quant(x, scale_tensor(DType::float32, {2.0f}), scale_tensor(DType::float32, {-kInf}), dt));
     EXPECT_EQ(ninf, (std::vector<std::uint32_t>(3, bits_of(dt, -kInf))));
-    const auto zinf = out_bits(xquant::anti_quant(x, scale_tensor(DType::float32, {0.0f}),
-                                                  scale_tensor(DType::float32, {kInf}), dt));
+    const auto zinf =
+        out_bits(xquant::anti_quant(x, scale_tensor(DType::float32, {0.0f}), scale_tensor(DType::float32, {kInf}), dt));
     EXPECT_EQ(zinf, (std::vector<std::uint32_t>{canon, canon, canon}));
   }
   // Signed zeros follow the formula: 0 * -1 = -0, (-2 + 2) * -1 = -0.
@@ -140,8 +146,7 @@ TEST(AntiQuant, NaNAndInfinity) {
 
 TEST(AntiQuant, Int4NibbleOrderAndLogicalShape) {
   // Word 0x76543210: elements 0..7 = 0..7; word 0xFEDCBA98: elements = -8..-1.
-  Tensor x = make_typed<std::int32_t>(DType::int32, {2, 1},
-                                      {0x76543210, static_cast<std::int32_t>(0xFEDCBA98u)});
+  Tensor x = make_typed<std::int32_t>(DType::int32, {2, 1}, {0x76543210, static_cast<std::int32_t>(0xFEDCBA98u)});
   Tensor s = scale_tensor(DType::float32, {1.0f});
   const Tensor y = xquant::anti_quant(x, s, std::nullopt, DType::float32, QuantDType::quint4x2);
   EXPECT_EQ(y.shape(), (Shape{2, 8}));
@@ -189,8 +194,9 @@ TEST(AntiQuant, RandomAgainstOracleBroadcastAndBf16Scales) {
                 for (float& v : ov) v = fd(rng) * 10.0f;
                 Tensor s = scale_tensor(sdt, sv), o = scale_tensor(sdt, ov);
                 const std::vector<float> sw = widen(s), ow = widen(o);
-                const Tensor y = xquant::anti_quant(x, s, with_offset ? std::optional<ConstTensorView>(o) : std::nullopt,
-                                                    dt, int4 ? QuantDType::quint4x2 : QuantDType::qint8);
+                const Tensor y =
+                    xquant::anti_quant(x, s, with_offset ? std::optional<ConstTensorView>(o) : std::nullopt, dt,
+                                       int4 ? QuantDType::quint4x2 : QuantDType::qint8);
                 ASSERT_EQ(y.shape(), shape);
                 EXPECT_EQ(out_bits(y), oracle(dt, q, H, sw, with_offset ? &ow : nullptr))
                     << "int4 " << int4 << " H " << H << " n " << n << " dst " << xquant::dtype_name(dt);
@@ -210,15 +216,15 @@ TEST(AntiQuant, RoundTripWithQuantizeWithinOneStep) {
   const float s = 1.0f / 100.0f, zp = 3.0f;
   Tensor q = xquant::quantize(x, scale_tensor(DType::float32, {s}), scale_tensor(DType::float32, {zp}),
                               QuantDType::qint8, 1, true);
-  const auto back = to_floats(xquant::anti_quant(q, scale_tensor(DType::float32, {s}), scale_tensor(DType::float32, {-zp}),
-                                                 DType::float32));
+  const auto back = to_floats(
+      xquant::anti_quant(q, scale_tensor(DType::float32, {s}), scale_tensor(DType::float32, {-zp}), DType::float32));
   for (std::size_t i = 0; i < xs.size(); ++i) EXPECT_LE(std::fabs(back[i] - xs[i]), s) << i;
   // int4, mul mode: q = rint(x * 4 + 0.5) in [-8, 7] (|x| <= 1 stays in range); back = (q - 0.5) / 4.
   Tensor q4 = xquant::quantize(x, scale_tensor(DType::float32, {4.0f}), scale_tensor(DType::float32, {0.5f}),
                                QuantDType::quint4x2, -1, false);
-  const auto back4 = to_floats(xquant::anti_quant(q4, scale_tensor(DType::float32, {0.25f}),
-                                                  scale_tensor(DType::float32, {-0.5f}), DType::float32,
-                                                  QuantDType::quint4x2));
+  const auto back4 =
+      to_floats(xquant::anti_quant(q4, scale_tensor(DType::float32, {0.25f}), scale_tensor(DType::float32, {-0.5f}),
+                                   DType::float32, QuantDType::quint4x2));
   for (std::size_t i = 0; i < xs.size(); ++i) EXPECT_LE(std::fabs(back4[i] - xs[i]), 0.25f) << i;
 }
 

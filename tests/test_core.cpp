@@ -23,12 +23,12 @@
 
 namespace {
 
+using xqtest::same_bits;
 using xquant::DType;
 using xquant::ErrorCode;
 using xquant::QuantDType;
 using xquant::Shape;
 using xquant::Tensor;
-using xqtest::same_bits;
 
 constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -109,7 +109,8 @@ TEST(Shapes, Numel) {
 }
 
 TEST(Shapes, NumelRejectsNegativeDimensions) {
-  for (const Shape& s : {Shape{-1}, Shape{2, -3}, Shape{0, -1}, Shape{-1, 0}, Shape{std::numeric_limits<std::int64_t>::min()}}) {
+  for (const Shape& s :
+       {Shape{-1}, Shape{2, -3}, Shape{0, -1}, Shape{-1, 0}, Shape{std::numeric_limits<std::int64_t>::min()}}) {
     const std::string msg = error_message([&] { (void)xquant::shape_numel(s); }, ErrorCode::shape_mismatch, "shape");
     EXPECT_TRUE(contains(msg, xquant::shape_str(s))) << msg;
   }
@@ -120,9 +121,9 @@ TEST(Shapes, NumelRejectsInt64Overflow) {
       {kI64Max, 2},
       {std::int64_t{1} << 32, std::int64_t{1} << 31},  // exactly 2^63
       {std::int64_t{1} << 31, std::int64_t{1} << 31, 2},
-      {3, 0x2AAAAAAAAAAAAAAB},                         // 2^63 + 1
+      {3, 0x2AAAAAAAAAAAAAAB},  // 2^63 + 1
       {kI64Max, kI64Max},
-      {65536, 65536, 65536, 65536},                    // 2^64: wraps to 0 in unchecked arithmetic
+      {65536, 65536, 65536, 65536},  // 2^64: wraps to 0 in unchecked arithmetic
   };
   for (const Shape& s : overflowing) {
     const std::string msg = error_message([&] { (void)xquant::shape_numel(s); }, ErrorCode::shape_mismatch, "shape");
@@ -234,11 +235,11 @@ TEST(TensorTest, SmallAllocationsAre64ByteAligned) {
 
 TEST(TensorTest, LargeAllocationsAre2MiBAligned) {
   const std::pair<DType, std::int64_t> cases[] = {
-      {DType::uint8, 2097152},      // exactly 2 MiB
-      {DType::uint8, 2097153},      // 2 MiB + 1
-      {DType::float32, 524288},     // 2 MiB of float32
-      {DType::float16, 5000001},    // ~9.5 MiB
-      {DType::int64, 1310721},      // 10 MiB + 8
+      {DType::uint8, 2097152},    // exactly 2 MiB
+      {DType::uint8, 2097153},    // 2 MiB + 1
+      {DType::float32, 524288},   // 2 MiB of float32
+      {DType::float16, 5000001},  // ~9.5 MiB
+      {DType::int64, 1310721},    // 10 MiB + 8
   };
   std::vector<Tensor> keep;
   for (const auto& [dt, n] : cases) {
@@ -333,8 +334,7 @@ TEST(TensorTest, MoveConstructionAndAssignment) {
 }
 
 TEST(TensorTest, BadShapesThrowBeforeAllocating) {
-  const std::string neg =
-      error_message([] { Tensor t(DType::float32, {4, -2}); }, ErrorCode::shape_mismatch, "shape");
+  const std::string neg = error_message([] { Tensor t(DType::float32, {4, -2}); }, ErrorCode::shape_mismatch, "shape");
   EXPECT_TRUE(contains(neg, "[4, -2]")) << neg;
   error_message([] { Tensor t(DType::float32, {kI64Max, 2}); }, ErrorCode::shape_mismatch, "shape");
   error_message([] { (void)Tensor::zeros(DType::int8, {-1}); }, ErrorCode::shape_mismatch, "shape");
@@ -419,12 +419,14 @@ TEST(Check, FailFormatsTheMessage) {
 TEST(Check, View) {
   float storage[6] = {};
   d::check_view("op", "inputs", xquant::ConstTensorView(storage, DType::float32, {2, 3}));
-  d::check_view("op", "inputs", xquant::ConstTensorView(nullptr, DType::float32, {0}));     // empty: null ok
+  d::check_view("op", "inputs", xquant::ConstTensorView(nullptr, DType::float32, {0}));  // empty: null ok
   d::check_view("op", "inputs", xquant::ConstTensorView(nullptr, DType::float32, {4, 0}));
   d::check_view("op", "inputs", xquant::ConstTensorView(storage, DType::float32, {}));
 
   std::string msg = error_message(
-      [&] { d::check_view("op", "inputs", xquant::ConstTensorView(storage, DType::float32, {2, -3})); },
+      [&] {
+        d::check_view("op", "inputs", xquant::ConstTensorView(storage, DType::float32, {2, -3}));
+      },
       ErrorCode::shape_mismatch, "inputs");
   EXPECT_EQ(msg.rfind("xquant::op: ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "inputs")) << msg;
@@ -432,7 +434,9 @@ TEST(Check, View) {
   EXPECT_TRUE(contains(msg, "negative")) << msg;
 
   msg = error_message(
-      [&] { d::check_view("op", "scales", xquant::ConstTensorView(storage, DType::float32, {kI64Max, 3})); },
+      [&] {
+        d::check_view("op", "scales", xquant::ConstTensorView(storage, DType::float32, {kI64Max, 3}));
+      },
       ErrorCode::shape_mismatch, "scales");
   EXPECT_EQ(msg.rfind("xquant::op: ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "[9223372036854775807, 3]")) << msg;
@@ -459,8 +463,8 @@ TEST(Check, Floating) {
 
 TEST(Check, DType) {
   d::check_dtype("op", "out", DType::int8, DType::int8);
-  const std::string msg = error_message([] { d::check_dtype("op", "out", DType::uint8, DType::int32); },
-                                        ErrorCode::dtype_mismatch, "out");
+  const std::string msg =
+      error_message([] { d::check_dtype("op", "out", DType::uint8, DType::int32); }, ErrorCode::dtype_mismatch, "out");
   EXPECT_EQ(msg.rfind("xquant::op: ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "out")) << msg;
   EXPECT_TRUE(contains(msg, "uint8")) << msg;
@@ -482,13 +486,19 @@ TEST(Check, ShapeAndOutput) {
   float storage[4] = {};
   const xquant::TensorView good(storage, DType::float32, {2, 2});
   d::check_output("op", "out", good, DType::float32, {2, 2}, "inputs");
-  error_message([&] { d::check_output("op", "out", good, DType::float16, {2, 2}, "inputs"); },
-                ErrorCode::dtype_mismatch, "out");
-  error_message([&] { d::check_output("op", "out", good, DType::float32, {4}, "inputs"); },
-                ErrorCode::shape_mismatch, "out");
-  error_message([&] { d::check_output("op", "out", xquant::TensorView(nullptr, DType::float32, {2, 2}),
-                                      DType::float32, {2, 2}, "inputs"); },
-                ErrorCode::invalid_argument, "out");
+  error_message(
+      [&] {
+        d::check_output("op", "out", good, DType::float16, {2, 2}, "inputs");
+      },
+      ErrorCode::dtype_mismatch, "out");
+  error_message([&] { d::check_output("op", "out", good, DType::float32, {4}, "inputs"); }, ErrorCode::shape_mismatch,
+                "out");
+  error_message(
+      [&] {
+        d::check_output("op", "out", xquant::TensorView(nullptr, DType::float32, {2, 2}), DType::float32, {2, 2},
+                        "inputs");
+      },
+      ErrorCode::invalid_argument, "out");
 }
 
 TEST(Check, NormalizeAxis) {
@@ -527,16 +537,16 @@ TEST(Check, NumBits) {
 TEST(Check, RangesOverlap) {
   alignas(64) unsigned char buf[64] = {};
   const unsigned char* p = buf;
-  EXPECT_TRUE(d::ranges_overlap(p, 8, p, 8));           // identical
-  EXPECT_TRUE(d::ranges_overlap(p, 8, p + 7, 8));       // one byte in common
-  EXPECT_TRUE(d::ranges_overlap(p + 7, 8, p, 8));       // symmetric
-  EXPECT_FALSE(d::ranges_overlap(p, 8, p + 8, 8));      // adjacent
+  EXPECT_TRUE(d::ranges_overlap(p, 8, p, 8));       // identical
+  EXPECT_TRUE(d::ranges_overlap(p, 8, p + 7, 8));   // one byte in common
+  EXPECT_TRUE(d::ranges_overlap(p + 7, 8, p, 8));   // symmetric
+  EXPECT_FALSE(d::ranges_overlap(p, 8, p + 8, 8));  // adjacent
   EXPECT_FALSE(d::ranges_overlap(p + 8, 8, p, 8));
-  EXPECT_TRUE(d::ranges_overlap(p, 64, p + 10, 1));     // contained
+  EXPECT_TRUE(d::ranges_overlap(p, 64, p + 10, 1));  // contained
   EXPECT_TRUE(d::ranges_overlap(p + 10, 1, p, 64));
-  EXPECT_FALSE(d::ranges_overlap(p, 0, p, 8));          // empty ranges never overlap
+  EXPECT_FALSE(d::ranges_overlap(p, 0, p, 8));  // empty ranges never overlap
   EXPECT_FALSE(d::ranges_overlap(p, 8, p, 0));
-  EXPECT_FALSE(d::ranges_overlap(p + 4, 0, p, 8));      // even inside another range
+  EXPECT_FALSE(d::ranges_overlap(p + 4, 0, p, 8));  // even inside another range
   EXPECT_FALSE(d::ranges_overlap(p, 0, p, 0));
   EXPECT_FALSE(d::ranges_overlap(nullptr, 0, nullptr, 0));
   EXPECT_FALSE(d::ranges_overlap(nullptr, 0, p, 8));
@@ -546,8 +556,8 @@ TEST(Check, NoOverlap) {
   float a[8] = {};
   d::check_no_overlap("op", "out", a, 16, "inputs", a + 4, 16);
   d::check_no_overlap("op", "out", a, 0, "inputs", a, 32);
-  std::string msg = error_message([&] { d::check_no_overlap("op", "out", a, 32, "inputs", a, 32); },
-                                  ErrorCode::aliasing, "out");
+  std::string msg =
+      error_message([&] { d::check_no_overlap("op", "out", a, 32, "inputs", a, 32); }, ErrorCode::aliasing, "out");
   EXPECT_EQ(msg.rfind("xquant::op: ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "out")) << msg;
   EXPECT_TRUE(contains(msg, "inputs")) << msg;
@@ -556,9 +566,9 @@ TEST(Check, NoOverlap) {
 
 TEST(Check, SameOrDisjoint) {
   float a[8] = {};
-  d::check_same_or_disjoint("op", "out", a, 32, "inputs", a, 32);       // exactly the same: in place
-  d::check_same_or_disjoint("op", "out", a, 16, "inputs", a + 4, 16);   // disjoint
-  d::check_same_or_disjoint("op", "out", a, 0, "inputs", a + 1, 16);    // empty
+  d::check_same_or_disjoint("op", "out", a, 32, "inputs", a, 32);      // exactly the same: in place
+  d::check_same_or_disjoint("op", "out", a, 16, "inputs", a + 4, 16);  // disjoint
+  d::check_same_or_disjoint("op", "out", a, 0, "inputs", a + 1, 16);   // empty
   std::string msg = error_message([&] { d::check_same_or_disjoint("op", "out", a + 1, 16, "inputs", a, 16); },
                                   ErrorCode::aliasing, "out");
   EXPECT_EQ(msg.rfind("xquant::op: ", 0), 0u) << msg;
@@ -600,9 +610,9 @@ TEST(Check, PublicChannelLayout) {
 // Numeric building blocks (src/core/numeric.hpp)
 
 TEST(Numeric, RoundHalfEven) {
-  const std::pair<float, float> cases[] = {{0.5f, 0.0f},  {1.5f, 2.0f},  {2.5f, 2.0f},   {-0.5f, -0.0f},
-                                           {-1.5f, -2.0f}, {-2.5f, -2.0f}, {0.49999997f, 0.0f}, {3.7f, 4.0f},
-                                           {8388607.5f, 8388608.0f},       {-0.0f, -0.0f}};
+  const std::pair<float, float> cases[] = {
+      {0.5f, 0.0f},   {1.5f, 2.0f},        {2.5f, 2.0f}, {-0.5f, -0.0f},           {-1.5f, -2.0f},
+      {-2.5f, -2.0f}, {0.49999997f, 0.0f}, {3.7f, 4.0f}, {8388607.5f, 8388608.0f}, {-0.0f, -0.0f}};
   for (const auto& [in, want] : cases) EXPECT_TRUE(same_bits(d::round_half_even(in), want)) << in;
   EXPECT_TRUE(std::isnan(d::round_half_even(kNaN)));
   EXPECT_EQ(d::round_half_even(-kInf), -kInf);
@@ -613,8 +623,8 @@ TEST(Numeric, LoadAndStoreFloat) {
   const std::uint8_t u8[] = {0, 255};
   const std::int32_t i32[] = {-2147483647 - 1, 16777217};
   const std::int64_t i64[] = {-3};
-  const std::uint16_t h[] = {0x3C00, 0xC500};    // 1, -5 (float16)
-  const std::uint16_t bf[] = {0x3F80, 0xC0A0};   // 1, -5 (bfloat16)
+  const std::uint16_t h[] = {0x3C00, 0xC500};   // 1, -5 (float16)
+  const std::uint16_t bf[] = {0x3F80, 0xC0A0};  // 1, -5 (bfloat16)
   const float f[] = {0.1f, -0.0f};
   EXPECT_EQ(d::load_float(DType::int8, i8, 0), -128.0f);
   EXPECT_EQ(d::load_float(DType::int8, i8, 1), 127.0f);
@@ -641,17 +651,17 @@ TEST(Numeric, LoadAndStoreFloat) {
 
 TEST(Numeric, SaturateInt8) {
   const std::pair<float, int> cases[] = {
-      {0.0f, 0},      {-0.0f, 0},     {1.0f, 1},     {-1.0f, -1},   {126.0f, 126},     {127.0f, 127},
-      {128.0f, 127},  {129.0f, 127},  {1e30f, 127},  {-127.0f, -127}, {-128.0f, -128}, {-129.0f, -128},
-      {-1e30f, -128}, {kInf, 127},    {-kInf, -128}, {kNaN, 0},      {-kNaN, 0},
+      {0.0f, 0},      {-0.0f, 0},    {1.0f, 1},     {-1.0f, -1},     {126.0f, 126},   {127.0f, 127},
+      {128.0f, 127},  {129.0f, 127}, {1e30f, 127},  {-127.0f, -127}, {-128.0f, -128}, {-129.0f, -128},
+      {-1e30f, -128}, {kInf, 127},   {-kInf, -128}, {kNaN, 0},       {-kNaN, 0},
   };
   for (const auto& [in, want] : cases) EXPECT_EQ(d::saturate_rounded<std::int8_t>(in), want) << in;
 }
 
 TEST(Numeric, SaturateUint8) {
   const std::pair<float, int> cases[] = {
-      {0.0f, 0},     {-0.0f, 0},   {1.0f, 1},   {254.0f, 254}, {255.0f, 255}, {256.0f, 255}, {1e30f, 255},
-      {-1.0f, 0},    {-1e30f, 0},  {kInf, 255}, {-kInf, 0},    {kNaN, 0},     {-kNaN, 0},
+      {0.0f, 0},  {-0.0f, 0},  {1.0f, 1},   {254.0f, 254}, {255.0f, 255}, {256.0f, 255}, {1e30f, 255},
+      {-1.0f, 0}, {-1e30f, 0}, {kInf, 255}, {-kInf, 0},    {kNaN, 0},     {-kNaN, 0},
   };
   for (const auto& [in, want] : cases) EXPECT_EQ(d::saturate_rounded<std::uint8_t>(in), want) << in;
 }
@@ -663,13 +673,13 @@ TEST(Numeric, SaturateInt32) {
   ASSERT_EQ(largest_below, 2147483520.0f);
   const std::pair<float, std::int32_t> cases[] = {
       {0.0f, 0},
-      {2147483520.0f, 2147483520},   // largest float below 2^31: exact
-      {2147483648.0f, kMax},         // 2^31: saturates
+      {2147483520.0f, 2147483520},  // largest float below 2^31: exact
+      {2147483648.0f, kMax},        // 2^31: saturates
       {2147483904.0f, kMax},
-      {-2147483648.0f, kMin},        // -2^31: exact
+      {-2147483648.0f, kMin},  // -2^31: exact
       {-2147483520.0f, -2147483520},
-      {-2147483904.0f, kMin},        // next float below -2^31
-      {16777217.0f, 16777216},       // the literal rounds to 2^24 in float
+      {-2147483904.0f, kMin},   // next float below -2^31
+      {16777217.0f, 16777216},  // the literal rounds to 2^24 in float
       {-1e10f, kMin},
       {1e10f, kMax},
       {kInf, kMax},
@@ -681,7 +691,7 @@ TEST(Numeric, SaturateInt32) {
 }
 
 TEST(Numeric, SaturateRange) {
-  const std::pair<float, int> int4[] = {{0.0f, 0},  {-0.0f, 0},   {7.0f, 7},    {8.0f, 7},  {100.0f, 7},
+  const std::pair<float, int> int4[] = {{0.0f, 0},   {-0.0f, 0},  {7.0f, 7},    {8.0f, 7}, {100.0f, 7},
                                         {-8.0f, -8}, {-9.0f, -8}, {-1e30f, -8}, {3.0f, 3}, {-3.0f, -3},
                                         {kInf, 7},   {-kInf, -8}, {kNaN, 0},    {-kNaN, 0}};
   for (const auto& [in, want] : int4) EXPECT_EQ(d::saturate_rounded_range(in, -8, 7), want) << in;
@@ -692,7 +702,7 @@ TEST(Numeric, SaturateRange) {
 
 TEST(Numeric, Int4PackingHandValues) {
   std::int32_t words[2] = {0, 0};
-  for (int j = 0; j < 8; ++j) d::store_int4(words, j, j);        // 0..7 in nibbles 0..7
+  for (int j = 0; j < 8; ++j) d::store_int4(words, j, j);          // 0..7 in nibbles 0..7
   for (int j = 0; j < 8; ++j) d::store_int4(words, 8 + j, j - 8);  // -8..-1
   EXPECT_EQ(static_cast<std::uint32_t>(words[0]), 0x76543210u);
   EXPECT_EQ(static_cast<std::uint32_t>(words[1]), 0xFEDCBA98u);
@@ -895,8 +905,9 @@ TEST(CanonicalSumTest, HandComputedOrder) {
 
 TEST(CanonicalSumTest, EmptyAndSingleTerm) {
   EXPECT_EQ(bits(canonical_sum({})), 0u);  // +0.0
-  const float singles[] = {-0.0f, 0.0f, 1.5f, -3.0e-39f /* subnormal */, 0x1p-149f, -0x1p127f,
-                           std::numeric_limits<float>::max(), kInf, -kInf, 0.1f};
+  const float singles[] = {
+      -0.0f, 0.0f,  1.5f, -3.0e-39f /* subnormal */, 0x1p-149f, -0x1p127f, std::numeric_limits<float>::max(),
+      kInf,  -kInf, 0.1f};
   for (const float x : singles) EXPECT_EQ(bits(canonical_sum({x})), bits(x)) << x;
   // A NaN result is the canonical quiet NaN 0x7FC00000, whatever the NaN terms' signs and payloads.
   EXPECT_EQ(bits(canonical_sum({kNaN})), 0x7FC00000u);

@@ -22,9 +22,10 @@ using xquant::QuantDType;
 // Values that exercise every rule: ties at k + 0.5 (after scaling by small powers of two as well), signed
 // zeros, subnormals, huge, +-Inf, NaN.
 std::vector<float> edge_values() {
-  std::vector<float> v = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -126.5f, 127.5f, -128.5f, 0.f, -0.f,
-                          1e-40f, -1e-40f, 1e-45f, 3.4e38f, -3.4e38f, kInf, -kInf, kNaN, -kNaN, 65504.f, 65520.f,
-                          6.1e-5f, 5.96e-8f, 2.98e-8f, 1.0f / 3.0f, 0.25f, 0.75f, 1.25f, 7.5f, -7.5f, 8.5f, -8.5f};
+  std::vector<float> v = {0.5f,    1.5f,  2.5f,  -0.5f,   -1.5f,   -2.5f,   126.5f,   -126.5f,  127.5f,
+                          -128.5f, 0.f,   -0.f,  1e-40f,  -1e-40f, 1e-45f,  3.4e38f,  -3.4e38f, kInf,
+                          -kInf,   kNaN,  -kNaN, 65504.f, 65520.f, 6.1e-5f, 5.96e-8f, 2.98e-8f, 1.0f / 3.0f,
+                          0.25f,   0.75f, 1.25f, 7.5f,    -7.5f,   8.5f,    -8.5f};
   return v;
 }
 
@@ -46,9 +47,12 @@ struct Placed {
   Placed(DType dt, const Shape& shape, std::int64_t offset_elems) {
     const std::int64_t n = xquant::shape_numel(shape);
     const std::int64_t guard = 64;
-    buf = Tensor(DType::uint8, {static_cast<std::int64_t>((n + offset_elems) * static_cast<std::int64_t>(xquant::dtype_size(dt))) + guard});
+    buf = Tensor(
+        DType::uint8,
+        {static_cast<std::int64_t>((n + offset_elems) * static_cast<std::int64_t>(xquant::dtype_size(dt))) + guard});
     std::memset(buf.data(), 0xA5, buf.nbytes());
-    view = TensorView(buf.data<std::uint8_t>() + offset_elems * static_cast<std::int64_t>(xquant::dtype_size(dt)), dt, shape);
+    view = TensorView(buf.data<std::uint8_t>() + offset_elems * static_cast<std::int64_t>(xquant::dtype_size(dt)), dt,
+                      shape);
     guard_off = static_cast<std::size_t>((n + offset_elems) * static_cast<std::int64_t>(xquant::dtype_size(dt)));
     guard_len = static_cast<std::size_t>(guard);
   }
@@ -99,14 +103,15 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
       op(views);
       for (std::size_t k = 0; k < out.size(); ++k) {
         const bool same = same_bytes(views[k], ref_views[k]);
-        EXPECT_TRUE(same) << what << ": output " << k << " differs on target " << hwy::TargetName(target)
-                          << " with " << threads << " threads";
+        EXPECT_TRUE(same) << what << ": output " << k << " differs on target " << hwy::TargetName(target) << " with "
+                          << threads << " threads";
         EXPECT_TRUE(out[k].guard_ok()) << what << ": guard bytes after output " << k << " overwritten on "
                                        << hwy::TargetName(target);
         if (!same) {  // first differing element, for diagnosis
           const auto es = xquant::dtype_size(views[k].dtype);
           for (std::size_t b = 0; b < views[k].nbytes(); ++b)
-            if (static_cast<const std::uint8_t*>(views[k].data)[b] != static_cast<const std::uint8_t*>(ref_views[k].data)[b]) {
+            if (static_cast<const std::uint8_t*>(views[k].data)[b] !=
+                static_cast<const std::uint8_t*>(ref_views[k].data)[b]) {
               ADD_FAILURE() << "  first difference at element " << b / es;
               break;
             }
@@ -142,48 +147,72 @@ DType fq_amax_dtype(DType inputs) { return inputs == DType::float16 ? DType::flo
 TEST(CpuEquivalence, FakeQuantPerTensor) {
   for (DType dt : kFloatTypes)
     for (std::int64_t n : kLengths)
-      for (auto [nb, uns, narrow] : {std::tuple{8, false, true}, std::tuple{4, true, false}, std::tuple{16, false, false}}) {
+      for (auto [nb, uns, narrow] :
+           {std::tuple{8, false, true}, std::tuple{4, true, false}, std::tuple{16, false, false}}) {
         Placed x = placed_floats(dt, {n}, test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n)), 1);
         Tensor amax = make_float(fq_amax_dtype(dt), {1}, {2.5f});
         // (init-captures: clang 14 cannot capture structured bindings)
-        check_equivalent([&, nb = nb, uns = uns, narrow = narrow](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, uns, narrow}); },
-                         {{dt, {n}}}, "fake_tensor_quant n=" + std::to_string(n) + " " + std::string(xquant::dtype_name(dt)));
+        check_equivalent(
+            [&, nb = nb, uns = uns, narrow = narrow](std::vector<TensorView>& o) {
+              xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, uns, narrow});
+            },
+            {{dt, {n}}}, "fake_tensor_quant n=" + std::to_string(n) + " " + std::string(xquant::dtype_name(dt)));
       }
 }
 
 TEST(CpuEquivalence, FakeQuantPerAxisLayouts) {
   const std::vector<std::pair<Shape, std::int64_t>> cases = {
-      {{5, 7, 70}, 1}, {{5, 7, 70}, 0}, {{5, 7, 70}, -1}, {{300, 37}, 1}, {{3000, 13}, -1}, {{64, 20, 9}, 0},
-      {{4, 3, 5000}, 1}, {{2, 9, 65}, 1}, {{1, 1}, 0}, {{1200, 1}, 1},
+      {{5, 7, 70}, 1},
+      {{5, 7, 70}, 0},
+      {{5, 7, 70}, -1},
+      {{300, 37}, 1},
+      {{3000, 13}, -1},
+      {{64, 20, 9}, 0},
+      {{4, 3, 5000}, 1},
+      {{2, 9, 65}, 1},
+      {{1, 1}, 0},
+      {{1200, 1}, 1},
       // periodic walk (cpu/walk.hpp): one row per piece (the last axis, few rows; inner 8), replicated
       // short periods capped by the rows
-      {{8, 128}, 1}, {{9, 200}, -1}, {{6, 10, 8}, 1}, {{2, 5}, 1}, {{40, 64}, 1}, {{3, 3, 3}, 1}};
+      {{8, 128}, 1},
+      {{9, 200}, -1},
+      {{6, 10, 8}, 1},
+      {{2, 5}, 1},
+      {{40, 64}, 1},
+      {{3, 3, 3}, 1}};
   for (DType dt : kFloatTypes)
     for (const auto& [shape, axis] : cases) {
       const std::int64_t n = xquant::shape_numel(shape);
       const std::int64_t ax = axis < 0 ? axis + static_cast<std::int64_t>(shape.size()) : axis;
       const std::int64_t C = shape[static_cast<std::size_t>(ax)];
       std::vector<float> amax_v(static_cast<std::size_t>(C));
-      for (std::int64_t c = 0; c < C; ++c) amax_v[static_cast<std::size_t>(c)] = c % 5 == 3 ? 0.f : 0.5f + 0.37f * static_cast<float>(c);
+      for (std::int64_t c = 0; c < C; ++c)
+        amax_v[static_cast<std::size_t>(c)] = c % 5 == 3 ? 0.f : 0.5f + 0.37f * static_cast<float>(c);
       Tensor amax = make_float(fq_amax_dtype(dt), {C}, amax_v);  // rounded to half for float16 inputs
       Placed x = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 99), 1);
-      check_equivalent([&, axis = axis](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax, axis); },
-                       {{dt, shape}}, "fake_tensor_quant_with_axis " + xquant::shape_str(shape) + " axis " + std::to_string(axis));
+      check_equivalent(
+          [&, axis = axis](std::vector<TensorView>& o) {
+            xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax, axis);
+          },
+          {{dt, shape}}, "fake_tensor_quant_with_axis " + xquant::shape_str(shape) + " axis " + std::to_string(axis));
     }
 }
 
 TEST(CpuEquivalence, FakeQuantBackward) {
   const std::vector<std::pair<Shape, std::optional<std::int64_t>>> cases = {
-      {{70001}, std::nullopt}, {{1025}, std::nullopt}, {{17}, std::nullopt}, {{5, 7, 700}, 1}, {{3000, 13}, 1},
-      {{2100, 5}, -1}, {{64, 20, 9}, 0}, {{3, 2500}, 0}, {{1030, 3}, 1}, {{8, 128}, 1}, {{9, 200}, 1},
-      {{2, 5}, 1}, {{6, 10, 8}, 1}};
+      {{70001}, std::nullopt}, {{1025}, std::nullopt}, {{17}, std::nullopt}, {{5, 7, 700}, 1},
+      {{3000, 13}, 1},         {{2100, 5}, -1},        {{64, 20, 9}, 0},     {{3, 2500}, 0},
+      {{1030, 3}, 1},          {{8, 128}, 1},          {{9, 200}, 1},        {{2, 5}, 1},
+      {{6, 10, 8}, 1}};
   for (DType dt : kFloatTypes)
     for (const auto& [shape, axis] : cases) {
       const std::int64_t n = xquant::shape_numel(shape);
       std::int64_t C = 1;
-      if (axis) C = shape[static_cast<std::size_t>(*axis < 0 ? *axis + static_cast<std::int64_t>(shape.size()) : *axis)];
+      if (axis)
+        C = shape[static_cast<std::size_t>(*axis < 0 ? *axis + static_cast<std::int64_t>(shape.size()) : *axis)];
       std::vector<float> amax_v(static_cast<std::size_t>(C));
-      for (std::int64_t c = 0; c < C; ++c) amax_v[static_cast<std::size_t>(c)] = c % 4 == 2 ? 0.f : 1.f + 0.21f * static_cast<float>(c);
+      for (std::int64_t c = 0; c < C; ++c)
+        amax_v[static_cast<std::size_t>(c)] = c % 4 == 2 ? 0.f : 1.f + 0.21f * static_cast<float>(c);
       Tensor amax = make_float(dt, {C}, amax_v);
       Placed x = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 7, 6.f), 1);
       Placed g = placed_floats(dt, shape, test_data(static_cast<std::size_t>(n), 8, 1000.f), 2);
@@ -235,18 +264,23 @@ TEST(CpuEquivalence, Quantize) {
       const std::int64_t C = cs.per_tensor ? 1 : cs.shape[static_cast<std::size_t>(ax)];
       std::vector<float> sv(static_cast<std::size_t>(C)), zv(sv.size());
       for (std::int64_t c = 0; c < C; ++c) {
-        sv[static_cast<std::size_t>(c)] = cs.div_mode ? 0.02f + 0.003f * static_cast<float>(c % 50) : 30.f - 0.2f * static_cast<float>(c % 40);
+        sv[static_cast<std::size_t>(c)] =
+            cs.div_mode ? 0.02f + 0.003f * static_cast<float>(c % 50) : 30.f - 0.2f * static_cast<float>(c % 40);
         zv[static_cast<std::size_t>(c)] = static_cast<float>(c % 7) - 3.f;
       }
       Tensor scales = make_float(DType::float32, {C}, sv);
       Tensor zps = make_float(DType::float32, {C}, zv);
-      Placed x = placed_floats(dt, cs.shape, test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n), cs.q == QuantDType::qint32 ? 3e7f : 3.f), 1);
+      Placed x = placed_floats(dt, cs.shape,
+                               test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(n),
+                                         cs.q == QuantDType::qint32 ? 3e7f : 3.f),
+                               1);
       const Shape yshape = xquant::quantize_output_shape(cs.shape, cs.q);
       for (bool with_zp : {true, false})  // without zero points the kernels skip the addition
         check_equivalent(
             [&](std::vector<TensorView>& o) {
-              xquant::quantize_out(o[0], x.view, scales, with_zp ? std::optional<ConstTensorView>(zps.view()) : std::nullopt,
-                                   cs.q, cs.axis, cs.div_mode);
+              xquant::quantize_out(o[0], x.view, scales,
+                                   with_zp ? std::optional<ConstTensorView>(zps.view()) : std::nullopt, cs.q, cs.axis,
+                                   cs.div_mode);
             },
             {{xquant::storage_dtype(cs.q), yshape}},
             "quantize " + xquant::shape_str(cs.shape) + " axis " + std::to_string(cs.axis) + " " +
@@ -256,8 +290,11 @@ TEST(CpuEquivalence, Quantize) {
 
 TEST(CpuEquivalence, TileQuant) {
   using xquant::QuantMode;
-  for (auto [rows, cols, pitch] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{64, 128, 128}, {5, 17, 40},
-                                   {300, 300, 333}, {3, 1, 1}, {2000, 64, 70}})
+  for (auto [rows, cols, pitch] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{64, 128, 128},
+                                   {5, 17, 40},
+                                   {300, 300, 333},
+                                   {3, 1, 1},
+                                   {2000, 64, 70}})
     for (QuantMode mode : {QuantMode::SYM, QuantMode::ASYM}) {
       std::vector<float> sv = test_data(static_cast<std::size_t>(rows * pitch), 3, 40.f);
       Tensor src = make_float(DType::float32, {rows * pitch}, sv);
@@ -286,12 +323,16 @@ TEST(CpuEquivalence, ActsUlq) {
     Shape x, cmin, cmax;
   };
   const std::vector<Case> cases = {
-      {{70001}, {1}, {1}},          {{33}, {}, {}},           {{4, 5, 300}, {5, 1}, {5, 1}},
-      {{300, 37}, {37}, {1}},       {{2, 3, 4, 5}, {3, 1, 1}, {1, 4, 1}},  // clamp dims 1..2 -> C = 12
-      {{7, 9}, {7, 9}, {1}},        {{3, 1}, {1, 4}, {1}},    // x broadcast: reference path
+      {{70001}, {1}, {1}},
+      {{33}, {}, {}},
+      {{4, 5, 300}, {5, 1}, {5, 1}},
+      {{300, 37}, {37}, {1}},
+      {{2, 3, 4, 5}, {3, 1, 1}, {1, 4, 1}},  // clamp dims 1..2 -> C = 12
+      {{7, 9}, {7, 9}, {1}},
+      {{3, 1}, {1, 4}, {1}},  // x broadcast: reference path
       {{1025, 3}, {1}, {1}},
-      {{4, 5, 300}, {5, 1}, {1}},          // clamp layouts differ: one backward pass per clamp tensor
-      {{4, 5, 300}, {4, 1, 1}, {4, 5, 1}}, // channels over [0, 1) and over [0, 2)
+      {{4, 5, 300}, {5, 1}, {1}},           // clamp layouts differ: one backward pass per clamp tensor
+      {{4, 5, 300}, {4, 1, 1}, {4, 5, 1}},  // channels over [0, 1) and over [0, 2)
       {{3, 70, 70}, {3, 70, 1}, {3, 70, 1}}};
   for (DType dt : kFloatTypes)
     for (const Case& cs : cases)
@@ -302,13 +343,17 @@ TEST(CpuEquivalence, ActsUlq) {
                              nmax = xquant::shape_numel(cs.cmax);
           Placed x = placed_floats(dt, cs.x, test_data(static_cast<std::size_t>(nx), 5, 2.f), 1);
           std::vector<float> mv(static_cast<std::size_t>(nmin)), xv(static_cast<std::size_t>(nmax));
-          for (std::size_t i = 0; i < mv.size(); ++i) mv[i] = i % 4 == 3 ? 0.3f : -0.5f - 0.1f * static_cast<float>(i % 9);
-          for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = i % 5 == 4 ? 1e-8f : 0.7f + 0.13f * static_cast<float>(i % 11);
+          for (std::size_t i = 0; i < mv.size(); ++i)
+            mv[i] = i % 4 == 3 ? 0.3f : -0.5f - 0.1f * static_cast<float>(i % 9);
+          for (std::size_t i = 0; i < xv.size(); ++i)
+            xv[i] = i % 5 == 4 ? 1e-8f : 0.7f + 0.13f * static_cast<float>(i % 11);
           Tensor cmin = make_float(dt, cs.cmin, mv), cmax = make_float(dt, cs.cmax, xv);
           const std::string what = "acts_ulq " + xquant::shape_str(cs.x) + " " + xquant::shape_str(cs.cmin) + " " +
                                    xquant::shape_str(cs.cmax) + (fixed_min ? " fixed" : "");
           check_equivalent(
-              [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin, cmax, fixed_min, nb); },
+              [&](std::vector<TensorView>& o) {
+                xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin, cmax, fixed_min, nb);
+              },
               {{dt, out}, {dt, out}, {dt, out}, {dt, out}}, what);
           // backward on the forward's outputs
           xquant::set_backend(Backend::reference);
@@ -316,8 +361,8 @@ TEST(CpuEquivalence, ActsUlq) {
           Placed dy = placed_floats(dt, out, test_data(static_cast<std::size_t>(xquant::shape_numel(out)), 6, 50.f), 2);
           check_equivalent(
               [&](std::vector<TensorView>& o) {
-                xquant::acts_ulq_backward_out(o[0], o[1], o[2], dy.view, cmin, cmax, fwd.clamp_min_mask, fwd.clamp_max_mask,
-                                              fwd.x_clamped_loss, fixed_min, nb);
+                xquant::acts_ulq_backward_out(o[0], o[1], o[2], dy.view, cmin, cmax, fwd.clamp_min_mask,
+                                              fwd.clamp_max_mask, fwd.x_clamped_loss, fixed_min, nb);
               },
               {{dt, cs.x}, {dt, cs.cmin}, {dt, cs.cmax}}, what + " backward");
         }
@@ -355,7 +400,8 @@ TEST(CpuEquivalence, DynamicQuant) {
             const std::int64_t E = variant == 2 ? 4 : 1;
             std::vector<float> sv(static_cast<std::size_t>(E * H));
             for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.013f * static_cast<float>(i % 97);
-            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32, variant == 2 ? Shape{E, H} : Shape{H}, sv);
+            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32,
+                                variant == 2 ? Shape{E, H} : Shape{H}, sv);
             sm = smooth.view();
             if (variant == 2) {
               groups = make_typed<std::int64_t>(DType::int64, {4}, {0, S / 3, S / 3, S});  // empty groups 0 and 2
@@ -368,7 +414,9 @@ TEST(CpuEquivalence, DynamicQuant) {
           const Shape sshape = variant == 3 ? Shape{1} : Shape(shape.begin(), shape.end() - 1);
           const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
           check_equivalent(
-              [&](std::vector<TensorView>& o) { xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, sm, gi, q, mode); },
+              [&](std::vector<TensorView>& o) {
+                xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, sm, gi, q, mode);
+              },
               {{ydt, yshape}, {DType::float32, sshape}, {DType::float32, sshape}},
               "dynamic_quant " + xquant::shape_str(shape) + " variant " + std::to_string(variant));
         }
@@ -381,24 +429,25 @@ std::vector<float> boundary_data(std::size_t n, std::uint32_t seed, float scale)
   std::vector<float> v = test_data(n, seed, 4.f);
   const float extra[] = {0x1p-100f, -0x1p-101f, 1e-30f, -1e-38f, 1e-45f, 0x1p125f, -0x1p126f, 3.4e38f, 1e30f, -1e20f};
   for (std::size_t i = 0; i < n; ++i) {
-    if (i % 11 == 5) v[i] = extra[(i / 11) % 10];
-    else if (i % 11 == 7) v[i] *= scale;  // values of the scale's magnitude: quotients near 1, ties
+    if (i % 11 == 5)
+      v[i] = extra[(i / 11) % 10];
+    else if (i % 11 == 7)
+      v[i] *= scale;  // values of the scale's magnitude: quotients near 1, ties
   }
   return v;
 }
 
 TEST(CpuEquivalence, FastDivisionBoundariesQuantize) {
   const float sub = 1e-40f;
-  const std::vector<std::vector<float>> scale_sets = {
-      {0x1p-60f, 1.0f},    // smallest scale the integer path takes
-      {0x1p-61f, 1.0f},    // below it: divider
-      {1e-12f, 1e6f},      // ordinary spread
-      {1.0f, 0x1p61f},     // scales too far apart: divider
-      {1e30f},             // x_max / scale below 2^34: divider
-      {0x1p-126f, 2.0f},   // smallest normal scale
-      {-2.0f, 3.0f},       // a negative scale: divider
-      {sub, 1.0f},         // a subnormal scale: divider
-      {0.03f, 0.02f}};
+  const std::vector<std::vector<float>> scale_sets = {{0x1p-60f, 1.0f},   // smallest scale the integer path takes
+                                                      {0x1p-61f, 1.0f},   // below it: divider
+                                                      {1e-12f, 1e6f},     // ordinary spread
+                                                      {1.0f, 0x1p61f},    // scales too far apart: divider
+                                                      {1e30f},            // x_max / scale below 2^34: divider
+                                                      {0x1p-126f, 2.0f},  // smallest normal scale
+                                                      {-2.0f, 3.0f},      // a negative scale: divider
+                                                      {sub, 1.0f},        // a subnormal scale: divider
+                                                      {0.03f, 0.02f}};
   for (DType dt : kFloatTypes)
     for (const auto& ss : scale_sets)
       for (float zp : {0.0f, -0.5f, 0x1p33f, 0x1p34f})
@@ -414,7 +463,9 @@ TEST(CpuEquivalence, FastDivisionBoundariesQuantize) {
             Tensor scales = make_float(DType::float32, {C}, sv), zps = make_float(DType::float32, {C}, zv);
             Placed x = placed_floats(dt, shape, boundary_data(420, 17, ss[0]), 1);
             check_equivalent(
-                [&](std::vector<TensorView>& o) { xquant::quantize_out(o[0], x.view, scales, zps.view(), q, axis, true); },
+                [&](std::vector<TensorView>& o) {
+                  xquant::quantize_out(o[0], x.view, scales, zps.view(), q, axis, true);
+                },
                 {{xquant::storage_dtype(q), shape}},
                 "quantize boundaries scale " + std::to_string(ss[0]) + " zp " + std::to_string(zp) + " axis " +
                     std::to_string(axis) + " " + std::string(xquant::quant_dtype_name(q)));
@@ -430,15 +481,24 @@ TEST(CpuEquivalence, FastDivisionBoundariesFakeQuant) {
                                                : std::vector<float>{1e-30f, 1e-20f, 2.5f, 1e20f, 3e38f}) {
         Placed x = placed_floats(dt, {5, 70}, boundary_data(350, 23, amax_v), 1);
         Tensor amax = make_float(fq_amax_dtype(dt), {1}, {amax_v});
-        check_equivalent([&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, false, false}); },
-                         {{dt, {5, 70}}}, "fake_tensor_quant boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
+        check_equivalent(
+            [&](std::vector<TensorView>& o) {
+              xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, false, false});
+            },
+            {{dt, {5, 70}}},
+            "fake_tensor_quant boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
         Tensor amax5 = make_float(fq_amax_dtype(dt), {5}, {amax_v, 0.0f, 1.0f, amax_v * 0.5f, 7.0f});
         check_equivalent(
-            [&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax5, 0, {nb, true, false}); },
-            {{dt, {5, 70}}}, "fake_tensor_quant_with_axis boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
+            [&](std::vector<TensorView>& o) {
+              xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax5, 0, {nb, true, false});
+            },
+            {{dt, {5, 70}}},
+            "fake_tensor_quant_with_axis boundaries nb " + std::to_string(nb) + " amax " + std::to_string(amax_v));
         Tensor amax70 = make_float(fq_amax_dtype(dt), {70}, std::vector<float>(70, amax_v));
         check_equivalent(
-            [&](std::vector<TensorView>& o) { xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax70, 1, {nb, false, true}); },
+            [&](std::vector<TensorView>& o) {
+              xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax70, 1, {nb, false, true});
+            },
             {{dt, {5, 70}}}, "fake_tensor_quant_with_axis last boundaries nb " + std::to_string(nb));
       }
 }
@@ -481,8 +541,9 @@ TEST(CpuEquivalence, DynamicQuantRoundingCheck) {
   struct RowSpec {
     float lo, hi;
   };
-  const std::vector<RowSpec> specs = {{-1.0f, 2.0f},   {-128.0f, 127.0f}, {-8.0f, 7.0f},     {0.0f, 3.0f},  {-7.0f, 0.0f},
-                                      {-0.3f, 0.01f},  {1000.0f, 1001.0f}, {2000.0f, 2000.5f}, {1e-30f, 3e-30f}, {-5e6f, 4e6f}};
+  const std::vector<RowSpec> specs = {{-1.0f, 2.0f},    {-128.0f, 127.0f}, {-8.0f, 7.0f},      {0.0f, 3.0f},
+                                      {-7.0f, 0.0f},    {-0.3f, 0.01f},    {1000.0f, 1001.0f}, {2000.0f, 2000.5f},
+                                      {1e-30f, 3e-30f}, {-5e6f, 4e6f}};
   for (DType dt : kFloatTypes)
     for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
       for (bool symmetric : {false, true}) {
@@ -521,10 +582,14 @@ TEST(CpuEquivalence, DynamicQuantRoundingCheck) {
         const Shape yshape = q == QuantDType::quint4x2 ? Shape{S, H / 8} : Shape{S, H};
         const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
         const std::string what = std::string("dynamic_quant rounding check ") + std::string(xquant::dtype_name(dt)) +
-                                 (symmetric ? " symmetric" : " asymmetric") + (q == QuantDType::qint8 ? " int8" : " int4");
+                                 (symmetric ? " symmetric" : " asymmetric") +
+                                 (q == QuantDType::qint8 ? " int8" : " int4");
         if (symmetric)
-          check_equivalent([&](std::vector<TensorView>& o) { xquant::dynamic_quant_out(o[0], o[1], x.view, std::nullopt, std::nullopt, q); },
-                           {{ydt, yshape}, {DType::float32, {S}}}, what);
+          check_equivalent(
+              [&](std::vector<TensorView>& o) {
+                xquant::dynamic_quant_out(o[0], o[1], x.view, std::nullopt, std::nullopt, q);
+              },
+              {{ydt, yshape}, {DType::float32, {S}}}, what);
         else
           check_equivalent(
               [&](std::vector<TensorView>& o) {
@@ -544,11 +609,11 @@ TEST(CpuEquivalence, RoundingCheckParameters) {
   const double expect = 0.5 - (127.0 * 0x1p-21 + 0x1p-126);
   EXPECT_LE(static_cast<double>(c.threshold), expect);
   EXPECT_GT(static_cast<double>(c.threshold), expect - 0x1p-25);
-  EXPECT_TRUE(rint_check(1.0f, 0.0f, 0x1p18f).ok);                       // 2^18: threshold 0.375
-  EXPECT_FALSE(rint_check(1.0f, 0.0f, 0x1p19f).ok);                      // 2^19: threshold 0.25, refused
-  EXPECT_FALSE(rint_check(1.0f, 0x1p19f, 0.0f).ok);                      // |offset| counts too
-  EXPECT_FALSE(rint_check(0x1p-127f, 0.0f, 0x1p-140f).ok);              // subnormal scale
-  EXPECT_FALSE(rint_check(0x1p126f, 0.0f, 1.0f).ok);                     // reciprocal not normal
+  EXPECT_TRUE(rint_check(1.0f, 0.0f, 0x1p18f).ok);          // 2^18: threshold 0.375
+  EXPECT_FALSE(rint_check(1.0f, 0.0f, 0x1p19f).ok);         // 2^19: threshold 0.25, refused
+  EXPECT_FALSE(rint_check(1.0f, 0x1p19f, 0.0f).ok);         // |offset| counts too
+  EXPECT_FALSE(rint_check(0x1p-127f, 0.0f, 0x1p-140f).ok);  // subnormal scale
+  EXPECT_FALSE(rint_check(0x1p126f, 0.0f, 1.0f).ok);        // reciprocal not normal
   EXPECT_TRUE(rint_check(0x1p-126f, 0.0f, 0x1p-120f).ok);
   EXPECT_FALSE(rint_check(1.0f, kNaN, 1.0f).ok);
   EXPECT_FALSE(rint_check(1.0f, 0.0f, kInf).ok);
@@ -564,11 +629,17 @@ TEST(CpuEquivalence, FastDivisionBoundariesActsUlq) {
         Tensor cmin4 = make_float(dt, {4, 1}, {-0.5f * cmax_v, -1e-30f, -2.0f, 0.0f}),
                cmax4 = make_float(dt, {4, 1}, {cmax_v, 1e-6f, 3.0f, 1e20f});
         check_equivalent(
-            [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin, cmax, false, nb); },
-            {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}}, "acts_ulq boundaries " + std::to_string(cmax_v));
+            [&](std::vector<TensorView>& o) {
+              xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin, cmax, false, nb);
+            },
+            {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}},
+            "acts_ulq boundaries " + std::to_string(cmax_v));
         check_equivalent(
-            [&](std::vector<TensorView>& o) { xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin4, cmax4, false, nb); },
-            {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}}, "acts_ulq boundaries per row " + std::to_string(cmax_v));
+            [&](std::vector<TensorView>& o) {
+              xquant::acts_ulq_out(o[0], o[1], o[2], o[3], x.view, cmin4, cmax4, false, nb);
+            },
+            {{dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}, {dt, {4, 90}}},
+            "acts_ulq boundaries per row " + std::to_string(cmax_v));
       }
 }
 
@@ -582,7 +653,8 @@ TEST(CpuEquivalence, DynamicQuantSymmetric) {
           const std::int64_t n = xquant::shape_numel(shape);
           const std::int64_t H = shape.back(), S = xquant::shape_numel(Shape(shape.begin(), shape.end() - 1));
           if (q == QuantDType::quint4x2 && H % 8 != 0) continue;
-          std::vector<float> xv = test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(7 * n + variant), 3.f);
+          std::vector<float> xv =
+              test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(7 * n + variant), 3.f);
           if (S > 3) {  // a constant row and an all-zero row (scale 0: every y is 0 / 0 -> 0)
             for (std::int64_t j = 0; j < H; ++j) {
               xv[static_cast<std::size_t>(H + j)] = -1.25f;
@@ -601,11 +673,13 @@ TEST(CpuEquivalence, DynamicQuantSymmetric) {
             const std::int64_t E = variant == 2 ? 4 : 1;
             std::vector<float> sv(static_cast<std::size_t>(E * H));
             for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.017f * static_cast<float>(i % 89);
-            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32, variant == 2 ? Shape{E, H} : Shape{H}, sv);
+            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32,
+                                variant == 2 ? Shape{E, H} : Shape{H}, sv);
             sm = smooth.view();
             if (variant == 2) {
-              groups = make_typed<std::int32_t>(DType::int32, {4}, {0, static_cast<std::int32_t>(S / 3),
-                                                                    static_cast<std::int32_t>(S / 3), static_cast<std::int32_t>(S)});
+              groups = make_typed<std::int32_t>(DType::int32, {4},
+                                                {0, static_cast<std::int32_t>(S / 3), static_cast<std::int32_t>(S / 3),
+                                                 static_cast<std::int32_t>(S)});
               gi = groups.view();
             }
           }
@@ -613,9 +687,10 @@ TEST(CpuEquivalence, DynamicQuantSymmetric) {
           if (q == QuantDType::quint4x2) yshape.back() /= 8;
           const Shape sshape(shape.begin(), shape.end() - 1);
           const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
-          check_equivalent([&](std::vector<TensorView>& o) { xquant::dynamic_quant_out(o[0], o[1], x.view, sm, gi, q); },
-                           {{ydt, yshape}, {DType::float32, sshape}},
-                           "dynamic_quant (symmetric) " + xquant::shape_str(shape) + " variant " + std::to_string(variant));
+          check_equivalent(
+              [&](std::vector<TensorView>& o) { xquant::dynamic_quant_out(o[0], o[1], x.view, sm, gi, q); },
+              {{ydt, yshape}, {DType::float32, sshape}},
+              "dynamic_quant (symmetric) " + xquant::shape_str(shape) + " variant " + std::to_string(variant));
         }
 }
 
@@ -632,7 +707,8 @@ TEST(CpuEquivalence, AntiQuant) {
             const std::int64_t n = rows * H;
             std::mt19937 rng(static_cast<std::uint32_t>(n * 3 + opt));
             Placed x(int4 ? DType::int32 : DType::int8, {rows, int4 ? H / 8 : H}, 1);
-            for (std::size_t b = 0; b < x.view.nbytes(); ++b) static_cast<std::uint8_t*>(x.view.data)[b] = static_cast<std::uint8_t>(rng());
+            for (std::size_t b = 0; b < x.view.nbytes(); ++b)
+              static_cast<std::uint8_t*>(x.view.data)[b] = static_cast<std::uint8_t>(rng());
             const std::int64_t ns = per_column ? H : 1;
             std::vector<float> sv(static_cast<std::size_t>(ns)), ov(sv.size());
             std::uniform_real_distribution<float> u(-2.f, 2.f);
@@ -643,13 +719,15 @@ TEST(CpuEquivalence, AntiQuant) {
             }
             const DType sdt = opt == 2 ? DType::bfloat16 : DType::float32;
             Tensor s = make_float(sdt, {ns}, sv), o = make_float(sdt, {ns}, ov);
-            const std::optional<ConstTensorView> off = opt == 0 ? std::nullopt : std::optional<ConstTensorView>(o.view());
+            const std::optional<ConstTensorView> off =
+                opt == 0 ? std::nullopt : std::optional<ConstTensorView>(o.view());
             for (DType dst : kFloatTypes)
-              check_equivalent([&](std::vector<TensorView>& out) { xquant::anti_quant_out(out[0], x.view, s, off, src); },
-                               {{dst, {rows, H}}},
-                               "anti_quant " + std::string(xquant::quant_dtype_name(src)) + " [" + std::to_string(rows) +
-                                   ", " + std::to_string(H) + "] per_column " + std::to_string(per_column) + " opt " +
-                                   std::to_string(opt) + " -> " + std::string(xquant::dtype_name(dst)));
+              check_equivalent(
+                  [&](std::vector<TensorView>& out) { xquant::anti_quant_out(out[0], x.view, s, off, src); },
+                  {{dst, {rows, H}}},
+                  "anti_quant " + std::string(xquant::quant_dtype_name(src)) + " [" + std::to_string(rows) + ", " +
+                      std::to_string(H) + "] per_column " + std::to_string(per_column) + " opt " + std::to_string(opt) +
+                      " -> " + std::string(xquant::dtype_name(dst)));
           }
 }
 
@@ -663,14 +741,15 @@ TEST(CpuEquivalence, AntiQuantZeroAndSparseOffsets) {
     for (std::int64_t H : {8, 24, 40, 128})
       for (std::int64_t rows : {1, 5})
         for (std::int64_t ns : {std::int64_t{1}, H})
-          for (int odd : {-1, 0, 1, 2})  // -1: all +-0; else one odd offset (kOdd[odd]) ...
+          for (int odd : {-1, 0, 1, 2})    // -1: all +-0; else one odd offset (kOdd[odd]) ...
             for (int where : {0, 1, 2}) {  // ... at channel 0, ns / 2 or ns - 1
               if (odd < 0 && where > 0) continue;
               static const float kOdd[] = {0.5f, 1e-45f, kNaN};
               const bool int4 = src == QuantDType::quint4x2;
               std::mt19937 rng(static_cast<std::uint32_t>(H * 131 + rows * 7 + ns + odd * 3 + where));
               Placed x(int4 ? DType::int32 : DType::int8, {rows, int4 ? H / 8 : H}, 1);
-              for (std::size_t b = 0; b < x.view.nbytes(); ++b) static_cast<std::uint8_t*>(x.view.data)[b] = static_cast<std::uint8_t>(rng());
+              for (std::size_t b = 0; b < x.view.nbytes(); ++b)
+                static_cast<std::uint8_t*>(x.view.data)[b] = static_cast<std::uint8_t>(rng());
               std::vector<float> sv(static_cast<std::size_t>(ns)), ov(sv.size());
               std::uniform_real_distribution<float> u(-2.f, 2.f);
               for (std::size_t i = 0; i < sv.size(); ++i) {
@@ -682,16 +761,16 @@ TEST(CpuEquivalence, AntiQuantZeroAndSparseOffsets) {
               for (DType pdt : {DType::float32, DType::bfloat16}) {
                 Tensor s = make_float(pdt, {ns}, sv), o = make_float(pdt, {ns}, ov);
                 for (DType dst : kFloatTypes)
-                  check_equivalent([&](std::vector<TensorView>& out) { xquant::anti_quant_out(out[0], x.view, s, o.view(), src); },
-                                   {{dst, {rows, H}}},
-                                   "anti_quant offsets " + std::string(xquant::quant_dtype_name(src)) + " [" +
-                                       std::to_string(rows) + ", " + std::to_string(H) + "] scales " + std::to_string(ns) +
-                                       " odd " + std::to_string(odd) + " at " + std::to_string(at) + " " +
-                                       std::string(xquant::dtype_name(pdt)) + " -> " + std::string(xquant::dtype_name(dst)));
+                  check_equivalent(
+                      [&](std::vector<TensorView>& out) { xquant::anti_quant_out(out[0], x.view, s, o.view(), src); },
+                      {{dst, {rows, H}}},
+                      "anti_quant offsets " + std::string(xquant::quant_dtype_name(src)) + " [" + std::to_string(rows) +
+                          ", " + std::to_string(H) + "] scales " + std::to_string(ns) + " odd " + std::to_string(odd) +
+                          " at " + std::to_string(at) + " " + std::string(xquant::dtype_name(pdt)) + " -> " +
+                          std::string(xquant::dtype_name(dst)));
               }
             }
 }
-
 
 // ---- The cpu kernels' own contract (src/cpu/cpu.hpp), below the operators' validation ----
 
@@ -721,56 +800,119 @@ TEST(CpuKernels, DtypeWithoutKernelIsAnInternalError) {
     SCOPED_TRACE(hwy::TargetName(target));
     bad([&] { xd::cpu_fake_quant({.dt = DType::int8, .x = x.data(), .y = y.data(), .layout = layout, .params = &fq}); },
         "fake_quant", "int8");
-    bad([&] {
-          xd::cpu_fake_quant_backward({.dt = DType::int32, .grad_out = x.data(), .x = x.data(), .grad_in = y.data(),
-                                       .layout = layout, .params = &fq, .grad_amax = grad.data()});
+    bad(
+        [&] {
+          xd::cpu_fake_quant_backward({.dt = DType::int32,
+                                       .grad_out = x.data(),
+                                       .x = x.data(),
+                                       .grad_in = y.data(),
+                                       .layout = layout,
+                                       .params = &fq,
+                                       .grad_amax = grad.data()});
         },
         "fake_quant_backward with grad_amax", "int32");
-    bad([&] {
-          xd::cpu_fake_quant_backward({.dt = DType::uint8, .grad_out = x.data(), .x = x.data(), .grad_in = y.data(),
-                                       .layout = layout, .params = &fq, .grad_amax = nullptr});
+    bad(
+        [&] {
+          xd::cpu_fake_quant_backward({.dt = DType::uint8,
+                                       .grad_out = x.data(),
+                                       .x = x.data(),
+                                       .grad_in = y.data(),
+                                       .layout = layout,
+                                       .params = &fq,
+                                       .grad_amax = nullptr});
         },
         "fake_quant_backward", "uint8");
-    bad([&] {
-          xd::cpu_quantize({.dt = DType::int8, .x = x.data(), .q = QuantDType::qint8, .y = y.data(), .layout = layout,
-                            .params = &qp, .div_mode = true});
+    bad(
+        [&] {
+          xd::cpu_quantize({.dt = DType::int8,
+                            .x = x.data(),
+                            .q = QuantDType::qint8,
+                            .y = y.data(),
+                            .layout = layout,
+                            .params = &qp,
+                            .div_mode = true});
         },
         "quantize", "int8");
-    bad([&] {
-          xd::cpu_quantize({.dt = DType::float32, .x = x.data(), .q = static_cast<QuantDType>(9), .y = y.data(),
-                            .layout = layout, .params = &qp, .div_mode = false});
+    bad(
+        [&] {
+          xd::cpu_quantize({.dt = DType::float32,
+                            .x = x.data(),
+                            .q = static_cast<QuantDType>(9),
+                            .y = y.data(),
+                            .layout = layout,
+                            .params = &qp,
+                            .div_mode = false});
         },
         "quantize output type", "quantized type 9");
     for (bool per_tensor : {false, true})
-      bad([&] {
-            xd::cpu_dynamic_quant({.dt = DType::int8, .x = x.data(), .rows = 4, .cols = 25, .smooth_dt = DType::float32,
-                                   .smooth = nullptr, .group_ends = nullptr, .num_groups = 0, .dst = QuantDType::qint8,
-                                   .symmetric = false, .per_tensor = per_tensor, .y = y.data(),
-                                   .scale = scale.data(), .offset = offset.data()});
+      bad(
+          [&] {
+            xd::cpu_dynamic_quant({.dt = DType::int8,
+                                   .x = x.data(),
+                                   .rows = 4,
+                                   .cols = 25,
+                                   .smooth_dt = DType::float32,
+                                   .smooth = nullptr,
+                                   .group_ends = nullptr,
+                                   .num_groups = 0,
+                                   .dst = QuantDType::qint8,
+                                   .symmetric = false,
+                                   .per_tensor = per_tensor,
+                                   .y = y.data(),
+                                   .scale = scale.data(),
+                                   .offset = offset.data()});
           },
           per_tensor ? "dynamic_quant per tensor" : "dynamic_quant per token", "int8");
-    bad([&] {
-          (void)xd::cpu_acts_ulq({.dt = DType::int8, .plan = plan, .x = x.data(), .clamp_min = cmin.data(),
-                                  .clamp_max = cmax.data(), .fixed_min = false, .num_bits = 8, .y = y.data(),
-                                  .clamp_min_mask = y2.data(), .clamp_max_mask = y3.data(), .x_clamped_loss = y4.data()});
+    bad(
+        [&] {
+          (void)xd::cpu_acts_ulq({.dt = DType::int8,
+                                  .plan = plan,
+                                  .x = x.data(),
+                                  .clamp_min = cmin.data(),
+                                  .clamp_max = cmax.data(),
+                                  .fixed_min = false,
+                                  .num_bits = 8,
+                                  .y = y.data(),
+                                  .clamp_min_mask = y2.data(),
+                                  .clamp_max_mask = y3.data(),
+                                  .x_clamped_loss = y4.data()});
         },
         "acts_ulq", "int8");
-    bad([&] {
-          (void)xd::cpu_acts_ulq_backward({.dt = DType::int64, .plan = plan, .y_grad = x.data(), .clamp_min = cmin.data(),
-                                           .clamp_max = cmax.data(), .clamp_min_mask = x.data(),
-                                           .clamp_max_mask = x.data(), .x_clamped_loss = x.data(), .fixed_min = false,
-                                           .num_bits = 8, .x_grad = y.data(), .clamp_min_grad = y2.data(),
+    bad(
+        [&] {
+          (void)xd::cpu_acts_ulq_backward({.dt = DType::int64,
+                                           .plan = plan,
+                                           .y_grad = x.data(),
+                                           .clamp_min = cmin.data(),
+                                           .clamp_max = cmax.data(),
+                                           .clamp_min_mask = x.data(),
+                                           .clamp_max_mask = x.data(),
+                                           .x_clamped_loss = x.data(),
+                                           .fixed_min = false,
+                                           .num_bits = 8,
+                                           .x_grad = y.data(),
+                                           .clamp_min_grad = y2.data(),
                                            .clamp_max_grad = y3.data()});
         },
         "acts_ulq_backward", "int64");
-    bad([&] {
-          xd::cpu_anti_quant({.src = QuantDType::qint8, .x = y2.data(), .dt = DType::int8, .out = y.data(), .layout = layout,
+    bad(
+        [&] {
+          xd::cpu_anti_quant({.src = QuantDType::qint8,
+                              .x = y2.data(),
+                              .dt = DType::int8,
+                              .out = y.data(),
+                              .layout = layout,
                               .params = &ap});
         },
         "anti_quant", "int8");
-    bad([&] {
-          xd::cpu_anti_quant({.src = QuantDType::qint32, .x = y2.data(), .dt = DType::float32, .out = y.data(),
-                              .layout = layout, .params = &ap});
+    bad(
+        [&] {
+          xd::cpu_anti_quant({.src = QuantDType::qint32,
+                              .x = y2.data(),
+                              .dt = DType::float32,
+                              .out = y.data(),
+                              .layout = layout,
+                              .params = &ap});
         },
         "anti_quant input type", "qint32");
   }
@@ -795,13 +937,30 @@ TEST(CpuKernels, ActsUlqDeclinesLayoutsWithoutSimdWalk) {
   plan.stride_x[0] = 0;
   plan.stride_min[0] = 1;
   plan.stride_max[0] = 1;
-  EXPECT_FALSE(xd::cpu_acts_ulq({.dt = DType::float32, .plan = plan, .x = x.data(), .clamp_min = cmin.data(),
-                                 .clamp_max = cmax.data(), .fixed_min = false, .num_bits = 8, .y = y.data(),
-                                 .clamp_min_mask = y2.data(), .clamp_max_mask = y3.data(), .x_clamped_loss = y4.data()}));
-  EXPECT_FALSE(xd::cpu_acts_ulq_backward({.dt = DType::float32, .plan = plan, .y_grad = g.data(), .clamp_min = cmin.data(),
-                                          .clamp_max = cmax.data(), .clamp_min_mask = g.data(), .clamp_max_mask = g.data(),
-                                          .x_clamped_loss = g.data(), .fixed_min = false, .num_bits = 8,
-                                          .x_grad = y.data(), .clamp_min_grad = y2.data(), .clamp_max_grad = y3.data()}));
+  EXPECT_FALSE(xd::cpu_acts_ulq({.dt = DType::float32,
+                                 .plan = plan,
+                                 .x = x.data(),
+                                 .clamp_min = cmin.data(),
+                                 .clamp_max = cmax.data(),
+                                 .fixed_min = false,
+                                 .num_bits = 8,
+                                 .y = y.data(),
+                                 .clamp_min_mask = y2.data(),
+                                 .clamp_max_mask = y3.data(),
+                                 .x_clamped_loss = y4.data()}));
+  EXPECT_FALSE(xd::cpu_acts_ulq_backward({.dt = DType::float32,
+                                          .plan = plan,
+                                          .y_grad = g.data(),
+                                          .clamp_min = cmin.data(),
+                                          .clamp_max = cmax.data(),
+                                          .clamp_min_mask = g.data(),
+                                          .clamp_max_mask = g.data(),
+                                          .x_clamped_loss = g.data(),
+                                          .fixed_min = false,
+                                          .num_bits = 8,
+                                          .x_grad = y.data(),
+                                          .clamp_min_grad = y2.data(),
+                                          .clamp_max_grad = y3.data()}));
   for (const auto* v : {&y, &y2, &y3, &y4})
     for (std::uint8_t b : *v) ASSERT_EQ(b, 0xA5) << "a declined call wrote an output";
 }
@@ -814,7 +973,8 @@ namespace {
 // Random int8 bytes (or int4 words) of `shape` placed at an odd offset.
 Placed random_q(DType dt, const Shape& shape, std::mt19937& rng) {
   Placed p(dt, shape, 1);
-  for (std::size_t b = 0; b < p.view.nbytes(); ++b) static_cast<std::uint8_t*>(p.view.data)[b] = static_cast<std::uint8_t>(rng());
+  for (std::size_t b = 0; b < p.view.nbytes(); ++b)
+    static_cast<std::uint8_t*>(p.view.data)[b] = static_cast<std::uint8_t>(rng());
   return p;
 }
 
@@ -825,11 +985,13 @@ TEST(CpuEquivalence, QuantMatmul) {
   const auto edges = edge_values();
   std::mt19937 rng(2024);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  struct Sz { std::int64_t M, K, N; };
+  struct Sz {
+    std::int64_t M, K, N;
+  };
   for (bool int4 : {false, true})
     for (bool transpose : {false, true})
-      for (Sz z : {Sz{1, 8, 8}, Sz{2, 16, 8}, Sz{3, 24, 40}, Sz{5, 32, 64}, Sz{1, 40, 72}, Sz{66, 72, 136}, Sz{7, 264, 16},
-                   Sz{130, 8, 65 * 8}})
+      for (Sz z : {Sz{1, 8, 8}, Sz{2, 16, 8}, Sz{3, 24, 40}, Sz{5, 32, 64}, Sz{1, 40, 72}, Sz{66, 72, 136},
+                   Sz{7, 264, 16}, Sz{130, 8, 65 * 8}})
         for (DType out_dt : {DType::int8, DType::float16, DType::bfloat16, DType::int32}) {
           if (!int4 && z.K == 8 && z.N == 8) z.K = 17, z.N = 5;  // odd int8 sizes
           const DType qdt = int4 ? DType::int32 : DType::int8;
@@ -852,11 +1014,12 @@ TEST(CpuEquivalence, QuantMatmul) {
             if (opt >= 1) o.bias = float_out && opt == 2 ? bf.view() : bint.view();
             if (opt == 2 && out_dt != DType::int32) o.pertoken_scale = p.view();
             if (opt == 1 && out_dt == DType::int8) o.offset = s.view();  // any float32 [N] will do
-            check_equivalent([&](std::vector<TensorView>& out) { xquant::quant_matmul_out(out[0], x1.view, x2.view, s, o); },
-                             {{out_dt, {z.M, z.N}}},
-                             "quant_matmul int4 " + std::to_string(int4) + " transpose " + std::to_string(transpose) + " [" +
-                                 std::to_string(z.M) + ", " + std::to_string(z.K) + ", " + std::to_string(z.N) + "] opt " +
-                                 std::to_string(opt) + " -> " + std::string(xquant::dtype_name(out_dt)));
+            check_equivalent(
+                [&](std::vector<TensorView>& out) { xquant::quant_matmul_out(out[0], x1.view, x2.view, s, o); },
+                {{out_dt, {z.M, z.N}}},
+                "quant_matmul int4 " + std::to_string(int4) + " transpose " + std::to_string(transpose) + " [" +
+                    std::to_string(z.M) + ", " + std::to_string(z.K) + ", " + std::to_string(z.N) + "] opt " +
+                    std::to_string(opt) + " -> " + std::string(xquant::dtype_name(out_dt)));
           }
         }
 }
@@ -865,7 +1028,9 @@ TEST(CpuEquivalence, WeightQuantBatchMatmul) {
   const auto edges = edge_values();
   std::mt19937 rng(77);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  struct Sz { std::int64_t M, K, N; };
+  struct Sz {
+    std::int64_t M, K, N;
+  };
   for (DType dt : {DType::float16, DType::bfloat16})
     for (bool int4 : {false, true})
       for (bool transpose : {false, true})
@@ -880,7 +1045,8 @@ TEST(CpuEquivalence, WeightQuantBatchMatmul) {
             Placed x = placed_floats(dt, {z.M, z.K}, xv, 1);
             const std::int64_t gs = kind == 2 ? 32 : 0, G = kind == 2 ? (z.K + 31) / 32 : 1;
             const Shape ps = kind == 0 ? Shape{1} : kind == 1 ? Shape{z.N} : Shape{G, z.N};
-            std::vector<float> sv(static_cast<std::size_t>(xquant::shape_numel(ps))), ov(sv.size()), bv(static_cast<std::size_t>(z.N));
+            std::vector<float> sv(static_cast<std::size_t>(xquant::shape_numel(ps))), ov(sv.size()),
+                bv(static_cast<std::size_t>(z.N));
             for (auto& s : sv) s = rng() % 11 == 0 ? edges[rng() % edges.size()] : 0.02f * u(rng);
             for (auto& o : ov) o = 9.f * u(rng);
             for (auto& b : bv) b = u(rng);
@@ -890,12 +1056,15 @@ TEST(CpuEquivalence, WeightQuantBatchMatmul) {
               op.transpose_weight = transpose;
               op.antiquant_group_size = gs;
               if (opt == 1) op.antiquant_offset = o.view(), op.bias = b.view();
-              check_equivalent([&](std::vector<TensorView>& out) { xquant::weight_quant_batchmatmul_out(out[0], x.view, w.view, s, op); },
-                               {{dt, {z.M, z.N}}},
-                               "weight_quant_batchmatmul " + std::string(xquant::dtype_name(dt)) + " int4 " + std::to_string(int4) +
-                                   " transpose " + std::to_string(transpose) + " [" + std::to_string(z.M) + ", " +
-                                   std::to_string(z.K) + ", " + std::to_string(z.N) + "] kind " + std::to_string(kind) +
-                                   " opt " + std::to_string(opt));
+              check_equivalent(
+                  [&](std::vector<TensorView>& out) {
+                    xquant::weight_quant_batchmatmul_out(out[0], x.view, w.view, s, op);
+                  },
+                  {{dt, {z.M, z.N}}},
+                  "weight_quant_batchmatmul " + std::string(xquant::dtype_name(dt)) + " int4 " + std::to_string(int4) +
+                      " transpose " + std::to_string(transpose) + " [" + std::to_string(z.M) + ", " +
+                      std::to_string(z.K) + ", " + std::to_string(z.N) + "] kind " + std::to_string(kind) + " opt " +
+                      std::to_string(opt));
             }
           }
 }

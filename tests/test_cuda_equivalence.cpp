@@ -22,8 +22,8 @@ using namespace xqtest;
 using xquant::Device;
 using xquant::QuantDType;
 
-#define REQUIRE_CUDA()                                                                             \
-  do {                                                                                             \
+#define REQUIRE_CUDA()                                                                                      \
+  do {                                                                                                      \
     if (!xquant::cuda_available()) GTEST_SKIP() << "no CUDA device: " << xquant::cuda_unavailable_reason(); \
   } while (0)
 
@@ -79,7 +79,7 @@ void expect_same_bytes(const ConstTensorView& want, const ConstTensorView& got, 
 std::vector<float> edge_values(std::int64_t n, std::uint32_t seed, float spread = 200.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-spread, spread);
-  const float specials[] = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 126.5f, 127.5f, -128.5f, 0.0f, -0.0f,
+  const float specials[] = {0.5f, 1.5f,  2.5f, -0.5f, -2.5f,   126.5f,   127.5f, -128.5f, 0.0f, -0.0f,
                             kNaN, -kNaN, kInf, -kInf, 3.0e38f, -3.0e38f, 1e-40f, -1e-45f, 7.5f, -8.5f};
   std::vector<float> v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -127,8 +127,8 @@ TEST(CudaTable, Complete) {
 
 TEST_F(CudaEquivalence, FakeQuantForward) {
   REQUIRE_CUDA();
-  const xquant::FakeQuantOptions opts[] = {{8, false, true}, {8, false, false}, {8, true, false}, {4, false, true},
-                                           {1, false, false}, {16, true, true}, {32, false, false}};
+  const xquant::FakeQuantOptions opts[] = {{8, false, true},  {8, false, false}, {8, true, false},  {4, false, true},
+                                           {1, false, false}, {16, true, true},  {32, false, false}};
   for (DType dt : kFloatTypes)
     for (std::int64_t n : kLengths)
       for (const auto& o : opts)
@@ -142,9 +142,10 @@ TEST_F(CudaEquivalence, FakeQuantForward) {
             DevTensor dx = to_device(x, pad), damax = to_device(amax);
             const Tensor got = xquant::fake_tensor_quant(dx.view(), damax.view(), o);
             EXPECT_EQ(got.device(), Device::cuda());
-            expect_same_bytes(want, to_host(got), "fake_tensor_quant " + std::string(xquant::dtype_name(dt)) +
-                                                       " n=" + std::to_string(n) + " bits=" + std::to_string(o.num_bits) +
-                                                       " amax=" + std::to_string(a) + " pad=" + std::to_string(pad));
+            expect_same_bytes(want, to_host(got),
+                              "fake_tensor_quant " + std::string(xquant::dtype_name(dt)) + " n=" + std::to_string(n) +
+                                  " bits=" + std::to_string(o.num_bits) + " amax=" + std::to_string(a) +
+                                  " pad=" + std::to_string(pad));
             // In place.
             xquant::fake_tensor_quant_inplace(dx.view(), damax.view(), o);
             expect_same_bytes(want, to_host(dx.view()), "fake_tensor_quant_inplace");
@@ -160,7 +161,8 @@ TEST_F(CudaEquivalence, FakeQuantWithAxis) {
       const Tensor x = make_float(dt, shape, edge_values(3 * 5 * 67, 7u + static_cast<std::uint32_t>(axis)));
       const std::int64_t c = shape[static_cast<std::size_t>(axis < 0 ? axis + 3 : axis)];
       std::vector<float> a(static_cast<std::size_t>(c));
-      for (std::int64_t i = 0; i < c; ++i) a[static_cast<std::size_t>(i)] = i == 1 ? 0.0f : 0.75f * static_cast<float>(i + 1);
+      for (std::int64_t i = 0; i < c; ++i)
+        a[static_cast<std::size_t>(i)] = i == 1 ? 0.0f : 0.75f * static_cast<float>(i + 1);
       const Tensor amax = make_float(dt, {c}, a);
       const Tensor want = xquant::fake_tensor_quant_with_axis(x, amax, axis);
       DevTensor dx = to_device(x, 1), damax = to_device(amax);
@@ -176,16 +178,19 @@ TEST_F(CudaEquivalence, FakeQuantBackward) {
     Shape shape;
     std::optional<std::int64_t> axis;
   };
-  const Case cases[] = {{{0}, std::nullopt},        {{1}, std::nullopt},          {{1023}, std::nullopt},
-                        {{1024}, std::nullopt},     {{1025}, std::nullopt},       {{16 * 1024 + 7}, std::nullopt},
-                        {{3, 1100}, 0},             {{5, 3, 700}, 1},             {{4100, 3}, 1},
+  const Case cases[] = {{{0}, std::nullopt},    {{1}, std::nullopt},    {{1023}, std::nullopt},
+                        {{1024}, std::nullopt}, {{1025}, std::nullopt}, {{16 * 1024 + 7}, std::nullopt},
+                        {{3, 1100}, 0},         {{5, 3, 700}, 1},       {{4100, 3}, 1},
                         {{2, 2049, 2}, -2}};
   for (DType dt : kFloatTypes)
     for (const Case& cs : cases) {
       const std::int64_t n = shape_numel_or(cs.shape);
       const Tensor x = make_float(dt, cs.shape, edge_values(n, static_cast<std::uint32_t>(n) + 1u, 4.0f));
       const Tensor g = make_float(dt, cs.shape, edge_values(n, static_cast<std::uint32_t>(n) + 2u, 3.0f));
-      const std::int64_t c = cs.axis ? cs.shape[static_cast<std::size_t>(*cs.axis < 0 ? *cs.axis + static_cast<std::int64_t>(cs.shape.size()) : *cs.axis)] : 1;
+      const std::int64_t c = cs.axis
+                                 ? cs.shape[static_cast<std::size_t>(
+                                       *cs.axis < 0 ? *cs.axis + static_cast<std::int64_t>(cs.shape.size()) : *cs.axis)]
+                                 : 1;
       std::vector<float> a(static_cast<std::size_t>(c));
       for (std::int64_t i = 0; i < c; ++i) a[static_cast<std::size_t>(i)] = 1.0f + 0.5f * static_cast<float>(i % 4);
       const Tensor amax = make_float(dt, cs.axis ? Shape{c} : Shape{1}, a);
@@ -216,8 +221,11 @@ TEST_F(CudaEquivalence, Quantize) {
     QuantDType q;
     bool div_mode;
   };
-  const Case cases[] = {{QuantDType::qint8, true}, {QuantDType::quint8, true}, {QuantDType::qint32, true},
-                        {QuantDType::qint8, false}, {QuantDType::quint4x2, false}};
+  const Case cases[] = {{QuantDType::qint8, true},
+                        {QuantDType::quint8, true},
+                        {QuantDType::qint32, true},
+                        {QuantDType::qint8, false},
+                        {QuantDType::quint4x2, false}};
   for (DType dt : kFloatTypes)
     for (const Case& cs : cases)
       for (std::int64_t cols : {0, 8, 16, 264, 1032})
@@ -242,8 +250,9 @@ TEST_F(CudaEquivalence, Quantize) {
             std::optional<ConstTensorView> dzv;
             if (with_zp) dzv = ConstTensorView(dz.view());
             const Tensor got = xquant::quantize(dx.view(), ds.view(), dzv, cs.q, axis, cs.div_mode);
-            expect_same_bytes(want, to_host(got), "quantize " + std::string(xquant::quant_dtype_name(cs.q)) +
-                                                       " cols=" + std::to_string(cols));
+            expect_same_bytes(
+                want, to_host(got),
+                "quantize " + std::string(xquant::quant_dtype_name(cs.q)) + " cols=" + std::to_string(cols));
           }
         }
 }
@@ -294,7 +303,8 @@ TEST_F(CudaEquivalence, AntiQuant) {
           const std::int64_t rows = 3, stored = src == QuantDType::quint4x2 ? h / 8 : h;
           std::mt19937 rng(static_cast<std::uint32_t>(h));
           Tensor x(src == QuantDType::quint4x2 ? DType::int32 : DType::int8, {rows, stored});
-          for (std::size_t i = 0; i < x.nbytes(); ++i) static_cast<unsigned char*>(x.data())[i] = static_cast<unsigned char>(rng());
+          for (std::size_t i = 0; i < x.nbytes(); ++i)
+            static_cast<unsigned char*>(x.data())[i] = static_cast<unsigned char>(rng());
           for (bool per_channel : {false, true})
             for (bool with_offset : {false, true}) {
               const std::int64_t n = per_channel ? h : 1;
@@ -352,12 +362,14 @@ TEST_F(CudaEquivalence, DynamicQuant) {
         const Tensor groups = make_typed<std::int64_t>(DType::int64, {3}, {2, 2, 6});
         DevTensor dsm = to_device(smooth), dg = to_device(groups);
         const auto want = xquant::dynamic_quant_asymmetric(x, smooth.view(), groups.view(), dst);
-        const auto got = xquant::dynamic_quant_asymmetric(dx.view(), ConstTensorView(dsm.view()), ConstTensorView(dg.view()), dst);
+        const auto got =
+            xquant::dynamic_quant_asymmetric(dx.view(), ConstTensorView(dsm.view()), ConstTensorView(dg.view()), dst);
         expect_same_bytes(want.y, to_host(got.y), "dynamic_quant_asymmetric smooth y " + what);
         expect_same_bytes(want.scale, to_host(got.scale), "dynamic_quant_asymmetric smooth scale " + what);
         expect_same_bytes(want.offset, to_host(got.offset), "dynamic_quant_asymmetric smooth offset " + what);
         const auto wsym = xquant::dynamic_quant(x, smooth.view(), groups.view(), dst);
-        const auto gsym = xquant::dynamic_quant(dx.view(), ConstTensorView(dsm.view()), ConstTensorView(dg.view()), dst);
+        const auto gsym =
+            xquant::dynamic_quant(dx.view(), ConstTensorView(dsm.view()), ConstTensorView(dg.view()), dst);
         expect_same_bytes(wsym.y, to_host(gsym.y), "dynamic_quant smooth y " + what);
         expect_same_bytes(wsym.scale, to_host(gsym.scale), "dynamic_quant smooth scale " + what);
       }
@@ -383,9 +395,13 @@ TEST_F(CudaEquivalence, ActsUlq) {
   struct Case {
     Shape x, cmin, cmax;
   };
-  const Case cases[] = {{{0}, {1}, {1}},          {{1}, {1}, {1}},          {{1025}, {1}, {1}},
-                        {{4, 777}, {4, 1}, {1}},  {{3, 5, 300}, {5, 1}, {3, 1, 1}},
-                        {{2100, 3}, {3}, {2100, 1}}, {{2}, {0, 1}, {1}}};
+  const Case cases[] = {{{0}, {1}, {1}},
+                        {{1}, {1}, {1}},
+                        {{1025}, {1}, {1}},
+                        {{4, 777}, {4, 1}, {1}},
+                        {{3, 5, 300}, {5, 1}, {3, 1, 1}},
+                        {{2100, 3}, {3}, {2100, 1}},
+                        {{2}, {0, 1}, {1}}};
   for (DType dt : kFloatTypes)
     for (const Case& cs : cases)
       for (bool fixed_min : {false, true})
@@ -393,8 +409,10 @@ TEST_F(CudaEquivalence, ActsUlq) {
           const std::int64_t nx = shape_numel_or(cs.x), nmin = shape_numel_or(cs.cmin), nmax = shape_numel_or(cs.cmax);
           const Tensor x = make_float(dt, cs.x, edge_values(nx, static_cast<std::uint32_t>(nx) + 3u, 6.0f));
           std::vector<float> vmin(static_cast<std::size_t>(nmin)), vmax(static_cast<std::size_t>(nmax));
-          for (std::int64_t i = 0; i < nmin; ++i) vmin[static_cast<std::size_t>(i)] = i % 3 == 2 ? 0.25f : -1.0f - 0.5f * static_cast<float>(i % 4);
-          for (std::int64_t i = 0; i < nmax; ++i) vmax[static_cast<std::size_t>(i)] = i % 5 == 4 ? 1e-9f : 1.0f + 0.75f * static_cast<float>(i % 6);
+          for (std::int64_t i = 0; i < nmin; ++i)
+            vmin[static_cast<std::size_t>(i)] = i % 3 == 2 ? 0.25f : -1.0f - 0.5f * static_cast<float>(i % 4);
+          for (std::int64_t i = 0; i < nmax; ++i)
+            vmax[static_cast<std::size_t>(i)] = i % 5 == 4 ? 1e-9f : 1.0f + 0.75f * static_cast<float>(i % 6);
           const Tensor cmin = make_float(dt, cs.cmin, vmin), cmax = make_float(dt, cs.cmax, vmax);
           const std::string what = "acts_ulq " + std::string(xquant::dtype_name(dt)) + " x=" + xquant::shape_str(cs.x) +
                                    " bits=" + std::to_string(bits) + " fixed_min=" + std::to_string(fixed_min);
@@ -408,12 +426,12 @@ TEST_F(CudaEquivalence, ActsUlq) {
           // Backward from the reference's forward outputs (the same inputs on both sides).
           const Shape out = want.y.shape();
           const Tensor dy = make_float(dt, out, edge_values(shape_numel_or(out), 99u, 2.0f));
-          const xquant::ActsUlqGrads gw = xquant::acts_ulq_backward(dy, cs.x, cmin, cmax, want.clamp_min_mask,
-                                                                    want.clamp_max_mask, want.x_clamped_loss, fixed_min, bits);
+          const xquant::ActsUlqGrads gw = xquant::acts_ulq_backward(
+              dy, cs.x, cmin, cmax, want.clamp_min_mask, want.clamp_max_mask, want.x_clamped_loss, fixed_min, bits);
           DevTensor ddy = to_device(dy), dmm = to_device(want.clamp_min_mask), dxm = to_device(want.clamp_max_mask),
                     dl = to_device(want.x_clamped_loss);
-          const xquant::ActsUlqGrads gg = xquant::acts_ulq_backward(ddy.view(), cs.x, dmin.view(), dmax.view(), dmm.view(),
-                                                                    dxm.view(), dl.view(), fixed_min, bits);
+          const xquant::ActsUlqGrads gg = xquant::acts_ulq_backward(ddy.view(), cs.x, dmin.view(), dmax.view(),
+                                                                    dmm.view(), dxm.view(), dl.view(), fixed_min, bits);
           expect_same_bytes(gw.x_grad, to_host(gg.x_grad), what + " x_grad");
           expect_same_bytes(gw.clamp_min_grad, to_host(gg.clamp_min_grad), what + " clamp_min_grad");
           expect_same_bytes(gw.clamp_max_grad, to_host(gg.clamp_max_grad), what + " clamp_max_grad");
@@ -449,7 +467,8 @@ TEST(CudaLarge, MoreThan2To31Elements) {
     const Tensor q = xquant::quantize(x, dscales.view(), std::nullopt, QuantDType::qint8, 0, true);
     const auto* qb = static_cast<const std::int8_t*>(q.data());
     expect_same_bytes(want_q, to_host(ConstTensorView(qb, DType::int8, {m}, Device::cuda())), "quantize head");
-    expect_same_bytes(want_q, to_host(ConstTensorView(qb + (n - m), DType::int8, {m}, Device::cuda())), "quantize tail");
+    expect_same_bytes(want_q, to_host(ConstTensorView(qb + (n - m), DType::int8, {m}, Device::cuda())),
+                      "quantize tail");
   }
   xquant::fake_tensor_quant_inplace(x, damax.view());
   expect_same_bytes(want_fq, to_host(ConstTensorView(base, DType::bfloat16, {m}, Device::cuda())), "fake quant head");
@@ -503,7 +522,8 @@ TEST(CudaErrors, NoDeviceIsAClearError) {
   float a = 1.0f;
   const ConstTensorView x(v, DType::float32, {4}, Device::cuda());
   const ConstTensorView amax(&a, DType::float32, {1}, Device::cuda());
-  expect_error([&] { (void)xquant::fake_tensor_quant(x, amax); }, xquant::ErrorCode::device_error, "inputs", {"cuda:0"});
+  expect_error([&] { (void)xquant::fake_tensor_quant(x, amax); }, xquant::ErrorCode::device_error, "inputs",
+               {"cuda:0"});
   expect_error([&] { (void)Tensor(DType::float32, {4}, Device::cuda()); }, xquant::ErrorCode::device_error, "device");
 }
 
@@ -539,13 +559,16 @@ namespace {
 Tensor random_bytes(DType dt, const Shape& shape, std::uint32_t seed) {
   Tensor t(dt, shape);
   std::mt19937 rng(seed);
-  for (std::size_t i = 0; i < t.nbytes(); ++i) static_cast<unsigned char*>(t.data())[i] = static_cast<unsigned char>(rng());
+  for (std::size_t i = 0; i < t.nbytes(); ++i)
+    static_cast<unsigned char*>(t.data())[i] = static_cast<unsigned char>(rng());
   return t;
 }
 
 TEST_F(CudaEquivalence, QuantMatmul) {
   REQUIRE_CUDA();
-  struct Sz { std::int64_t M, K, N; };
+  struct Sz {
+    std::int64_t M, K, N;
+  };
   for (bool int4 : {false, true})
     for (bool transpose : {false, true})
       for (Sz z : {Sz{1, 8, 8}, Sz{3, 40, 72}, Sz{70, 264, 136}, Sz{0, 8, 8}, Sz{2, 0, 8}})
@@ -571,13 +594,15 @@ TEST_F(CudaEquivalence, QuantMatmul) {
               h.bias = float_out && opt == 2 ? bf.view() : bi.view();
               g.bias = float_out && opt == 2 ? ConstTensorView(dbf.view()) : ConstTensorView(dbi.view());
             }
-            if (opt == 2 && out_dt != DType::int32) h.pertoken_scale = p.view(), g.pertoken_scale = ConstTensorView(dp.view());
+            if (opt == 2 && out_dt != DType::int32)
+              h.pertoken_scale = p.view(), g.pertoken_scale = ConstTensorView(dp.view());
             if (opt == 1 && out_dt == DType::int8) h.offset = s.view(), g.offset = ConstTensorView(ds.view());
             const Tensor want = xquant::quant_matmul(x1, x2, s, h, out_dt);
             const Tensor got = xquant::quant_matmul(d1.view(), d2.view(), ds.view(), g, out_dt);
-            const std::string what = "quant_matmul int4 " + std::to_string(int4) + " transpose " + std::to_string(transpose) +
-                                     " [" + std::to_string(z.M) + ", " + std::to_string(z.K) + ", " + std::to_string(z.N) +
-                                     "] opt " + std::to_string(opt) + " -> " + std::string(xquant::dtype_name(out_dt));
+            const std::string what = "quant_matmul int4 " + std::to_string(int4) + " transpose " +
+                                     std::to_string(transpose) + " [" + std::to_string(z.M) + ", " +
+                                     std::to_string(z.K) + ", " + std::to_string(z.N) + "] opt " + std::to_string(opt) +
+                                     " -> " + std::string(xquant::dtype_name(out_dt));
             expect_same_bytes(want, to_host(got), what);
             if (opt == 0) {  // the int64 scale (with its offset) on the device too
               const Tensor w64 = xquant::quant_matmul(x1, x2, s64, h, out_dt);
@@ -589,7 +614,9 @@ TEST_F(CudaEquivalence, QuantMatmul) {
 
 TEST_F(CudaEquivalence, WeightQuantBatchMatmul) {
   REQUIRE_CUDA();
-  struct Sz { std::int64_t M, K, N; };
+  struct Sz {
+    std::int64_t M, K, N;
+  };
   for (DType dt : {DType::float16, DType::bfloat16})
     for (bool int4 : {false, true})
       for (bool transpose : {false, true})
@@ -597,14 +624,17 @@ TEST_F(CudaEquivalence, WeightQuantBatchMatmul) {
           for (int kind : {0, 1, 2}) {
             const std::int64_t d = int4 ? 8 : 1;
             const auto seed = static_cast<std::uint32_t>(z.M * 17 + z.K + z.N * 3 + kind);
-            Tensor w = random_bytes(int4 ? DType::int32 : DType::int8, transpose ? Shape{z.N, z.K / d} : Shape{z.K, z.N / d}, seed);
+            Tensor w = random_bytes(int4 ? DType::int32 : DType::int8,
+                                    transpose ? Shape{z.N, z.K / d} : Shape{z.K, z.N / d}, seed);
             Tensor x = make_float(dt, {z.M, z.K}, edge_values(z.M * z.K, seed + 1, 4.f));
             const std::int64_t gs = kind == 2 ? 32 : 0, G = kind == 2 ? (z.K + 31) / 32 : 1;
             const Shape ps = kind == 0 ? Shape{1} : kind == 1 ? Shape{z.N} : Shape{G, z.N};
             const std::int64_t np = shape_numel_or(ps);
-            Tensor s = make_float(dt, ps, edge_values(np, seed + 2, 0.02f)), o = make_float(dt, ps, edge_values(np, seed + 3, 9.f));
+            Tensor s = make_float(dt, ps, edge_values(np, seed + 2, 0.02f)),
+                   o = make_float(dt, ps, edge_values(np, seed + 3, 9.f));
             Tensor b = make_float(DType::float32, {z.N}, edge_values(z.N, seed + 4, 1.f));
-            DevTensor dx = to_device(x, 1), dw = to_device(w, 1), dsc = to_device(s), dof = to_device(o), db = to_device(b);
+            DevTensor dx = to_device(x, 1), dw = to_device(w, 1), dsc = to_device(s), dof = to_device(o),
+                      db = to_device(b);
             for (int opt = 0; opt < 2; ++opt) {
               xquant::WeightQuantMatmulOptions h, g;
               h.transpose_weight = g.transpose_weight = transpose;

@@ -79,10 +79,14 @@ Expected oracle(const std::vector<float>& xs, std::int64_t S, std::int64_t H, co
         const float v = q + offset;
         const float rounded = std::nearbyint(v);
         int y = 0;
-        if (std::isnan(rounded)) y = 0;
-        else if (rounded <= lo) y = static_cast<int>(lo);
-        else if (rounded >= hi) y = static_cast<int>(hi);
-        else y = static_cast<int>(rounded);
+        if (std::isnan(rounded))
+          y = 0;
+        else if (rounded <= lo)
+          y = static_cast<int>(lo);
+        else if (rounded >= hi)
+          y = static_cast<int>(hi);
+        else
+          y = static_cast<int>(rounded);
         out.y[static_cast<std::size_t>(r * H + j)] = y;
       }
   };
@@ -297,8 +301,8 @@ TEST(DynamicQuant, HandRowsInt8) {
     Case c;
     c.dt = dt;
     c.shape = {2, 256};
-    c.x = iota_row(256, -128.0f, 1.0f);                             // scale 1, offset 127 - 127 = 0: y = x
-    const std::vector<float> evens = iota_row(256, 0.0f, 2.0f);     // scale 510 / 255 = 2, offset -128
+    c.x = iota_row(256, -128.0f, 1.0f);                          // scale 1, offset 127 - 127 = 0: y = x
+    const std::vector<float> evens = iota_row(256, 0.0f, 2.0f);  // scale 510 / 255 = 2, offset -128
     c.x.insert(c.x.end(), evens.begin(), evens.end());
     const Got g = check_case(c);
     std::vector<int> want = iota_int(256, -128);
@@ -588,8 +592,8 @@ TEST(DynamicQuant, NaNRowsGiveNaNParametersAndZeros) {
       c.dt = dt;
       c.dst = dst;
       c.shape = {3, 8};
-      c.x = {0, 1, 2, 3, 4, 5, 6, 15,  //
-             1, 2, kNaN, 4, 5, 6, 7, 8,  //
+      c.x = {0,    1,    2,    3,    4,    5,    6,    15,  //
+             1,    2,    kNaN, 4,    5,    6,    7,    8,   //
              kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
       Got g = check_case(c);
       EXPECT_FALSE(std::isnan(g.scale[0]));
@@ -654,10 +658,10 @@ TEST(DynamicQuant, InfinityRowsFollowTheFormula) {
     Case c;
     c.dt = dt;
     c.shape = {4, 4};
-    c.x = {kInf, 1, 2, 3,        // scale Inf, offset 127 - Inf / Inf = NaN, y = 0
-           -kInf, 1, 2, 3,       // scale Inf, offset 127 - 3 / Inf = 127: y = 127, -Inf / Inf = NaN -> 0
-           kInf, -kInf, 0, 1,    // scale Inf, offset NaN
-           kInf, kInf, kInf, kInf};  // Inf - Inf = NaN scale
+    c.x = {kInf,  1,     2,    3,      // scale Inf, offset 127 - Inf / Inf = NaN, y = 0
+           -kInf, 1,     2,    3,      // scale Inf, offset 127 - 3 / Inf = 127: y = 127, -Inf / Inf = NaN -> 0
+           kInf,  -kInf, 0,    1,      // scale Inf, offset NaN
+           kInf,  kInf,  kInf, kInf};  // Inf - Inf = NaN scale
     const Got g = check_case(c);
     const std::vector<float> want_scale = {kInf, kInf, kInf, kNaN};
     const std::vector<float> want_offset = {kNaN, 127.0f, kNaN, kNaN};
@@ -679,15 +683,15 @@ TEST(DynamicQuant, InfinityRowsFollowTheFormula) {
 TEST(DynamicQuant, LargestFiniteValues) {
   Case c;
   c.shape = {3, 4};
-  c.x = {3.4e38f, -3.4e38f, 0, 1,  // max - min overflows: scale Inf, offset 127 - 3.4e38 / Inf = 127
-         3.4e38f, 0, 1e38f, -1,    // finite scale ~1.3e36
+  c.x = {3.4e38f,  -3.4e38f, 0,      1,   // max - min overflows: scale Inf, offset 127 - 3.4e38 / Inf = 127
+         3.4e38f,  0,        1e38f,  -1,  // finite scale ~1.3e36
          -3.4e38f, -3.0e38f, -1e38f, -3.3e38f};
   for (QuantDType dst : kDsts) {
     c.dst = dst;
     c.shape = {3, dst == QuantDType::qint8 ? 4 : 8};
     if (dst == QuantDType::quint4x2) {
-      c.x = {3.4e38f, -3.4e38f, 0, 1, 5, 6, 7, 8,  //
-             3.4e38f, 0, 1e38f, -1, 2, 3, 4, 5,    //
+      c.x = {3.4e38f,  -3.4e38f, 0,      1,        5,  6,  7,  8,  //
+             3.4e38f,  0,        1e38f,  -1,       2,  3,  4,  5,  //
              -3.4e38f, -3.0e38f, -1e38f, -3.3e38f, -1, -2, -3, -4};
     }
     const Got g = check_case(c);
@@ -761,8 +765,8 @@ void expect_out_error(Outs& o, const ConstTensorView& x, OptView smooth, OptView
                       const std::vector<std::string>& needles = {}) {
   const bool has_data = x.data != nullptr;
   const Tensor x_copy = has_data ? Tensor::copy_of(x) : Tensor();
-  expect_error([&] { xquant::dynamic_quant_asymmetric_out(o.y, o.scale, o.offset, x, smooth, gi, dst, mode); },
-               code, arg, needles);
+  expect_error([&] { xquant::dynamic_quant_asymmetric_out(o.y, o.scale, o.offset, x, smooth, gi, dst, mode); }, code,
+               arg, needles);
   EXPECT_TRUE(o.untouched()) << "outputs written despite the error";
   if (has_data) {
     EXPECT_TRUE(same_bytes(x, x_copy)) << "x modified";
@@ -836,8 +840,7 @@ TEST(DynamicQuantErrors, SmoothScales) {
                      {"[1, 8]", "group_index"});
   // Wrong length.
   const Tensor s9 = make_float(DType::float32, {9}, std::vector<float>(9, 1.0f));
-  expect_input_error(x, s9.view(), std::nullopt, kI8, kTok, ErrorCode::shape_mismatch, "smooth_scales",
-                     {"[9]", "[8]"});
+  expect_input_error(x, s9.view(), std::nullopt, kI8, kTok, ErrorCode::shape_mismatch, "smooth_scales", {"[9]", "[8]"});
   // 1-D with group_index.
   const Tensor s1 = make_float(DType::float32, {8}, std::vector<float>(8, 1.0f));
   const Tensor gi1 = make_group_index(DType::int64, {2});
@@ -981,8 +984,7 @@ TEST(DynamicQuantErrors, OverlappingOutputs) {
   inputs_intact();
   // scale over smooth_scales.
   const TensorView scale_in_smooth(smooth.data(), DType::float32, {2});
-  expect_error([&] { run(o.y, scale_in_smooth, o.offset, true); }, ErrorCode::aliasing, "scale",
-               {"smooth_scales"});
+  expect_error([&] { run(o.y, scale_in_smooth, o.offset, true); }, ErrorCode::aliasing, "scale", {"smooth_scales"});
   inputs_intact();
   // offset over group_index.
   const TensorView offset_in_gi(gi.data(), DType::float32, {2});
@@ -999,13 +1001,11 @@ TEST(DynamicQuantErrors, OverlappingOutputs) {
   inputs_intact();
   // scale partly inside y.
   const TensorView scale_in_y(o.y.data<std::int8_t>() + 8, DType::float32, {2});
-  expect_error([&] { run(o.y, scale_in_y, o.offset, false); }, ErrorCode::aliasing, "scale",
-               {"scale overlaps y"});
+  expect_error([&] { run(o.y, scale_in_y, o.offset, false); }, ErrorCode::aliasing, "scale", {"scale overlaps y"});
   inputs_intact();
   // offset inside y.
   const TensorView offset_in_y(o.y.data<std::int8_t>(), DType::float32, {2});
-  expect_error([&] { run(o.y, o.scale, offset_in_y, false); }, ErrorCode::aliasing, "offset",
-               {"offset overlaps y"});
+  expect_error([&] { run(o.y, o.scale, offset_in_y, false); }, ErrorCode::aliasing, "offset", {"offset overlaps y"});
   inputs_intact();
 }
 

@@ -48,18 +48,24 @@ Expected oracle(const std::vector<float>& xs, std::int64_t S, std::int64_t H, co
       float v = xs[static_cast<std::size_t>(r * H + j)];
       if (smooth) v = v * (*smooth)[static_cast<std::size_t>((ends.empty() ? 0 : e) * H + j)];
       row[static_cast<std::size_t>(j)] = v;
-      if (std::isnan(v)) nan = true;
-      else amax = std::fmax(amax, std::fabs(v));
+      if (std::isnan(v))
+        nan = true;
+      else
+        amax = std::fmax(amax, std::fabs(v));
     }
     const float scale = nan ? kNaN : amax / hi;
     out.scale.push_back(scale);
     for (std::int64_t j = 0; j < H; ++j) {
       const float q = std::nearbyint(row[static_cast<std::size_t>(j)] / scale);
       int y = 0;
-      if (std::isnan(q)) y = 0;
-      else if (q <= lo) y = static_cast<int>(lo);
-      else if (q >= hi) y = static_cast<int>(hi);
-      else y = static_cast<int>(q);
+      if (std::isnan(q))
+        y = 0;
+      else if (q <= lo)
+        y = static_cast<int>(lo);
+      else if (q >= hi)
+        y = static_cast<int>(hi);
+      else
+        y = static_cast<int>(q);
       out.y[static_cast<std::size_t>(r * H + j)] = y;
     }
   }
@@ -172,8 +178,8 @@ TEST(DynamicQuantSymmetric, Int4HandRowAndNibbleOrder) {
 TEST(DynamicQuantSymmetric, ZeroRowsGiveScaleZeroAndZeros) {
   for (QuantDType dst : kDsts) {
     // 0 / 0 is NaN, which converts to 0; -0.0 rows too.
-    const Got g = run(DType::float32, {3, 8}, {0, 0, 0, 0, 0, 0, 0, 0, -0.0f, 0, -0.0f, 0, 0, 0, 0, 0,
-                                                1, 2, 3, 4, 5, 6, 7, 7}, dst);
+    const Got g = run(DType::float32, {3, 8},
+                      {0, 0, 0, 0, 0, 0, 0, 0, -0.0f, 0, -0.0f, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 7}, dst);
     EXPECT_EQ(g.scale[0], 0.0f);
     EXPECT_EQ(std::bit_cast<std::uint32_t>(g.scale[1]), 0u) << "|x| of -0 is +0";
     for (int i = 0; i < 16; ++i) EXPECT_EQ(g.y[static_cast<std::size_t>(i)], 0) << i;

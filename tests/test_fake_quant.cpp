@@ -42,7 +42,8 @@ std::vector<float> run_per_tensor(DType dt, const std::vector<float>& x, float a
 
 TEST(FakeQuant, HandComputedTiesAndSaturationNarrow) {
   // amax = 127 gives scale exactly 1: out = clamp(rint(x), -127, 127).
-  const std::vector<float> x = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.5f, 200.f, -200.f, -128.f, 3.4e38f, -3.4e38f};
+  const std::vector<float> x = {0.5f,   1.5f,  2.5f,   -0.5f,  -1.5f,   -2.5f,   126.5f,
+                                127.5f, 200.f, -200.f, -128.f, 3.4e38f, -3.4e38f};
   const std::vector<float> want = {0.f, 2.f, 2.f, -0.f, -2.f, -2.f, 126.f, 127.f, 127.f, -127.f, -127.f, 127.f, -127.f};
   expect_floats_bitexact(run_per_tensor(DType::float32, x, 127.f), want, "narrow");
 }
@@ -55,8 +56,8 @@ TEST(FakeQuant, HandComputedWideRangeAndUnsigned) {
   // the bound; the lower bound stays negative as in the seed's formula and the Ascend kernel).
   expect_floats_bitexact(run_per_tensor(DType::float32, x, 255.f, {8, true, true}),
                          {-200.f, -128.f, -128.f, -0.f, 254.f, 255.f}, "unsigned");
-  expect_floats_bitexact(run_per_tensor(DType::float32, {-300.f, -255.5f}, 255.f, {8, true, false}),
-                         {-256.f, -256.f}, "unsigned wide");
+  expect_floats_bitexact(run_per_tensor(DType::float32, {-300.f, -255.5f}, 255.f, {8, true, false}), {-256.f, -256.f},
+                         "unsigned wide");
 }
 
 TEST(FakeQuant, ScaleNotOneDividesBack) {
@@ -183,12 +184,16 @@ TEST(FakeQuant, Float16FollowsTheKernelsHalfArithmetic) {
                                    " narrow=" + std::to_string(narrow) + " amax=" + std::to_string(amax);
           expect_floats_bitexact(to_floats(out), want, what);
           // The same amax as a float32 tensor gives the same result (it is exact in float16).
-          EXPECT_TRUE(same_bytes(out.view(), xquant::fake_tensor_quant(in, make_float(DType::float32, {1}, {static_cast<float>(a16)}),
-                                                                       {nb, uns, narrow}).view())) << what;
+          EXPECT_TRUE(same_bytes(
+              out.view(), xquant::fake_tensor_quant(in, make_float(DType::float32, {1}, {static_cast<float>(a16)}),
+                                                    {nb, uns, narrow})
+                              .view()))
+              << what;
           if (nb == 8 && !uns && narrow && amax == 5.f) {
             const Expect e(static_cast<float>(a16), nb, uns, narrow);
             for (std::size_t i = 0; i < xw.size(); ++i)
-              differs_from_f32 += xquant::half_to_float(xquant::float_to_half(e.forward(xw[i]))) != want[i] && !std::isnan(want[i]);
+              differs_from_f32 +=
+                  xquant::half_to_float(xquant::float_to_half(e.forward(xw[i]))) != want[i] && !std::isnan(want[i]);
           }
         }
   // The float16 arithmetic is visible: the float32 formula narrowed once differs on some elements.
@@ -204,11 +209,15 @@ TEST(FakeQuant, Float16AmaxMustBeExactInHalf) {
   Tensor in = make_float(DType::float16, {3}, {1.f, 2.f, 3.f});
   expect_error([&] { xquant::fake_tensor_quant(in, make_float(DType::float32, {1}, {0.1f})); },
                ErrorCode::invalid_argument, "amax", {"amax[0]", "float16"});
-  expect_error([&] { xquant::fake_tensor_quant_with_axis(make_float(DType::float16, {2, 2}, {1.f, 2.f, 3.f, 4.f}),
-                                                         make_float(DType::float32, {2}, {1.f, 0.3f}), 0); },
-               ErrorCode::invalid_argument, "amax", {"amax[1]", "float16"});
+  expect_error(
+      [&] {
+        xquant::fake_tensor_quant_with_axis(make_float(DType::float16, {2, 2}, {1.f, 2.f, 3.f, 4.f}),
+                                            make_float(DType::float32, {2}, {1.f, 0.3f}), 0);
+      },
+      ErrorCode::invalid_argument, "amax", {"amax[1]", "float16"});
   // float32 / bfloat16 inputs take any finite amax >= 0.
-  EXPECT_NO_THROW(xquant::fake_tensor_quant(make_float(DType::float32, {1}, {1.f}), make_float(DType::float32, {1}, {0.1f})));
+  EXPECT_NO_THROW(
+      xquant::fake_tensor_quant(make_float(DType::float32, {1}, {1.f}), make_float(DType::float32, {1}, {0.1f})));
 }
 
 TEST(FakeQuant, AmaxInAnyFloatDtype) {
@@ -398,23 +407,29 @@ TEST(FakeQuantErrors, EveryPathNamesTheArgumentAndWritesNothing) {
   expect_error([&] { xquant::fake_tensor_quant_out(out, x, ai); }, ErrorCode::dtype_mismatch, "amax", {"int32"});
   untouched();
   Tensor a2 = make_float(DType::float32, {2}, {1.f, 1.f});
-  expect_error([&] { xquant::fake_tensor_quant_out(out, x, a2); }, ErrorCode::shape_mismatch, "amax", {"[2]", "one element"});
+  expect_error([&] { xquant::fake_tensor_quant_out(out, x, a2); }, ErrorCode::shape_mismatch, "amax",
+               {"[2]", "one element"});
   untouched();
   expect_error([&] { xquant::fake_tensor_quant_with_axis_out(out, x, a2, 1); }, ErrorCode::shape_mismatch, "amax",
                {"[2]", "3 channels on axis 1"});
   untouched();
   expect_error([&] { xquant::fake_tensor_quant_with_axis_out(out, x, a2, 2); }, ErrorCode::invalid_argument, "axis",
                {"2", "[-2, 1]"});
-  expect_error([&] { xquant::fake_tensor_quant_with_axis_out(out, x, a2, -3); }, ErrorCode::invalid_argument, "axis", {"-3"});
+  expect_error([&] { xquant::fake_tensor_quant_with_axis_out(out, x, a2, -3); }, ErrorCode::invalid_argument, "axis",
+               {"-3"});
   for (int nb : {0, 33, -1})
-    expect_error([&] { xquant::fake_tensor_quant_out(out, x, a1, {nb, false, true}); }, ErrorCode::invalid_argument,
-                 "num_bits", {std::to_string(nb), "[1, 32]"});
+    expect_error(
+        [&] {
+          xquant::fake_tensor_quant_out(out, x, a1, {nb, false, true});
+        },
+        ErrorCode::invalid_argument, "num_bits", {std::to_string(nb), "[1, 32]"});
   untouched();
   Tensor a3 = make_float(DType::float32, {3}, {1.f, -1.f, 2.f});
   expect_error([&] { xquant::fake_tensor_quant_with_axis_out(out, x, a3, 1); }, ErrorCode::invalid_argument, "amax",
                {"amax[1]", "-1", "finite value >= 0"});
   Tensor a4 = make_float(DType::float32, {3}, {1.f, 1.f, kNaN});
-  expect_error([&] { xquant::fake_tensor_quant_with_axis_out(out, x, a4, 1); }, ErrorCode::invalid_argument, "amax", {"amax[2]", "nan"});
+  expect_error([&] { xquant::fake_tensor_quant_with_axis_out(out, x, a4, 1); }, ErrorCode::invalid_argument, "amax",
+               {"amax[2]", "nan"});
   Tensor a5 = make_float(DType::float32, {1}, {kInf});
   expect_error([&] { xquant::fake_tensor_quant_out(out, x, a5); }, ErrorCode::invalid_argument, "amax", {"inf"});
   untouched();
@@ -422,13 +437,15 @@ TEST(FakeQuantErrors, EveryPathNamesTheArgumentAndWritesNothing) {
   expect_error([&] { xquant::fake_tensor_quant_out(out_bad, x, a1); }, ErrorCode::dtype_mismatch, "out", {"float16"});
   Tensor out_shape(DType::float32, {3, 2});
   fill_bytes(out_shape);
-  expect_error([&] { xquant::fake_tensor_quant_out(out_shape, x, a1); }, ErrorCode::shape_mismatch, "out", {"[3, 2]", "[2, 3]"});
+  expect_error([&] { xquant::fake_tensor_quant_out(out_shape, x, a1); }, ErrorCode::shape_mismatch, "out",
+               {"[3, 2]", "[2, 3]"});
   EXPECT_TRUE(all_bytes(out_shape));
   // partial overlap of out and inputs
   Tensor buf = make_float(DType::float32, {8}, {1, 2, 3, 4, 5, 6, 7, 8});
   TensorView in_v(buf.data<float>(), DType::float32, {6});
   TensorView out_v(buf.data<float>() + 2, DType::float32, {6});
-  expect_error([&] { xquant::fake_tensor_quant_out(out_v, in_v, a1); }, ErrorCode::aliasing, "out", {"partially overlaps"});
+  expect_error([&] { xquant::fake_tensor_quant_out(out_v, in_v, a1); }, ErrorCode::aliasing, "out",
+               {"partially overlaps"});
   expect_floats_bitexact(to_floats(buf), {1, 2, 3, 4, 5, 6, 7, 8});
   // null data
   TensorView null_in(nullptr, DType::float32, {4});
@@ -440,8 +457,11 @@ TEST(FakeQuantErrors, FailedInplaceLeavesInputUntouched) {
   Tensor before = Tensor::copy_of(x);
   expect_error([&] { xquant::fake_tensor_quant_inplace(x, make_float(DType::float32, {1}, {-1.f})); },
                ErrorCode::invalid_argument, "amax");
-  expect_error([&] { xquant::fake_tensor_quant_inplace(x, make_float(DType::float32, {1}, {1.f}), {40, false, true}); },
-               ErrorCode::invalid_argument, "num_bits");
+  expect_error(
+      [&] {
+        xquant::fake_tensor_quant_inplace(x, make_float(DType::float32, {1}, {1.f}), {40, false, true});
+      },
+      ErrorCode::invalid_argument, "num_bits");
   EXPECT_TRUE(same_bytes(x, before));
 }
 
@@ -449,9 +469,11 @@ TEST(FakeQuantErrors, Backward) {
   Tensor x = make_float(DType::float32, {2}, {1.f, 2.f});
   Tensor a = make_float(DType::float32, {1}, {1.f});
   Tensor g16 = make_float(DType::float16, {2}, {1.f, 2.f});
-  expect_error([&] { xquant::fake_tensor_quant_backward(g16, x, a, std::nullopt); }, ErrorCode::dtype_mismatch, "grad_out");
+  expect_error([&] { xquant::fake_tensor_quant_backward(g16, x, a, std::nullopt); }, ErrorCode::dtype_mismatch,
+               "grad_out");
   Tensor g3 = make_float(DType::float32, {3}, {1.f, 2.f, 3.f});
-  expect_error([&] { xquant::fake_tensor_quant_backward(g3, x, a, std::nullopt); }, ErrorCode::shape_mismatch, "grad_out");
+  expect_error([&] { xquant::fake_tensor_quant_backward(g3, x, a, std::nullopt); }, ErrorCode::shape_mismatch,
+               "grad_out");
   Tensor g = make_float(DType::float32, {2}, {1.f, 2.f});
   Tensor gi(DType::float32, {2});
   Tensor ga_bad(DType::float32, {2});

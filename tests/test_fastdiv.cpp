@@ -80,7 +80,12 @@ void IntegerArrays(const float* x, float s, float z, float x_max, std::size_t n,
     }
   }
 #else
-  (void)x; (void)s; (void)z; (void)x_max; (void)n; (void)out;
+  (void)x;
+  (void)s;
+  (void)z;
+  (void)x_max;
+  (void)n;
+  (void)out;
 #endif
 }
 
@@ -123,8 +128,22 @@ float down(float f) { return std::nextafter(f, -std::numeric_limits<float>::infi
 
 // The divisors under test: ordinary, near powers of two, the largest significands, the range ends.
 std::vector<float> test_scales() {
-  return {1.0f, 3.0f, 0.1f, 127.0f / 3.0f, 255.0f, 1e-12f, 0.03f, from_bits(0x3FFFFFFFu), from_bits(0x3FFFFFFCu),
-          from_bits(0x3F800001u), 0x1p-126f, from_bits(0x00FFFFFFu), from_bits(0x7E7FFFFFu), 1e30f, 1e-30f, 0x1p100f};
+  return {1.0f,
+          3.0f,
+          0.1f,
+          127.0f / 3.0f,
+          255.0f,
+          1e-12f,
+          0.03f,
+          from_bits(0x3FFFFFFFu),
+          from_bits(0x3FFFFFFCu),
+          from_bits(0x3F800001u),
+          0x1p-126f,
+          from_bits(0x00FFFFFFu),
+          from_bits(0x7E7FFFFFu),
+          1e30f,
+          1e-30f,
+          0x1p100f};
 }
 
 // Dividends at the domain's edges for divisor s, plus the special values.
@@ -132,9 +151,28 @@ std::vector<float> edge_dividends(float s) {
   const FastDivDomain d = fast_div_domain(s, s);
   const float lo = from_bits(d.lo), hi = from_bits(d.hi);
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> v = {0.0f, lo, up(lo), down(lo), hi, down(hi), up(hi), 0x1p-100f, down(0x1p-100f),
-                          1e-45f, 1e-40f, down(0x1p-126f), 0x1p-126f, up(0x1p-126f), std::numeric_limits<float>::max(),
-                          inf, nan, from_bits(0x7FA00000u) /* signalling NaN */, 1.0f, s, 3.0f * s, 0.5f * s};
+  std::vector<float> v = {0.0f,
+                          lo,
+                          up(lo),
+                          down(lo),
+                          hi,
+                          down(hi),
+                          up(hi),
+                          0x1p-100f,
+                          down(0x1p-100f),
+                          1e-45f,
+                          1e-40f,
+                          down(0x1p-126f),
+                          0x1p-126f,
+                          up(0x1p-126f),
+                          std::numeric_limits<float>::max(),
+                          inf,
+                          nan,
+                          from_bits(0x7FA00000u) /* signalling NaN */,
+                          1.0f,
+                          s,
+                          3.0f * s,
+                          0.5f * s};
   // quotients near the subnormal threshold and near overflow (only where representable)
   for (float q : {0x1p-126f, up(0x1p-126f), down(0x1p-126f), 0x1p-125f, down(0x1p-125f), 0x1p126f, up(0x1p126f),
                   0x1p127f, std::numeric_limits<float>::max()}) {
@@ -205,7 +243,8 @@ TEST(FastDiv, EdgeDividendsAreBitExactOnEveryTarget) {
       HWY_DYNAMIC_DISPATCH(xquant::detail::DivArrays)(xs.data(), ss.data(), s, s, xs.size(), out.data(), in.data());
       for (std::size_t i = 0; i < xs.size(); ++i) {
         const float ref = xs[i] / s;
-        EXPECT_EQ(bits(out[i]), bits(ref)) << target << ": " << xs[i] << " / " << s << " gave " << out[i] << ", IEEE " << ref;
+        EXPECT_EQ(bits(out[i]), bits(ref))
+            << target << ": " << xs[i] << " / " << s << " gave " << out[i] << ", IEEE " << ref;
         const float a = std::abs(xs[i]);
         const bool expect_in = a == 0.0f || (a >= lo && a <= hi);
         EXPECT_EQ(in[i] != 0, expect_in) << target << ": domain of " << xs[i] << " for divisor " << s;
@@ -215,7 +254,8 @@ TEST(FastDiv, EdgeDividendsAreBitExactOnEveryTarget) {
 }
 
 TEST(FastDiv, TwoStepSequenceAloneInsideTheDomain) {
-  if (!HWY_DYNAMIC_DISPATCH(xquant::detail::FastDivOn)()) GTEST_SKIP() << "the dispatched target has no FMA: it always divides";
+  if (!HWY_DYNAMIC_DISPATCH(xquant::detail::FastDivOn)())
+    GTEST_SKIP() << "the dispatched target has no FMA: it always divides";
   // Random divisors over the whole allowed range, random dividends inside their domain (with exact zeros).
   std::mt19937 rng(2024);
   for_each_target([&](const char* target) {
@@ -249,11 +289,13 @@ TEST(FastDiv, PerLaneDivisorsShareOneDomain) {
     for (std::size_t i = 0; i < 64 * N; ++i) {
       ss.push_back(i % 3 == 0 ? s_min : i % 3 == 1 ? s_max : 1.5f);
       const float edges[] = {0.0f, -0.0f, 1e-40f, 0x1p-100f, 1e-30f, 3e38f, 1.0f, -2.5f, 0.1f};
-      xs.push_back(rng() % 4 == 0 ? edges[rng() % 9] : static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 0.25f);
+      xs.push_back(rng() % 4 == 0 ? edges[rng() % 9]
+                                  : static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 0.25f);
     }
     std::vector<float> out(xs.size());
     std::vector<std::uint8_t> in(xs.size());
-    HWY_DYNAMIC_DISPATCH(xquant::detail::DivArrays)(xs.data(), ss.data(), s_min, s_max, xs.size(), out.data(), in.data());
+    HWY_DYNAMIC_DISPATCH(xquant::detail::DivArrays)
+    (xs.data(), ss.data(), s_min, s_max, xs.size(), out.data(), in.data());
     for (std::size_t i = 0; i < xs.size(); ++i)
       EXPECT_EQ(bits(out[i]), bits(xs[i] / ss[i])) << target << ": " << xs[i] << " / " << ss[i];
   });
@@ -296,24 +338,43 @@ TEST(FastDiv, IntegerResultsThroughTheClamp) {
       for (float z : {0.0f, 0.5f, -0.5f, 1e-30f, 3.0f, -128.0f, 0x1p33f, -0x1p33f}) {
         const auto f = xquant::detail::fast_div_int(s, s, std::abs(z));
         ASSERT_TRUE(f.ok) << s << " " << z;
-        std::vector<float> xs = {0.0f, -0.0f, 1e-45f, -1e-40f, 1e-38f, 0x1p-100f, down(0x1p-100f), 0.5f * s, 1.5f * s,
-                                 -2.5f * s, 127.5f * s, f.x_max, up(f.x_max), -up(f.x_max), 3.4e38f, -3.4e38f, inf, -inf,
-                                 std::numeric_limits<float>::quiet_NaN(), s * 1e-30f, -s * 1e-30f};
+        std::vector<float> xs = {0.0f,
+                                 -0.0f,
+                                 1e-45f,
+                                 -1e-40f,
+                                 1e-38f,
+                                 0x1p-100f,
+                                 down(0x1p-100f),
+                                 0.5f * s,
+                                 1.5f * s,
+                                 -2.5f * s,
+                                 127.5f * s,
+                                 f.x_max,
+                                 up(f.x_max),
+                                 -up(f.x_max),
+                                 3.4e38f,
+                                 -3.4e38f,
+                                 inf,
+                                 -inf,
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 s * 1e-30f,
+                                 -s * 1e-30f};
         while (xs.size() % 64) xs.push_back(1.0f);
         std::vector<double> out(xs.size());
         HWY_DYNAMIC_DISPATCH(xquant::detail::IntegerArrays)(xs.data(), s, z, f.x_max, xs.size(), out.data());
         for (std::size_t i = 0; i < xs.size(); ++i) {
           const float v = xs[i] / s + z;
-          const double ref = std::isnan(v) ? 0.0 : std::max(-0x1p31, std::min(0x1p31, std::nearbyint(static_cast<double>(v))));
+          const double ref =
+              std::isnan(v) ? 0.0 : std::max(-0x1p31, std::min(0x1p31, std::nearbyint(static_cast<double>(v))));
           ASSERT_EQ(out[i], ref) << target << ": " << xs[i] << " / " << s << " + " << z;
         }
       }
     }
   });
-  EXPECT_FALSE(xquant::detail::fast_div_int(0x1p-61f, 0x1p-61f, 0.0f).ok);   // tiny dividends no longer vanish
-  EXPECT_FALSE(xquant::detail::fast_div_int(1.0f, 0x1p61f, 0.0f).ok);        // scales too far apart
-  EXPECT_FALSE(xquant::detail::fast_div_int(1.0f, 1.0f, 0x1p34f).ok);        // zero point beyond 2^33
-  EXPECT_FALSE(xquant::detail::fast_div_int(1e30f, 1e30f, 0.0f).ok);         // x_max / s below 2^34
+  EXPECT_FALSE(xquant::detail::fast_div_int(0x1p-61f, 0x1p-61f, 0.0f).ok);  // tiny dividends no longer vanish
+  EXPECT_FALSE(xquant::detail::fast_div_int(1.0f, 0x1p61f, 0.0f).ok);       // scales too far apart
+  EXPECT_FALSE(xquant::detail::fast_div_int(1.0f, 1.0f, 0x1p34f).ok);       // zero point beyond 2^33
+  EXPECT_FALSE(xquant::detail::fast_div_int(1e30f, 1e30f, 0.0f).ok);        // x_max / s below 2^34
 }
 
 }  // namespace

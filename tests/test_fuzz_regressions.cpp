@@ -42,7 +42,7 @@ TEST(FuzzRegression, DynamicQuantNanPayloadInSingleElementRow) {
   for (const auto mode : {xquant::DynamicQuantMode::pertoken, xquant::DynamicQuantMode::pertensor}) {
     const xquant::Shape shape = mode == xquant::DynamicQuantMode::pertoken ? xquant::Shape{2, 1} : xquant::Shape{1, 1};
     Tensor x(DType::float16, shape);
-    x.data<std::uint16_t>()[0] = 0xFD88;  // NaN, sign set, payload
+    x.data<std::uint16_t>()[0] = 0xFD88;                     // NaN, sign set, payload
     if (x.numel() > 1) x.data<std::uint16_t>()[1] = 0x3C00;  // 1.0
     xquant::set_backend(Backend::reference);
     const auto ref = xquant::dynamic_quant_asymmetric(x, std::nullopt, std::nullopt, xquant::QuantDType::qint8, mode);
@@ -79,10 +79,9 @@ TEST(FuzzRegression, DynamicQuantEmptyXWithHugeLeadingDims) {
     xquant::dynamic_quant_asymmetric_out(xquant::TensorView(&ydummy, DType::int8, {big, big, 0}),
                                          xquant::TensorView(&scale, DType::float32, {1}),
                                          xquant::TensorView(&offset, DType::float32, {1}), x, std::nullopt,
-                                         std::nullopt, xquant::QuantDType::qint8,
-                                         xquant::DynamicQuantMode::pertensor);
-    EXPECT_EQ(scale, 1e-12f);   // max((0 - 0) / 255, 1e-12)
-    EXPECT_EQ(offset, 127.f);   // 127 - 0 / scale
+                                         std::nullopt, xquant::QuantDType::qint8, xquant::DynamicQuantMode::pertensor);
+    EXPECT_EQ(scale, 1e-12f);  // max((0 - 0) / 255, 1e-12)
+    EXPECT_EQ(offset, 127.f);  // 127 - 0 / scale
     EXPECT_THROW(xquant::dynamic_quant_asymmetric(x), xquant::Error);
   }
 }

@@ -94,8 +94,8 @@ u16 reference_bf16(float f) {
   const double a = std::fabs(static_cast<double>(f));
   if (a == 0.0) return sign;
   int e = 0;
-  (void)std::frexp(a, &e);                          // a = m * 2^e, m in [0.5, 1)
-  const int quantum_exp = std::max(e - 8, -133);    // 8 significant bits; subnormal spacing 2^-133
+  (void)std::frexp(a, &e);                        // a = m * 2^e, m in [0.5, 1)
+  const int quantum_exp = std::max(e - 8, -133);  // 8 significant bits; subnormal spacing 2^-133
   const double r = std::ldexp(std::nearbyint(std::ldexp(a, -quantum_exp)), quantum_exp);
   if (r >= std::ldexp(1.0, 128)) return static_cast<u16>(sign | 0x7F80);  // overflow: Inf
   if (r == 0.0) return sign;
@@ -116,13 +116,13 @@ u16 reference_bf16(float f) {
   const u16 got = xquant::float_to_half(f);
   const u16 want = reference_half(f);
   if (got != want)
-    return ::testing::AssertionFailure() << "float_to_half(" << f << " = 0x" << std::hex << bits(f) << ") = 0x"
-                                         << got << " but round-to-nearest-even gives 0x" << want;
+    return ::testing::AssertionFailure() << "float_to_half(" << f << " = 0x" << std::hex << bits(f) << ") = 0x" << got
+                                         << " but round-to-nearest-even gives 0x" << want;
 #if XQ_TEST_HAVE_FLOAT16
   const u16 compiler = compiler_half(f);
   if (got != compiler)
-    return ::testing::AssertionFailure() << "float_to_half(" << f << " = 0x" << std::hex << bits(f) << ") = 0x"
-                                         << got << " but the compiler gives 0x" << compiler;
+    return ::testing::AssertionFailure() << "float_to_half(" << f << " = 0x" << std::hex << bits(f) << ") = 0x" << got
+                                         << " but the compiler gives 0x" << compiler;
 #endif
   return ::testing::AssertionSuccess();
 }
@@ -131,8 +131,8 @@ u16 reference_bf16(float f) {
   const u16 got = xquant::float_to_bfloat16(f);
   const u16 want = reference_bf16(f);
   if (got == want) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "float_to_bfloat16(" << f << " = 0x" << std::hex << bits(f)
-                                       << ") = 0x" << got << " but round-to-nearest-even gives 0x" << want;
+  return ::testing::AssertionFailure() << "float_to_bfloat16(" << f << " = 0x" << std::hex << bits(f) << ") = 0x" << got
+                                       << " but round-to-nearest-even gives 0x" << want;
 }
 
 // NaN -> 16 bit: a NaN of the same sign, quiet, whose mantissa keeps the float's top payload bits.
@@ -156,12 +156,8 @@ u16 reference_bf16(float f) {
   return ::testing::AssertionFailure() << "float_to_bfloat16(NaN 0x" << std::hex << x << ") = 0x" << b;
 }
 
-::testing::AssertionResult half_conversion_ok(float f) {
-  return std::isnan(f) ? half_nan_ok(f) : half_matches(f);
-}
-::testing::AssertionResult bf16_conversion_ok(float f) {
-  return std::isnan(f) ? bf16_nan_ok(f) : bf16_matches(f);
-}
+::testing::AssertionResult half_conversion_ok(float f) { return std::isnan(f) ? half_nan_ok(f) : half_matches(f); }
+::testing::AssertionResult bf16_conversion_ok(float f) { return std::isnan(f) ? bf16_nan_ok(f) : bf16_matches(f); }
 
 // Counts failures and reports only the first few, so that a broken conversion does not print millions
 // of lines.
@@ -184,11 +180,11 @@ class FailureBudget {
 void expect_half_oracle(u16 (*half)(float), const char* name) {
   SCOPED_TRACE(name);
   EXPECT_EQ(half(1.0f), 0x3C00);
-  EXPECT_EQ(half(1.0f + 0x1p-11f), 0x3C00);        // tie, 0x3C00 is even
-  EXPECT_EQ(half(1.0f + 3 * 0x1p-11f), 0x3C02);    // tie, 0x3C02 is even
+  EXPECT_EQ(half(1.0f + 0x1p-11f), 0x3C00);      // tie, 0x3C00 is even
+  EXPECT_EQ(half(1.0f + 3 * 0x1p-11f), 0x3C02);  // tie, 0x3C02 is even
   EXPECT_EQ(half(1.0f + 0x1p-11f + 0x1p-20f), 0x3C01);
   EXPECT_EQ(half(65504.0f), 0x7BFF);
-  EXPECT_EQ(half(65519.996f), 0x7BFF);             // just below the overflow tie
+  EXPECT_EQ(half(65519.996f), 0x7BFF);  // just below the overflow tie
   EXPECT_EQ(half(65520.0f), 0x7C00);
   EXPECT_EQ(half(kInf), 0x7C00);
   EXPECT_EQ(half(-kFltMax), 0xFC00);
@@ -196,7 +192,7 @@ void expect_half_oracle(u16 (*half)(float), const char* name) {
   EXPECT_EQ(half(0x1p-25f), 0x0000);
   EXPECT_EQ(half(-0x1p-25f), 0x8000);
   EXPECT_EQ(half(3 * 0x1p-25f), 0x0002);
-  EXPECT_EQ(half(0x1p-14f - 0x1p-25f), 0x0400);    // subnormal tie rounds up to the smallest normal
+  EXPECT_EQ(half(0x1p-14f - 0x1p-25f), 0x0400);  // subnormal tie rounds up to the smallest normal
   EXPECT_EQ(half(0x1p-14f), 0x0400);
   EXPECT_EQ(half(-0.0f), 0x8000);
   EXPECT_EQ(half(-2.0f), 0xC000);
@@ -219,16 +215,16 @@ TEST(HalfOracle, CompilerConversionRoundsToNearestEven) {
 
 TEST(HalfOracle, ReferenceBfloat16RoundsToNearestEven) {
   EXPECT_EQ(reference_bf16(1.0f), 0x3F80);
-  EXPECT_EQ(reference_bf16(1.0f + 0x1p-8f), 0x3F80);              // tie to even
-  EXPECT_EQ(reference_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);          // tie to even (up)
+  EXPECT_EQ(reference_bf16(1.0f + 0x1p-8f), 0x3F80);      // tie to even
+  EXPECT_EQ(reference_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);  // tie to even (up)
   EXPECT_EQ(reference_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
   EXPECT_EQ(reference_bf16(-3.0f), 0xC040);
   EXPECT_EQ(reference_bf16(kFltMax), 0x7F80);
   EXPECT_EQ(reference_bf16(from_bits(0x7F7F7FFF)), 0x7F7F);
   EXPECT_EQ(reference_bf16(from_bits(0x7F7F8000)), 0x7F80);
-  EXPECT_EQ(reference_bf16(from_bits(0x00008000)), 0x0000);      // subnormal tie to even (0)
-  EXPECT_EQ(reference_bf16(from_bits(0x00018000)), 0x0002);      // subnormal tie to even (up)
-  EXPECT_EQ(reference_bf16(from_bits(0x007FFFFF)), 0x0080);      // rounds up to the smallest normal
+  EXPECT_EQ(reference_bf16(from_bits(0x00008000)), 0x0000);  // subnormal tie to even (0)
+  EXPECT_EQ(reference_bf16(from_bits(0x00018000)), 0x0002);  // subnormal tie to even (up)
+  EXPECT_EQ(reference_bf16(from_bits(0x007FFFFF)), 0x0080);  // rounds up to the smallest normal
   EXPECT_EQ(reference_bf16(-0.0f), 0x8000);
   EXPECT_EQ(half_value(0x3C00), 1.0);
   EXPECT_EQ(half_value(0x0001), 0x1p-24);
@@ -308,10 +304,10 @@ TEST(FloatToHalf, RoundTripOfEveryHalf) {
 // neighbour; the floats just above / below round away from / towards the lower neighbour.
 // One 16-bit format for the midpoint sweep below.
 struct Format16 {
-  u16 inf;                                     // bits of +Inf (the first non-finite pattern)
-  double beyond_max;                           // the step above the largest finite value
-  double (*value)(u16);                        // independent bits -> value
-  u16 (*convert)(float);                       // the library's float -> bits
+  u16 inf;                                       // bits of +Inf (the first non-finite pattern)
+  double beyond_max;                             // the step above the largest finite value
+  double (*value)(u16);                          // independent bits -> value
+  u16 (*convert)(float);                         // the library's float -> bits
   ::testing::AssertionResult (*matches)(float);  // the library against the independent oracle
 };
 
@@ -377,7 +373,7 @@ TEST(FloatToHalf, OverflowBoundary) {
 TEST(FloatToHalf, ZerosInfinitiesAndTiny) {
   EXPECT_EQ(xquant::float_to_half(0.0f), 0x0000);
   EXPECT_EQ(xquant::float_to_half(-0.0f), 0x8000);
-  EXPECT_EQ(xquant::float_to_half(0x1p-25f), 0x0000);             // tie between 0 and 2^-24: even = 0
+  EXPECT_EQ(xquant::float_to_half(0x1p-25f), 0x0000);  // tie between 0 and 2^-24: even = 0
   EXPECT_EQ(xquant::float_to_half(-0x1p-25f), 0x8000);
   EXPECT_EQ(xquant::float_to_half(next_up(0x1p-25f)), 0x0001);
   EXPECT_EQ(xquant::float_to_half(next_down(0x1p-25f)), 0x0000);
@@ -409,8 +405,8 @@ TEST(FloatToHalf, SubnormalRange) {
 }
 
 TEST(FloatToHalf, NaNsStayNaNWithTheirSign) {
-  const u32 patterns[] = {0x7FC00000u, 0x7F800001u, 0x7FBFFFFFu, 0x7FFFFFFFu, 0x7FC02000u, 0x7F802000u,
-                          0x7FA00000u, 0x7F801FFFu, 0x7FD55555u, 0x7FAAAAAAu};
+  const u32 patterns[] = {0x7FC00000u, 0x7F800001u, 0x7FBFFFFFu, 0x7FFFFFFFu, 0x7FC02000u,
+                          0x7F802000u, 0x7FA00000u, 0x7F801FFFu, 0x7FD55555u, 0x7FAAAAAAu};
   for (const u32 p : patterns) {
     EXPECT_TRUE(half_nan_ok(from_bits(p)));
     EXPECT_TRUE(half_nan_ok(from_bits(p | 0x80000000u)));

@@ -73,14 +73,21 @@ TEST(Plan, ErrorsEqualTheOperatorsErrors) {
       {"quantize mode", [&] { xquant::quantize(x, a1, std::nullopt, QuantDType::quint4x2, -1, true); },
        [&] { xquant::plan_quantize(spec(x), spec(a1), std::nullopt, QuantDType::quint4x2, -1, true); }},
       {"dynamic rank", [&] { xquant::dynamic_quant_asymmetric(x1); },
-       [&] { xquant::plan_dynamic_quant_asymmetric(spec(x1), std::nullopt, std::nullopt, QuantDType::qint8,
-                                                   xquant::DynamicQuantMode::pertoken); }},
+       [&] {
+         xquant::plan_dynamic_quant_asymmetric(spec(x1), std::nullopt, std::nullopt, QuantDType::qint8,
+                                               xquant::DynamicQuantMode::pertoken);
+       }},
       {"dynamic smooth", [&] { xquant::dynamic_quant(x, a3); },
        [&] { xquant::plan_dynamic_quant(spec(x), spec(a3), std::nullopt, QuantDType::qint8); }},
       {"dynamic group without smooth", [&] { xquant::dynamic_quant(x, std::nullopt, g2); },
        [&] { xquant::plan_dynamic_quant(spec(x), std::nullopt, spec(g2), QuantDType::qint8); }},
-      {"dynamic group shape", [&] { xquant::dynamic_quant(x, ones(f32, {3, 8}).view(), g2); },
-       [&] { xquant::plan_dynamic_quant(spec(x), TensorSpec{f32, {3, 8}}, spec(g2), QuantDType::qint8); }},
+      {"dynamic group shape",
+       [&] {
+         xquant::dynamic_quant(x, ones(f32, {3, 8}).view(), g2);
+       },
+       [&] {
+         xquant::plan_dynamic_quant(spec(x), TensorSpec{f32, {3, 8}}, spec(g2), QuantDType::qint8);
+       }},
       {"anti x dtype", [&] { xquant::anti_quant(x, a1, std::nullopt, DType::float16, QuantDType::qint8); },
        [&] { xquant::plan_anti_quant(spec(x), spec(a1), std::nullopt, QuantDType::qint8); }},
       {"anti scale", [&] { xquant::anti_quant(xi8, a3, std::nullopt, DType::float16, QuantDType::qint8); },
@@ -89,8 +96,13 @@ TEST(Plan, ErrorsEqualTheOperatorsErrors) {
        [&] { xquant::plan_acts_ulq(spec(x), spec(lo), spec(a1), 8); }},
       {"ulq num_bits", [&] { xquant::acts_ulq(x, a1, a1, false, 1); },
        [&] { xquant::plan_acts_ulq(spec(x), spec(a1), spec(a1), 1); }},
-      {"ulq backward shape", [&] { xquant::acts_ulq_backward(x, {4, 8}, a1, a1, s28, x, x); },
-       [&] { xquant::plan_acts_ulq_backward(spec(x), {4, 8}, spec(a1), spec(a1), spec(s28), spec(x), spec(x), 8); }},
+      {"ulq backward shape",
+       [&] {
+         xquant::acts_ulq_backward(x, {4, 8}, a1, a1, s28, x, x);
+       },
+       [&] {
+         xquant::plan_acts_ulq_backward(spec(x), {4, 8}, spec(a1), spec(a1), spec(s28), spec(x), spec(x), 8);
+       }},
       {"tile scale rows",
        [&] {
          xquant::tile_quant({out8.data(), i8, 4, 8, 8}, {x.data(), f32, 4, 8, 8}, {sc31.data(), f32, 3, 1, 1},

@@ -100,7 +100,8 @@ TEST(TransQuantParamErrors, EveryArgument) {
   Tensor s = make_float(DType::float32, {3}, {1.f, 2.f, 3.f});
   Tensor out(DType::int64, {3});
   fill_bytes(out);
-  expect_error([&] { xquant::trans_quant_param_out(out, s, std::nullopt, 2); }, ErrorCode::invalid_argument, "round_mode", {"2"});
+  expect_error([&] { xquant::trans_quant_param_out(out, s, std::nullopt, 2); }, ErrorCode::invalid_argument,
+               "round_mode", {"2"});
   Tensor sb = make_float(DType::bfloat16, {3}, {1.f, 2.f, 3.f});
   expect_error([&] { xquant::trans_quant_param_out(out, sb); }, ErrorCode::dtype_mismatch, "scale", {"bfloat16"});
   Tensor s2 = make_float(DType::float32, {3, 1}, {1.f, 2.f, 3.f});
@@ -260,7 +261,8 @@ struct Qmm {
           std::int32_t a = static_cast<std::int32_t>(static_cast<std::uint32_t>(static_cast<std::uint64_t>(sum)));
           const std::size_t bi = static_cast<std::size_t>((bias_batched ? b * N : 0) + n);
           if (!bias.empty() && bias_dt == DType::int32)
-            a = static_cast<std::int32_t>(static_cast<std::uint32_t>(a) + static_cast<std::uint32_t>(static_cast<std::int32_t>(bias[bi])));
+            a = static_cast<std::int32_t>(static_cast<std::uint32_t>(a) +
+                                          static_cast<std::uint32_t>(static_cast<std::int32_t>(bias[bi])));
           const std::size_t o = static_cast<std::size_t>((b * M + m) * N + n);
           if (out_dt == DType::int32) {
             r[o] = static_cast<std::uint32_t>(a);
@@ -301,9 +303,14 @@ struct Qmm {
     std::vector<std::uint32_t> r(static_cast<std::size_t>(t.numel()));
     for (std::size_t i = 0; i < r.size(); ++i) {
       switch (t.dtype()) {
-        case DType::int8: r[i] = static_cast<std::uint32_t>(t.data<std::int8_t>()[i]) & 0xFFu; break;
-        case DType::int32: r[i] = static_cast<std::uint32_t>(t.data<std::int32_t>()[i]); break;
-        default: r[i] = t.data<std::uint16_t>()[i];
+        case DType::int8:
+          r[i] = static_cast<std::uint32_t>(t.data<std::int8_t>()[i]) & 0xFFu;
+          break;
+        case DType::int32:
+          r[i] = static_cast<std::uint32_t>(t.data<std::int32_t>()[i]);
+          break;
+        default:
+          r[i] = t.data<std::uint16_t>()[i];
       }
     }
     return r;
@@ -392,8 +399,8 @@ TEST(QuantMatmul, ScaleForms) {
     for (float f : {0.5f, -0.25f, 0.0f}) raw.push_back(static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(f)));
     Tensor s64 = make_typed<std::int64_t>(DType::int64, {3}, raw);
     Tensor r64 = xquant::quant_matmul(x1, x2, s64, {}, DType::float16);
-    EXPECT_EQ(to_vector<std::uint16_t>(r64), (std::vector<std::uint16_t>{xquant::float_to_half(1.5f),
-                                                                         xquant::float_to_half(-1.25f), 0x0000}));
+    EXPECT_EQ(to_vector<std::uint16_t>(r64),
+              (std::vector<std::uint16_t>{xquant::float_to_half(1.5f), xquant::float_to_half(-1.25f), 0x0000}));
     // [1, 1] int64 with an offset from trans_quant_param, int8 out: rint(acc * 0.5 + 3)
     Tensor s11 = xquant::trans_quant_param(make_float(DType::float32, {1, 1}, {0.5f}),
                                            make_float(DType::float32, {1, 1}, {3.f}).view());
@@ -435,13 +442,17 @@ TEST(QuantMatmul, RandomAgainstGoldenEveryDtypeCombination) {
   int cases = 0;
   for (bool int4 : {false, true})
     for (bool transpose : {false, true})
-      for (auto [M, K, N] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 8, 8}, {3, 24, 16}, {5, 40, 72},
-                             {2, 16, 8}, {7, 64, 40}})
+      for (auto [M, K, N] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 8, 8},
+                             {3, 24, 16},
+                             {5, 40, 72},
+                             {2, 16, 8},
+                             {7, 64, 40}})
         for (DType out_dt : {DType::int8, DType::float16, DType::bfloat16, DType::int32})
           for (DType scale_dt : {DType::float32, DType::bfloat16, DType::int64})
             for (int extras = 0; extras < 4; ++extras) {
               Qmm q;
-              q.int4 = int4, q.transpose = transpose, q.M = M, q.K = K, q.N = N, q.out_dt = out_dt, q.scale_dt = scale_dt;
+              q.int4 = int4, q.transpose = transpose, q.M = M, q.K = K, q.N = N, q.out_dt = out_dt,
+              q.scale_dt = scale_dt;
               random_fill(q, rng);
               const bool per_col = rng() % 2;
               q.scale.resize(per_col ? N : 1);
@@ -458,13 +469,17 @@ TEST(QuantMatmul, RandomAgainstGoldenEveryDtypeCombination) {
               const int bias_kind = static_cast<int>(rng() % 5);  // none, int32, float32, float16, bfloat16
               const bool float_out = out_dt == DType::float16 || out_dt == DType::bfloat16;
               if (bias_kind == 1 || (bias_kind > 1 && float_out)) {
-                q.bias_dt = bias_kind == 1 ? DType::int32 : bias_kind == 2 ? DType::float32 : bias_kind == 3 ? DType::float16 : DType::bfloat16;
+                q.bias_dt = bias_kind == 1   ? DType::int32
+                            : bias_kind == 2 ? DType::float32
+                            : bias_kind == 3 ? DType::float16
+                                             : DType::bfloat16;
                 q.bias.resize(static_cast<std::size_t>(N));
                 for (auto& b : q.bias) b = q.bias_dt == DType::int32 ? std::floor(1000.f * u(rng)) : 5.f * u(rng);
               }
-              q.check("int4 " + std::to_string(int4) + " transpose " + std::to_string(transpose) + " M" + std::to_string(M) +
-                      " K" + std::to_string(K) + " N" + std::to_string(N) + " out " + std::string(xquant::dtype_name(out_dt)) +
-                      " scale " + std::string(xquant::dtype_name(scale_dt)) + " extras " + std::to_string(extras));
+              q.check("int4 " + std::to_string(int4) + " transpose " + std::to_string(transpose) + " M" +
+                      std::to_string(M) + " K" + std::to_string(K) + " N" + std::to_string(N) + " out " +
+                      std::string(xquant::dtype_name(out_dt)) + " scale " + std::string(xquant::dtype_name(scale_dt)) +
+                      " extras " + std::to_string(extras));
               ++cases;
             }
   EXPECT_GT(cases, 900);
@@ -546,8 +561,10 @@ TEST(QuantMatmulErrors, EveryArgument) {
   Tensor s = make_float(DType::float32, {3}, {1.f, 1.f, 1.f});
   Tensor out(DType::int8, {2, 3});
   fill_bytes(out);
-  auto run = [&](const xquant::QuantMatmulOptions& o, ConstTensorView a = {}, ConstTensorView b = {}, ConstTensorView sc = {}) {
-    xquant::quant_matmul_out(out, a.data ? a : ConstTensorView(x1), b.data ? b : ConstTensorView(x2), sc.data ? sc : ConstTensorView(s), o);
+  auto run = [&](const xquant::QuantMatmulOptions& o, ConstTensorView a = {}, ConstTensorView b = {},
+                 ConstTensorView sc = {}) {
+    xquant::quant_matmul_out(out, a.data ? a : ConstTensorView(x1), b.data ? b : ConstTensorView(x2),
+                             sc.data ? sc : ConstTensorView(s), o);
   };
   Tensor x2w = make_typed<std::int32_t>(DType::int32, {4, 1}, {0, 0, 0, 0});
   expect_error([&] { run({}, {}, x2w); }, ErrorCode::dtype_mismatch, "x2", {"int32", "int8"});
@@ -567,7 +584,8 @@ TEST(QuantMatmulErrors, EveryArgument) {
   Tensor off = make_float(DType::float32, {3}, {1.f, 1.f, 1.f});
   xquant::QuantMatmulOptions o;
   o.offset = off.view();
-  expect_error([&] { xquant::quant_matmul(x1, x2, s, o, DType::float16); }, ErrorCode::invalid_argument, "offset", {"float16"});
+  expect_error([&] { xquant::quant_matmul(x1, x2, s, o, DType::float16); }, ErrorCode::invalid_argument, "offset",
+               {"float16"});
   Tensor s64 = xquant::trans_quant_param(s);
   expect_error([&] { run(o, {}, {}, s64); }, ErrorCode::invalid_argument, "offset", {"int64"});
   xquant::QuantMatmulOptions p;
@@ -576,7 +594,8 @@ TEST(QuantMatmulErrors, EveryArgument) {
   expect_error([&] { run(p); }, ErrorCode::shape_mismatch, "pertoken_scale", {"[3]", "[2]"});
   Tensor pt2 = make_float(DType::float32, {2}, {1.f, 1.f});
   p.pertoken_scale = pt2.view();
-  expect_error([&] { xquant::quant_matmul(x1, x2, s, p, DType::int32); }, ErrorCode::invalid_argument, "pertoken_scale", {"int32"});
+  expect_error([&] { xquant::quant_matmul(x1, x2, s, p, DType::int32); }, ErrorCode::invalid_argument, "pertoken_scale",
+               {"int32"});
   xquant::QuantMatmulOptions b;
   Tensor bf = make_float(DType::float32, {3}, {1.f, 1.f, 1.f});
   b.bias = bf.view();
@@ -587,14 +606,20 @@ TEST(QuantMatmulErrors, EveryArgument) {
   Tensor bu = make_typed<std::uint8_t>(DType::uint8, {3}, {1, 1, 1});
   b.bias = bu.view();
   expect_error([&] { run(b); }, ErrorCode::dtype_mismatch, "bias", {"uint8"});
-  expect_error([&] { xquant::quant_matmul(x1, x2, s, {}, DType::float32); }, ErrorCode::invalid_argument, "output_dtype", {"float32"});
+  expect_error([&] { xquant::quant_matmul(x1, x2, s, {}, DType::float32); }, ErrorCode::invalid_argument,
+               "output_dtype", {"float32"});
   Tensor out_bad(DType::int8, {3, 2});
-  expect_error([&] { xquant::quant_matmul_out(out_bad, x1, x2, s); }, ErrorCode::shape_mismatch, "out", {"[3, 2]", "[2, 3]"});
+  expect_error([&] { xquant::quant_matmul_out(out_bad, x1, x2, s); }, ErrorCode::shape_mismatch, "out",
+               {"[3, 2]", "[2, 3]"});
   Tensor out_f32(DType::float32, {2, 3});
   expect_error([&] { xquant::quant_matmul_out(out_f32, x1, x2, s); }, ErrorCode::dtype_mismatch, "out", {"float32"});
   EXPECT_TRUE(all_bytes(out));
   // out overlapping an input
-  expect_error([&] { xquant::quant_matmul_out(TensorView(x2.data(), DType::int8, {2, 3}), x1, x2, s); }, ErrorCode::aliasing, "out");
+  expect_error(
+      [&] {
+        xquant::quant_matmul_out(TensorView(x2.data(), DType::int8, {2, 3}), x1, x2, s);
+      },
+      ErrorCode::aliasing, "out");
   EXPECT_EQ(to_vector<std::int8_t>(x2), std::vector<std::int8_t>(12, 1));
   // the shape planner gives the same answers without computing
   EXPECT_EQ(xquant::quant_matmul_output_shape(x1b, x2b.view().data ? x2 : x2, s), (Shape{2, 2, 3}));
@@ -607,8 +632,8 @@ struct Wqm {
   bool int4 = false, transpose = false;
   Shape lead{1};  // x's leading dims (rows)
   std::int64_t K = 8, N = 8, group = 0;
-  std::vector<float> x;  // [rows][K], values representable in dt
-  std::vector<int> w;    // [K][N] logical
+  std::vector<float> x;              // [rows][K], values representable in dt
+  std::vector<int> w;                // [K][N] logical
   std::vector<float> scale, offset;  // [G][N] or [N] or [1] (values representable in dt)
   Shape param_shape;
   DType bias_dt = DType::float32;
@@ -630,7 +655,9 @@ struct Wqm {
           const float prod = x[static_cast<std::size_t>(m * K + k)] * v;
           acc = acc + prod;
         }
-        if (!bias.empty()) acc = acc + (bias_dt == DType::float32 ? bias[static_cast<std::size_t>(n)] : r16(bias_dt, bias[static_cast<std::size_t>(n)]));
+        if (!bias.empty())
+          acc = acc + (bias_dt == DType::float32 ? bias[static_cast<std::size_t>(n)]
+                                                 : r16(bias_dt, bias[static_cast<std::size_t>(n)]));
         r[static_cast<std::size_t>(m * N + n)] = bits16(dt, acc);
       }
     return r;
@@ -685,7 +712,9 @@ void random_fill(Wqm& q, std::mt19937& rng, int param_kind) {  // 0 per tensor, 
   for (auto& v : q.w) v = q.int4 ? static_cast<int>(rng() % 16) - 8 : static_cast<int>(rng() % 256) - 128;
   const std::int64_t G = param_kind == 2 ? (q.K + q.group - 1) / q.group : 1;
   const std::int64_t n = param_kind == 0 ? 1 : G * q.N;
-  q.param_shape = param_kind == 0 ? Shape{1} : param_kind == 1 ? (rng() % 2 ? Shape{q.N} : Shape{1, q.N}) : Shape{G, q.N};
+  q.param_shape = param_kind == 0   ? Shape{1}
+                  : param_kind == 1 ? (rng() % 2 ? Shape{q.N} : Shape{1, q.N})
+                                    : Shape{G, q.N};
   q.scale.resize(static_cast<std::size_t>(n));
   for (auto& s : q.scale) s = r16(q.dt, 0.01f * u(rng));
   if (rng() % 2) {
@@ -701,8 +730,11 @@ TEST(WeightQuantBatchMatmul, RandomAgainstGolden) {
     for (bool int4 : {false, true})
       for (bool transpose : {false, true})
         for (int kind : {0, 1, 2})
-          for (auto [lead, K, N] : {std::tuple<Shape, std::int64_t, std::int64_t>{{1}, 64, 8}, {{3}, 72, 24},
-                                    {{2, 5}, 160, 72}, {{17}, 96, 136}, {{4}, 8, 8}}) {
+          for (auto [lead, K, N] : {std::tuple<Shape, std::int64_t, std::int64_t>{{1}, 64, 8},
+                                    {{3}, 72, 24},
+                                    {{2, 5}, 160, 72},
+                                    {{17}, 96, 136},
+                                    {{4}, 8, 8}}) {
             Wqm q;
             q.dt = dt, q.int4 = int4, q.transpose = transpose, q.lead = lead, q.K = K, q.N = N;
             if (kind == 2) {
@@ -770,7 +802,9 @@ TEST(WeightQuantBatchMatmulErrors, EveryArgument) {
   Tensor out(DType::float16, {2, 8});
   fill_bytes(out);
   xquant::WeightQuantMatmulOptions o;
-  auto run = [&](ConstTensorView xv, ConstTensorView wv, ConstTensorView sv) { xquant::weight_quant_batchmatmul_out(out, xv, wv, sv, o); };
+  auto run = [&](ConstTensorView xv, ConstTensorView wv, ConstTensorView sv) {
+    xquant::weight_quant_batchmatmul_out(out, xv, wv, sv, o);
+  };
   Tensor x32 = make_float(DType::float32, {2, 64}, std::vector<float>(128, 1.f));
   expect_error([&] { run(x32, w, s); }, ErrorCode::dtype_mismatch, "x", {"float32"});
   Tensor w16 = make_float(DType::float16, {64, 8}, std::vector<float>(512, 1.f));

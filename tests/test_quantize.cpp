@@ -32,10 +32,14 @@ struct Range {
 };
 Range range_of(QuantDType q) {
   switch (q) {
-    case QuantDType::qint8: return {-128.0, 127.0};
-    case QuantDType::quint8: return {0.0, 255.0};
-    case QuantDType::qint32: return {-2147483648.0, 2147483647.0};
-    case QuantDType::quint4x2: return {-8.0, 7.0};
+    case QuantDType::qint8:
+      return {-128.0, 127.0};
+    case QuantDType::quint8:
+      return {0.0, 255.0};
+    case QuantDType::qint32:
+      return {-2147483648.0, 2147483647.0};
+    case QuantDType::quint4x2:
+      return {-8.0, 7.0};
   }
   return {0.0, 0.0};
 }
@@ -79,16 +83,21 @@ std::vector<std::int64_t> values_of(const ConstTensorView& out, QuantDType q) {
     case QuantDType::qint32:
       for (auto e : to_vector<std::int32_t>(out)) v.push_back(e);
       break;
-    case QuantDType::quint4x2: v = decode_int4(to_vector<std::int32_t>(out)); break;
+    case QuantDType::quint4x2:
+      v = decode_int4(to_vector<std::int32_t>(out));
+      break;
   }
   return v;
 }
 
 DType storage_of(QuantDType q) {
   switch (q) {
-    case QuantDType::qint8: return DType::int8;
-    case QuantDType::quint8: return DType::uint8;
-    default: return DType::int32;
+    case QuantDType::qint8:
+      return DType::int8;
+    case QuantDType::quint8:
+      return DType::uint8;
+    default:
+      return DType::int32;
   }
 }
 
@@ -116,10 +125,14 @@ std::vector<float> input_values(std::int64_t n, std::uint64_t seed, bool wide) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
     const auto k = g.next() % 16;
-    if (k == 0) v[i] = specials[g.next() % (sizeof(specials) / sizeof(specials[0]))];
-    else if (wide && k == 1) v[i] = static_cast<float>(g.in(-3000, 3000)) * 1.0e6f;  // beyond int32 too
-    else if (k < 9) v[i] = static_cast<float>(g.in(-1200, 1200)) * 0.25f;
-    else v[i] = static_cast<float>(g.in(-48, 48)) * 0.25f;
+    if (k == 0)
+      v[i] = specials[g.next() % (sizeof(specials) / sizeof(specials[0]))];
+    else if (wide && k == 1)
+      v[i] = static_cast<float>(g.in(-3000, 3000)) * 1.0e6f;  // beyond int32 too
+    else if (k < 9)
+      v[i] = static_cast<float>(g.in(-1200, 1200)) * 0.25f;
+    else
+      v[i] = static_cast<float>(g.in(-48, 48)) * 0.25f;
   }
   return v;
 }
@@ -132,8 +145,8 @@ struct Case {
   bool div_mode = true;
   QuantDType q = QuantDType::qint8;
   DType scale_dt = DType::float32;
-  Shape scales_shape;               // as passed
-  std::optional<DType> zp_dt;       // absent: no zero points
+  Shape scales_shape;          // as passed
+  std::optional<DType> zp_dt;  // absent: no zero points
   std::uint64_t seed = 1;
 };
 
@@ -287,11 +300,10 @@ TEST(Quantize, SaturationInfNanEveryOutputDtype) {
 
 TEST(Quantize, Int32SaturationNearTwoToThe31) {
   // 2147483520 is the largest float below 2^31; 2^31 itself does not fit int32; -2^31 does.
-  const std::vector<float> x = {2147483520.f, 2147483648.f, 4294967296.f, -2147483648.f, -2147483904.f, -1e10f,
-                                16777217.f, 8388608.5f};
-  EXPECT_EQ(q1(x, 1.0f, QuantDType::qint32),
-            (V{2147483520LL, 2147483647LL, 2147483647LL, -2147483648LL, -2147483648LL, -2147483648LL, 16777216LL,
-               8388608LL}));
+  const std::vector<float> x = {2147483520.f,  2147483648.f, 4294967296.f, -2147483648.f,
+                                -2147483904.f, -1e10f,       16777217.f,   8388608.5f};
+  EXPECT_EQ(q1(x, 1.0f, QuantDType::qint32), (V{2147483520LL, 2147483647LL, 2147483647LL, -2147483648LL, -2147483648LL,
+                                                -2147483648LL, 16777216LL, 8388608LL}));
   // Reached through the zero point: 1 / 1 + 2147483520 (an int32 zero point, widened to float32).
   Tensor in = f32({2}, {1.f, -1.f});
   Tensor s = f32({1}, {1.f});
@@ -339,8 +351,8 @@ TEST(Quantize, DivAndMulDifferOnTies) {
 
 TEST(Quantize, Int4NibbleOrder) {
   // Mul mode, scale 1: element 8k + j is nibble j of word k, lowest nibble first, two's complement.
-  const std::vector<float> x = {0, 1, 2, 3, 4, 5, 6, 7, -1, -2, -3, -4, -5, -6, -7, -8,
-                                7.5f, 8.f, -8.5f, -9.f, 0.5f, -0.5f, 1.5f, kNaN};
+  const std::vector<float> x = {0,  1,  2,  3,  4,    5,   6,     7,    -1,   -2,    -3,   -4,
+                                -5, -6, -7, -8, 7.5f, 8.f, -8.5f, -9.f, 0.5f, -0.5f, 1.5f, kNaN};
   Tensor in = f32({3, 8}, x);
   Tensor s = f32({1}, {1.f});
   Tensor out = xquant::quantize(in, s, std::nullopt, QuantDType::quint4x2, -1, false);
@@ -363,8 +375,8 @@ TEST(Quantize, Int4PerChannelOnLastAndSecondToLastAxis) {
   for (int i = 0; i < 16; ++i) s16[i] = (i % 2) ? 0.5f : 1.0f;
   Tensor s_last = f32({16}, s16);
   Tensor z_last = f32({16}, std::vector<float>(16, 0.5f));
-  auto got = values_of(xquant::quantize(in, s_last, z_last.view(), QuantDType::quint4x2, 1, false),
-                       QuantDType::quint4x2);
+  auto got =
+      values_of(xquant::quantize(in, s_last, z_last.view(), QuantDType::quint4x2, 1, false), QuantDType::quint4x2);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(got[i], expect_q(x[i], s16[i % 16], 0.5f, false, QuantDType::quint4x2)) << i;
   Tensor s_rows = f32({2}, {0.25f, 2.0f});
   got = values_of(xquant::quantize(in, s_rows, std::nullopt, QuantDType::quint4x2, -2, false), QuantDType::quint4x2);
@@ -459,9 +471,8 @@ TEST(Quantize, MulModeEveryDtypeAndAxis) {
     Shape scales;
   };
   // axis -2 selects dim 1; any axis in (-2, rank) the last dim; 1-D or rank-3 scales; 1 or len elements.
-  const AxisCase axes[] = {{-2, {4}},        {-1, {16}},      {0, {16}},    {1, {16}},    {2, {16}},
-                           {-2, {1, 4, 1}},  {-1, {1, 1, 16}}, {0, {1, 1, 16}}, {-2, {1, 1, 1}}, {2, {1}},
-                           {-2, {1}}};
+  const AxisCase axes[] = {{-2, {4}},        {-1, {16}},      {0, {16}},       {1, {16}}, {2, {16}}, {-2, {1, 4, 1}},
+                           {-1, {1, 1, 16}}, {0, {1, 1, 16}}, {-2, {1, 1, 1}}, {2, {1}},  {-2, {1}}};
   std::uint64_t seed = 5000;
   for (DType in_dt : kFloatTypes)
     for (DType s_dt : kFloatTypes)
@@ -538,8 +549,8 @@ TEST(Quantize, EmptyTensors) {
   EXPECT_EQ(xquant::quantize(in, s, z.view(), QuantDType::qint8, 1, true).shape(), (Shape{4, 0, 2}));
   // Null data is fine for an empty view.
   TensorView out{nullptr, DType::int8, {0, 3}};
-  xquant::quantize_out(out, ConstTensorView{nullptr, DType::float32, {0, 3}}, s.view(), std::nullopt,
-                       QuantDType::qint8, 0, true);
+  xquant::quantize_out(out, ConstTensorView{nullptr, DType::float32, {0, 3}}, s.view(), std::nullopt, QuantDType::qint8,
+                       0, true);
 }
 
 TEST(Quantize, OutputShape) {
@@ -548,11 +559,17 @@ TEST(Quantize, OutputShape) {
   EXPECT_EQ(xquant::quantize_output_shape({4, 0}, QuantDType::quint4x2), (Shape{4, 0}));
   EXPECT_EQ(xquant::quantize_output_shape({2, 3, 5}, QuantDType::qint8), (Shape{2, 3, 5}));
   EXPECT_EQ(xquant::quantize_output_shape({}, QuantDType::qint32), (Shape{}));
-  expect_error([] { xquant::quantize_output_shape({2, 12}, QuantDType::quint4x2); }, ErrorCode::shape_mismatch,
-               "input", {"[2, 12]", "divisible by 8"});
+  expect_error(
+      [] {
+        xquant::quantize_output_shape({2, 12}, QuantDType::quint4x2);
+      },
+      ErrorCode::shape_mismatch, "input", {"[2, 12]", "divisible by 8"});
   expect_error([] { xquant::quantize_output_shape({}, QuantDType::quint4x2); }, ErrorCode::shape_mismatch, "input");
-  expect_error([] { xquant::quantize_output_shape({2, -8}, QuantDType::qint8); }, ErrorCode::shape_mismatch,
-               "input", {"negative"});
+  expect_error(
+      [] {
+        xquant::quantize_output_shape({2, -8}, QuantDType::qint8);
+      },
+      ErrorCode::shape_mismatch, "input", {"negative"});
   expect_error([] { xquant::quantize_output_shape({8}, static_cast<QuantDType>(9)); }, ErrorCode::invalid_argument,
                "dtype");
 }
@@ -592,10 +609,12 @@ TEST(QuantizeErrors, InputDtypeAndData) {
   Args b;
   b.out = Tensor(DType::int8, {2, 3, 8});
   fill_bytes(*b.out);
-  expect_error([&] {
-    xquant::quantize_out(*b.out, ConstTensorView{nullptr, DType::float32, {2, 3, 8}}, b.scales, std::nullopt,
-                         QuantDType::qint8, 1, true);
-  }, ErrorCode::invalid_argument, "input", {"null"});
+  expect_error(
+      [&] {
+        xquant::quantize_out(*b.out, ConstTensorView{nullptr, DType::float32, {2, 3, 8}}, b.scales, std::nullopt,
+                             QuantDType::qint8, 1, true);
+      },
+      ErrorCode::invalid_argument, "input", {"null"});
   EXPECT_TRUE(all_bytes(*b.out));
 }
 
@@ -677,8 +696,8 @@ TEST(QuantizeErrors, AxisMulMode) {
 TEST(QuantizeErrors, ScalesShapeMulMode) {
   // input [2, 3, 8]: axis -2 -> dim 1 (3), axis -1 -> dim 2 (8).
   const std::vector<std::pair<std::int64_t, Shape>> bad = {
-      {-1, {3}}, {-2, {8}}, {-1, {1, 8}}, {-1, {2, 1, 8}}, {-1, {1, 1, 4}}, {-2, {1, 3, 8}},
-      {-2, {3, 1, 1}}, {-1, {1, 1, 1, 8}}, {-1, {0}}, {-1, {}}};
+      {-1, {3}},       {-2, {8}},       {-1, {1, 8}},       {-1, {2, 1, 8}}, {-1, {1, 1, 4}},
+      {-2, {1, 3, 8}}, {-2, {3, 1, 1}}, {-1, {1, 1, 1, 8}}, {-1, {0}},       {-1, {}}};
   for (const auto& [axis, shape] : bad) {
     Args a;
     a.div_mode = false;
@@ -758,10 +777,12 @@ TEST(QuantizeErrors, OutDtypeShapeAndData) {
   e.out = Tensor(DType::int8, {2, 3, 8});
   e.expect(ErrorCode::dtype_mismatch, "out");
   Args f;
-  expect_error([&] {
-    xquant::quantize_out(TensorView{nullptr, DType::int8, {2, 3, 8}}, f.input, f.scales, std::nullopt,
-                         QuantDType::qint8, 1, true);
-  }, ErrorCode::invalid_argument, "out", {"null"});
+  expect_error(
+      [&] {
+        xquant::quantize_out(TensorView{nullptr, DType::int8, {2, 3, 8}}, f.input, f.scales, std::nullopt,
+                             QuantDType::qint8, 1, true);
+      },
+      ErrorCode::invalid_argument, "out", {"null"});
 }
 
 TEST(QuantizeErrors, Overlap) {
@@ -783,16 +804,16 @@ TEST(QuantizeErrors, Overlap) {
   // out overlapping scales and zero points (one buffer holds everything).
   {
     std::vector<float> buf(64, 1.f);
-    ConstTensorView in{buf.data(), DType::float32, {2, 8}};                // floats 0..15
-    ConstTensorView s{buf.data() + 16, DType::float32, {8}};               // floats 16..23
-    ConstTensorView z{buf.data() + 24, DType::float32, {8}};               // floats 24..31
-    TensorView out_s{buf.data() + 20, DType::int8, {2, 8}};                // bytes of floats 20..23
-    TensorView out_z{buf.data() + 30, DType::int8, {2, 8}};                // bytes of floats 30..33
+    ConstTensorView in{buf.data(), DType::float32, {2, 8}};   // floats 0..15
+    ConstTensorView s{buf.data() + 16, DType::float32, {8}};  // floats 16..23
+    ConstTensorView z{buf.data() + 24, DType::float32, {8}};  // floats 24..31
+    TensorView out_s{buf.data() + 20, DType::int8, {2, 8}};   // bytes of floats 20..23
+    TensorView out_z{buf.data() + 30, DType::int8, {2, 8}};   // bytes of floats 30..33
     const std::vector<float> before = buf;
     expect_error([&] { xquant::quantize_out(out_s, in, s, std::nullopt, QuantDType::qint8, 1, true); },
                  ErrorCode::aliasing, "out", {"scales"});
-    expect_error([&] { xquant::quantize_out(out_z, in, s, z, QuantDType::qint8, 1, true); }, ErrorCode::aliasing,
-                 "out", {"zero_points"});
+    expect_error([&] { xquant::quantize_out(out_z, in, s, z, QuantDType::qint8, 1, true); }, ErrorCode::aliasing, "out",
+                 {"zero_points"});
     EXPECT_EQ(std::memcmp(buf.data(), before.data(), buf.size() * sizeof(float)), 0);
     // Adjacent but disjoint is fine.
     TensorView out_ok{buf.data() + 32, DType::int8, {2, 8}};

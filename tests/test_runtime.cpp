@@ -81,7 +81,8 @@ int wait_for_child(pid_t pid, int seconds) {
 std::vector<std::vector<unsigned char>> run_parallel_operators() {
   constexpr std::int64_t kRows = 1024, kCols = 1024;
   Tensor x(DType::float32, {kRows, kCols});
-  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>((i * 7919) % 2001 - 1000) / 97.0f;
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = static_cast<float>((i * 7919) % 2001 - 1000) / 97.0f;
   Tensor amax = make_float(DType::float32, {1}, {8.0f});
   std::vector<float> cols(kCols);
   for (std::int64_t c = 0; c < kCols; ++c) cols[static_cast<std::size_t>(c)] = 1.0f + static_cast<float>(c % 13);
@@ -127,9 +128,12 @@ TEST(Runtime, ForkedChildRunsOperatorsAfterParallelOne) {
     // exit status says what happened. _exit skips the parent's atexit handlers and gtest's teardown.
     int status = 0;
     try {
-      if (run_parallel_operators() != want) status = 2;
-      else if (run_parallel_operators() != want) status = 4;  // a second round: nothing left half-set-up
-      else if (xquant::get_num_threads() != 1) status = 3;
+      if (run_parallel_operators() != want)
+        status = 2;
+      else if (run_parallel_operators() != want)
+        status = 4;  // a second round: nothing left half-set-up
+      else if (xquant::get_num_threads() != 1)
+        status = 3;
     } catch (...) {
       status = 5;
     }
@@ -167,8 +171,10 @@ TEST(Runtime, ForkWhileAnotherThreadAllocates) {
       _exit(t.data() != nullptr ? 0 : 1);
     }
     const int status = wait_for_child(pid, 20);
-    if (status == -1) ++hung;
-    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+    if (status == -1)
+      ++hung;
+    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      ++failed;
   }
   stop.store(true);
   churn.join();

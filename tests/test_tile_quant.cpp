@@ -100,7 +100,8 @@ TEST(TileQuant, DocumentExample) {
   const std::int64_t M = 64, N = 128;
   Buf<float> src(M, N, N, 0.f), scale(M, 1, 1, 4.f);
   for (std::int64_t r = 0; r < M; ++r)
-    for (std::int64_t j = 0; j < N; ++j) src.at(r, j) = -16.f + 32.f * static_cast<float>(r) + 0.25f * static_cast<float>(j);
+    for (std::int64_t j = 0; j < N; ++j)
+      src.at(r, j) = -16.f + 32.f * static_cast<float>(r) + 0.25f * static_cast<float>(j);
   Buf<std::int8_t> out(M, N, N, static_cast<std::int8_t>(kSentinel));
   xquant::tile_quant(out.tile(DType::int8), src.view(DType::float32), scale.view(DType::float32), QuantMode::SYM);
   // The document's printed values.
@@ -122,10 +123,9 @@ TEST(TileQuant, DocumentExample) {
 }
 
 TEST(TileQuant, SymTiesAndSaturation) {
-  const std::vector<float> x = {0.5f,  1.5f,  2.5f,    -0.5f,    -1.5f, -2.5f, 126.5f, 127.5f, -127.5f,
-                                -128.5f, 200.f, -200.f, kInf,     -kInf, kNaN,  3.4e38f, -3.4e38f, 0.f};
-  const std::vector<int> want = {0,    2,   2,   0,    -2,  -2, 126, 127, -128,
-                                 -128, 127, -128, 127, -128, 0,  127, -128, 0};
+  const std::vector<float> x = {0.5f,    1.5f,  2.5f,   -0.5f, -1.5f, -2.5f, 126.5f,  127.5f,   -127.5f,
+                                -128.5f, 200.f, -200.f, kInf,  -kInf, kNaN,  3.4e38f, -3.4e38f, 0.f};
+  const std::vector<int> want = {0, 2, 2, 0, -2, -2, 126, 127, -128, -128, 127, -128, 127, -128, 0, 127, -128, 0};
   const auto n = static_cast<std::int64_t>(x.size());
   Buf<float> src(1, n, n, 0.f), scale(1, 1, 1, 1.f);
   for (std::int64_t j = 0; j < n; ++j) src.at(0, j) = x[j];
@@ -173,7 +173,8 @@ TEST(TileQuant, PitchesPaddingUntouchedAndOwnParameterPitch) {
   struct Geo {
     std::int64_t rows, cols, src_pitch, out_pitch, param_pitch;
   };
-  const Geo geos[] = {{5, 29, 40, 37, 3}, {1, 1, 1, 1, 1}, {7, 64, 64, 80, 16}, {16, 3, 5, 4, 2}, {3, 130, 131, 256, 1}};
+  const Geo geos[] = {
+      {5, 29, 40, 37, 3}, {1, 1, 1, 1, 1}, {7, 64, 64, 80, 16}, {16, 3, 5, 4, 2}, {3, 130, 131, 256, 1}};
   std::uint64_t seed = 3;
   for (const Geo& g : geos)
     for (QuantMode mode : {QuantMode::SYM, QuantMode::ASYM}) {
@@ -201,8 +202,8 @@ TEST(TileQuant, PitchesPaddingUntouchedAndOwnParameterPitch) {
         xquant::tile_quant(out.tile(DType::uint8), src.view(DType::float32), scale.view(DType::float32), mode,
                            offset.view(DType::float32));
         check_out(out, src, scale, &offset);
-        Tensor t = xquant::tile_quant(src.view(DType::float32), scale.view(DType::float32), mode,
-                                      offset.view(DType::float32));
+        Tensor t =
+            xquant::tile_quant(src.view(DType::float32), scale.view(DType::float32), mode, offset.view(DType::float32));
         ASSERT_EQ(t.shape(), (Shape{g.rows, g.cols}));
         ASSERT_EQ(t.dtype(), DType::uint8);
         for (std::int64_t i = 0; i < g.rows; ++i)
@@ -220,7 +221,8 @@ TEST(TileQuant, EmptyTiles) {
     Tensor t = xquant::tile_quant(src.view(DType::float32), scale.view(DType::float32));
     EXPECT_EQ(t.shape(), (Shape{rows, cols}));
     // Null data is fine for an empty tile.
-    xquant::tile_quant(TileView{nullptr, DType::uint8, 0, cols, cols}, ConstTileView{nullptr, DType::float32, 0, cols, cols},
+    xquant::tile_quant(TileView{nullptr, DType::uint8, 0, cols, cols},
+                       ConstTileView{nullptr, DType::float32, 0, cols, cols},
                        ConstTileView{nullptr, DType::float32, 0, 1, 1}, QuantMode::ASYM,
                        ConstTileView{nullptr, DType::float32, 0, 1, 1});
   }
@@ -254,7 +256,8 @@ struct TileArgs {
               bool also_allocating = true) {
     expect_error([&] { xquant::tile_quant(out, s, sc, mode, off); }, code, arg, needles);
     for (auto b : out_bytes) ASSERT_EQ(b, kSentinel) << "out was written before validation failed";
-    if (also_allocating && arg != "out") expect_error([&] { xquant::tile_quant(s, sc, mode, off); }, code, arg, needles);
+    if (also_allocating && arg != "out")
+      expect_error([&] { xquant::tile_quant(s, sc, mode, off); }, code, arg, needles);
   }
 };
 
@@ -269,46 +272,127 @@ TEST(TileQuantErrors, BaselinesAreValid) {
 }
 
 TEST(TileQuantErrors, Dtypes) {
-  { TileArgs a; a.s.dtype = DType::float16; a.expect(ErrorCode::dtype_mismatch, "src", {"float16", "float32"}); }
-  { TileArgs a; a.sc.dtype = DType::bfloat16; a.expect(ErrorCode::dtype_mismatch, "scale", {"bfloat16"}); }
-  { TileArgs a; a.out.dtype = DType::uint8; a.expect(ErrorCode::dtype_mismatch, "out", {"uint8", "int8"}); }
-  { TileArgs a(QuantMode::ASYM); a.out.dtype = DType::int8; a.expect(ErrorCode::dtype_mismatch, "out", {"int8", "uint8"}); }
-  { TileArgs a(QuantMode::ASYM); a.off->dtype = DType::int32; a.expect(ErrorCode::dtype_mismatch, "offset", {"int32"}); }
+  {
+    TileArgs a;
+    a.s.dtype = DType::float16;
+    a.expect(ErrorCode::dtype_mismatch, "src", {"float16", "float32"});
+  }
+  {
+    TileArgs a;
+    a.sc.dtype = DType::bfloat16;
+    a.expect(ErrorCode::dtype_mismatch, "scale", {"bfloat16"});
+  }
+  {
+    TileArgs a;
+    a.out.dtype = DType::uint8;
+    a.expect(ErrorCode::dtype_mismatch, "out", {"uint8", "int8"});
+  }
+  {
+    TileArgs a(QuantMode::ASYM);
+    a.out.dtype = DType::int8;
+    a.expect(ErrorCode::dtype_mismatch, "out", {"int8", "uint8"});
+  }
+  {
+    TileArgs a(QuantMode::ASYM);
+    a.off->dtype = DType::int32;
+    a.expect(ErrorCode::dtype_mismatch, "offset", {"int32"});
+  }
 }
 
 TEST(TileQuantErrors, ModeAndOffsetPresence) {
-  { TileArgs a; a.mode = static_cast<QuantMode>(7); a.expect(ErrorCode::invalid_argument, "mode", {"7"}); }
-  { TileArgs a(QuantMode::ASYM); a.off.reset(); a.expect(ErrorCode::invalid_argument, "offset", {"ASYM"}); }
-  { TileArgs a; a.off = a.offset.view(DType::float32); a.expect(ErrorCode::invalid_argument, "offset", {"SYM"}); }
+  {
+    TileArgs a;
+    a.mode = static_cast<QuantMode>(7);
+    a.expect(ErrorCode::invalid_argument, "mode", {"7"});
+  }
+  {
+    TileArgs a(QuantMode::ASYM);
+    a.off.reset();
+    a.expect(ErrorCode::invalid_argument, "offset", {"ASYM"});
+  }
+  {
+    TileArgs a;
+    a.off = a.offset.view(DType::float32);
+    a.expect(ErrorCode::invalid_argument, "offset", {"SYM"});
+  }
 }
 
 TEST(TileQuantErrors, Shapes) {
-  { TileArgs a; a.out.rows = 3; a.expect(ErrorCode::shape_mismatch, "out", {"[3, 6]", "[4, 6]"}); }
-  { TileArgs a; a.out.cols = 5; a.expect(ErrorCode::shape_mismatch, "out", {"[4, 5]"}); }
-  { TileArgs a; a.sc.cols = 2; a.expect(ErrorCode::shape_mismatch, "scale", {"[4, 2]", "[4, 1]"}); }
-  { TileArgs a; a.sc.rows = 3; a.expect(ErrorCode::shape_mismatch, "scale", {"[3, 1]", "[4, 1]"}); }
-  { TileArgs a(QuantMode::ASYM); a.off->rows = 3; a.expect(ErrorCode::shape_mismatch, "offset", {"[3, 1]"}); }
-  { TileArgs a(QuantMode::ASYM); a.off->cols = 2; a.off->row_pitch = 2; a.expect(ErrorCode::shape_mismatch, "offset"); }
+  {
+    TileArgs a;
+    a.out.rows = 3;
+    a.expect(ErrorCode::shape_mismatch, "out", {"[3, 6]", "[4, 6]"});
+  }
+  {
+    TileArgs a;
+    a.out.cols = 5;
+    a.expect(ErrorCode::shape_mismatch, "out", {"[4, 5]"});
+  }
+  {
+    TileArgs a;
+    a.sc.cols = 2;
+    a.expect(ErrorCode::shape_mismatch, "scale", {"[4, 2]", "[4, 1]"});
+  }
+  {
+    TileArgs a;
+    a.sc.rows = 3;
+    a.expect(ErrorCode::shape_mismatch, "scale", {"[3, 1]", "[4, 1]"});
+  }
+  {
+    TileArgs a(QuantMode::ASYM);
+    a.off->rows = 3;
+    a.expect(ErrorCode::shape_mismatch, "offset", {"[3, 1]"});
+  }
+  {
+    TileArgs a(QuantMode::ASYM);
+    a.off->cols = 2;
+    a.off->row_pitch = 2;
+    a.expect(ErrorCode::shape_mismatch, "offset");
+  }
   {  // offset's physical shape must equal scale's: same row pitch
     TileArgs a(QuantMode::ASYM);
     a.off->row_pitch = 3;
     a.expect(ErrorCode::shape_mismatch, "offset", {"row_pitch 3", "2"});
   }
-  { TileArgs a; a.s.rows = -1; a.expect(ErrorCode::shape_mismatch, "src", {"non-negative"}); }
-  { TileArgs a; a.out.cols = -6; a.expect(ErrorCode::shape_mismatch, "out"); }
+  {
+    TileArgs a;
+    a.s.rows = -1;
+    a.expect(ErrorCode::shape_mismatch, "src", {"non-negative"});
+  }
+  {
+    TileArgs a;
+    a.out.cols = -6;
+    a.expect(ErrorCode::shape_mismatch, "out");
+  }
 }
 
 TEST(TileQuantErrors, Pitches) {
-  { TileArgs a; a.s.row_pitch = 5; a.expect(ErrorCode::not_contiguous, "src", {"row_pitch 5", "6"}); }
-  { TileArgs a; a.out.row_pitch = 5; a.expect(ErrorCode::not_contiguous, "out", {"row_pitch 5"}); }
-  { TileArgs a; a.sc.row_pitch = 0; a.expect(ErrorCode::not_contiguous, "scale", {"row_pitch 0"}); }
+  {
+    TileArgs a;
+    a.s.row_pitch = 5;
+    a.expect(ErrorCode::not_contiguous, "src", {"row_pitch 5", "6"});
+  }
+  {
+    TileArgs a;
+    a.out.row_pitch = 5;
+    a.expect(ErrorCode::not_contiguous, "out", {"row_pitch 5"});
+  }
+  {
+    TileArgs a;
+    a.sc.row_pitch = 0;
+    a.expect(ErrorCode::not_contiguous, "scale", {"row_pitch 0"});
+  }
   {
     TileArgs a(QuantMode::ASYM);
     a.sc.row_pitch = 0;
     a.off->row_pitch = 0;
     a.expect(ErrorCode::not_contiguous, "scale");
   }
-  { TileArgs a; a.s.row_pitch = -8; a.expect(ErrorCode::not_contiguous, "src"); }
+  {
+    TileArgs a;
+    a.s.row_pitch = -8;
+    a.expect(ErrorCode::not_contiguous, "src");
+  }
   {  // an empty [0, 1] scale still needs a pitch >= 1
     TileArgs a;
     a.s.rows = 0;
@@ -325,9 +409,21 @@ TEST(TileQuantErrors, Pitches) {
 }
 
 TEST(TileQuantErrors, NullData) {
-  { TileArgs a; a.s.data = nullptr; a.expect(ErrorCode::invalid_argument, "src", {"null"}); }
-  { TileArgs a; a.sc.data = nullptr; a.expect(ErrorCode::invalid_argument, "scale", {"null"}); }
-  { TileArgs a(QuantMode::ASYM); a.off->data = nullptr; a.expect(ErrorCode::invalid_argument, "offset", {"null"}); }
+  {
+    TileArgs a;
+    a.s.data = nullptr;
+    a.expect(ErrorCode::invalid_argument, "src", {"null"});
+  }
+  {
+    TileArgs a;
+    a.sc.data = nullptr;
+    a.expect(ErrorCode::invalid_argument, "scale", {"null"});
+  }
+  {
+    TileArgs a(QuantMode::ASYM);
+    a.off->data = nullptr;
+    a.expect(ErrorCode::invalid_argument, "offset", {"null"});
+  }
   {
     TileArgs a;
     a.out.data = nullptr;
@@ -352,10 +448,10 @@ TEST(TileQuantErrors, Overlap) {
     expect_error([&] { xquant::tile_quant(out, src, scale, mode, off); }, ErrorCode::aliasing, "out", {in_arg});
     EXPECT_EQ(std::memcmp(buf.data(), before.data(), buf.size() * sizeof(float)), 0);
   };
-  check(0, QuantMode::SYM, "src");                     // same start
-  check(4 * 9 + 3, QuantMode::SYM, "src");            // out's first byte is src's last valid byte
-  check(4 * 14 - 2, QuantMode::SYM, "scale");         // out's tail reaches scale[1]
-  check(4 * 18 - 1, QuantMode::ASYM, "offset");       // out's first byte is offset's last byte
+  check(0, QuantMode::SYM, "src");               // same start
+  check(4 * 9 + 3, QuantMode::SYM, "src");       // out's first byte is src's last valid byte
+  check(4 * 14 - 2, QuantMode::SYM, "scale");    // out's tail reaches scale[1]
+  check(4 * 18 - 1, QuantMode::ASYM, "offset");  // out's first byte is offset's last byte
   // src's padding after its last valid element (floats 10, 11) is outside every span: allowed.
   const TileView ok{bytes + 4 * 10, DType::int8, 2, 4, 4};  // bytes 40..47 (span 8 bytes)
   xquant::tile_quant(ok, src, scale);

@@ -30,10 +30,17 @@ inline Tensor make_float(DType dt, const Shape& shape, const std::vector<float>&
   EXPECT_EQ(static_cast<std::size_t>(t.numel()), values.size()) << "make_float: value count";
   for (std::size_t i = 0; i < values.size(); ++i) {
     switch (dt) {
-      case DType::float32: t.data<float>()[i] = values[i]; break;
-      case DType::float16: t.data<std::uint16_t>()[i] = xquant::float_to_half(values[i]); break;
-      case DType::bfloat16: t.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(values[i]); break;
-      default: ADD_FAILURE() << "make_float: not a float dtype";
+      case DType::float32:
+        t.data<float>()[i] = values[i];
+        break;
+      case DType::float16:
+        t.data<std::uint16_t>()[i] = xquant::float_to_half(values[i]);
+        break;
+      case DType::bfloat16:
+        t.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(values[i]);
+        break;
+      default:
+        ADD_FAILURE() << "make_float: not a float dtype";
     }
   }
   return t;
@@ -53,10 +60,17 @@ inline std::vector<float> to_floats(const ConstTensorView& v) {
   std::vector<float> out(static_cast<std::size_t>(v.numel()));
   for (std::size_t i = 0; i < out.size(); ++i) {
     switch (v.dtype) {
-      case DType::float32: out[i] = v.ptr<float>()[i]; break;
-      case DType::float16: out[i] = xquant::half_to_float(v.ptr<std::uint16_t>()[i]); break;
-      case DType::bfloat16: out[i] = xquant::bfloat16_to_float(v.ptr<std::uint16_t>()[i]); break;
-      default: ADD_FAILURE() << "to_floats: not a float dtype";
+      case DType::float32:
+        out[i] = v.ptr<float>()[i];
+        break;
+      case DType::float16:
+        out[i] = xquant::half_to_float(v.ptr<std::uint16_t>()[i]);
+        break;
+      case DType::bfloat16:
+        out[i] = xquant::bfloat16_to_float(v.ptr<std::uint16_t>()[i]);
+        break;
+      default:
+        ADD_FAILURE() << "to_floats: not a float dtype";
     }
   }
   return out;

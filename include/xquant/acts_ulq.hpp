@@ -28,8 +28,8 @@ Shape acts_ulq_output_shape(const Shape& x, const Shape& clamp_min, const Shape&
 void acts_ulq_out(TensorView y, TensorView clamp_min_mask, TensorView clamp_max_mask, TensorView x_clamped_loss,
                   ConstTensorView x, ConstTensorView clamp_min, ConstTensorView clamp_max, bool fixed_min = false,
                   int num_bits = 8);
-ActsUlqResult acts_ulq(ConstTensorView x, ConstTensorView clamp_min, ConstTensorView clamp_max,
-                       bool fixed_min = false, int num_bits = 8);
+ActsUlqResult acts_ulq(ConstTensorView x, ConstTensorView clamp_min, ConstTensorView clamp_max, bool fixed_min = false,
+                       int num_bits = 8);
 
 // Backward (the CANN gradient ops, made exact):
 //   x_grad         = y_grad * clamp_min_mask * clamp_max_mask
@@ -50,7 +50,7 @@ void acts_ulq_backward_out(TensorView x_grad, TensorView clamp_min_grad, TensorV
                            ConstTensorView x_clamped_loss, bool fixed_min = false, int num_bits = 8);
 ActsUlqGrads acts_ulq_backward(ConstTensorView y_grad, const Shape& x_shape, ConstTensorView clamp_min,
                                ConstTensorView clamp_max, ConstTensorView clamp_min_mask,
-                               ConstTensorView clamp_max_mask, ConstTensorView x_clamped_loss,
-                               bool fixed_min = false, int num_bits = 8);
+                               ConstTensorView clamp_max_mask, ConstTensorView x_clamped_loss, bool fixed_min = false,
+                               int num_bits = 8);
 
 }  // namespace xquant

@@ -17,8 +17,7 @@ namespace xquant {
 
 // out's dtype (float16, bfloat16 or float32) is the dst_dtype; out has x's logical shape.
 void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale,
-                    std::optional<ConstTensorView> offset = std::nullopt,
-                    QuantDType src_dtype = QuantDType::qint8);
+                    std::optional<ConstTensorView> offset = std::nullopt, QuantDType src_dtype = QuantDType::qint8);
 Tensor anti_quant(ConstTensorView x, ConstTensorView scale, std::optional<ConstTensorView> offset = std::nullopt,
                   DType dst_dtype = DType::float16, QuantDType src_dtype = QuantDType::qint8);
 

@@ -15,7 +15,7 @@ enum class DType : std::uint8_t {
   int8,
   uint8,
   int32,
-  int64,     // only for index tensors (group_index)
+  int64,  // only for index tensors (group_index)
 };
 
 // Bytes per element.

@@ -31,8 +31,8 @@ Tensor fake_tensor_quant(ConstTensorView inputs, ConstTensorView amax, const Fak
 void fake_tensor_quant_inplace(TensorView inputs, ConstTensorView amax, const FakeQuantOptions& options = {});
 
 // Per-axis: amax is 1-D with inputs.shape[axis] elements; axis may be negative (Python style).
-void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, ConstTensorView amax,
-                                     std::int64_t axis, const FakeQuantOptions& options = {});
+void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, ConstTensorView amax, std::int64_t axis,
+                                     const FakeQuantOptions& options = {});
 Tensor fake_tensor_quant_with_axis(ConstTensorView inputs, ConstTensorView amax, std::int64_t axis,
                                    const FakeQuantOptions& options = {});
 
@@ -48,8 +48,8 @@ struct FakeQuantGrads {
 void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<TensorView> grad_amax,
                                     ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
                                     std::optional<std::int64_t> axis, const FakeQuantOptions& options = {});
-FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorView inputs,
-                                          ConstTensorView amax, std::optional<std::int64_t> axis,
-                                          const FakeQuantOptions& options = {}, bool want_grad_amax = true);
+FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
+                                          std::optional<std::int64_t> axis, const FakeQuantOptions& options = {},
+                                          bool want_grad_amax = true);
 
 }  // namespace xquant

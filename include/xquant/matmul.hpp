@@ -62,8 +62,7 @@ void weight_quant_batchmatmul_out(TensorView out, ConstTensorView x, ConstTensor
                                   ConstTensorView antiquant_scale, const WeightQuantMatmulOptions& options = {});
 Tensor weight_quant_batchmatmul(ConstTensorView x, ConstTensorView weight, ConstTensorView antiquant_scale,
                                 const WeightQuantMatmulOptions& options = {});
-Shape weight_quant_batchmatmul_output_shape(ConstTensorView x, ConstTensorView weight,
-                                            ConstTensorView antiquant_scale,
+Shape weight_quant_batchmatmul_output_shape(ConstTensorView x, ConstTensorView weight, ConstTensorView antiquant_scale,
                                             const WeightQuantMatmulOptions& options = {});
 
 // ---- npu_trans_quant_param ----

@@ -28,7 +28,9 @@ struct TensorView {
   TensorView() = default;
   TensorView(void* d, DType dt, Shape s, Device dev = {}) : data(d), dtype(dt), shape(std::move(s)), device(dev) {}
   template <typename T>
-  T* ptr() const noexcept { return static_cast<T*>(data); }
+  T* ptr() const noexcept {
+    return static_cast<T*>(data);
+  }
   std::int64_t numel() const { return shape_numel(shape); }
   std::int64_t dim() const noexcept { return static_cast<std::int64_t>(shape.size()); }
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
@@ -46,16 +48,19 @@ struct ConstTensorView {
       : data(d), dtype(dt), shape(std::move(s)), device(dev) {}
   ConstTensorView(const TensorView& v) : data(v.data), dtype(v.dtype), shape(v.shape), device(v.device) {}  // NOLINT
   template <typename T>
-  const T* ptr() const noexcept { return static_cast<const T*>(data); }
+  const T* ptr() const noexcept {
+    return static_cast<const T*>(data);
+  }
   std::int64_t numel() const { return shape_numel(shape); }
   std::int64_t dim() const noexcept { return static_cast<std::int64_t>(shape.size()); }
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
 };
 
 // An owning, dense tensor, on the CPU or (Tensor(dtype, shape, Device::cuda(i))) in CUDA device memory,
-// allocated and freed stream-ordered on the current CUDA stream (CudaStreamGuard). Host allocations of 2 MiB or more are aligned to 2 MiB and advised as transparent
-// huge pages (madvise(MADV_HUGEPAGE)): fresh 4 KiB page faults cost ~100 ms per 400 MB. Smaller ones are
-// 64-byte aligned. Contents are uninitialized unless created by zeros(). Move-only.
+// allocated and freed stream-ordered on the current CUDA stream (CudaStreamGuard). Host allocations of 2 MiB or more
+// are aligned to 2 MiB and advised as transparent huge pages (madvise(MADV_HUGEPAGE)): fresh 4 KiB page faults cost
+// ~100 ms per 400 MB. Smaller ones are 64-byte aligned. Contents are uninitialized unless created by zeros().
+// Move-only.
 class Tensor {
  public:
   Tensor() = default;                // empty: shape [0]
@@ -78,9 +83,13 @@ class Tensor {
   void* data() noexcept { return data_; }
   const void* data() const noexcept { return data_; }
   template <typename T>
-  T* data() noexcept { return static_cast<T*>(data_); }
+  T* data() noexcept {
+    return static_cast<T*>(data_);
+  }
   template <typename T>
-  const T* data() const noexcept { return static_cast<const T*>(data_); }
+  const T* data() const noexcept {
+    return static_cast<const T*>(data_);
+  }
 
   Device device() const noexcept { return device_; }
   TensorView view() noexcept { return {data_, dtype_, shape_, device_}; }

@@ -2,9 +2,9 @@
 // xquant C++ operators. It needs no torch: torch tensors go through the torch extension xquant._torch_ext
 // (python/src/torch_ext.cpp), which reaches the library held here through the capsule of core_api.hpp.
 //
-// Deliberately thin. Every function takes its outputs as arrays allocated by the Python layer, wraps every argument as an xquant view without
-// copying (DLPack / buffer protocol through nb::ndarray), releases the GIL and calls the C++ out-variant,
-// which validates everything before writing anything. Argument names and operator names in the messages
+// Deliberately thin. Every function takes its outputs as arrays allocated by the Python layer, wraps every argument as
+// an xquant view without copying (DLPack / buffer protocol through nb::ndarray), releases the GIL and calls the C++
+// out-variant, which validates everything before writing anything. Argument names and operator names in the messages
 // below match the C++ library's, so the Python user sees one vocabulary.
 //
 // Dtypes: DLPack float32 / float16 / bfloat16 / int8 / uint8 / int32 / int64 map to xquant::DType. xquant
@@ -49,13 +49,25 @@ std::string prefix(const char* op) { return std::string("xquant::") + op + ": ";
 std::string dlpack_dtype_str(nb::dlpack::dtype dt) {
   const char* kind = "unknown";
   switch (static_cast<nb::dlpack::dtype_code>(dt.code)) {
-    case nb::dlpack::dtype_code::Int: kind = "int"; break;
-    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
-    case nb::dlpack::dtype_code::Float: kind = "float"; break;
-    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
-    case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
-    case nb::dlpack::dtype_code::Bool: return "bool";
-    default: break;
+    case nb::dlpack::dtype_code::Int:
+      kind = "int";
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      kind = "uint";
+      break;
+    case nb::dlpack::dtype_code::Float:
+      kind = "float";
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      kind = "bfloat";
+      break;
+    case nb::dlpack::dtype_code::Complex:
+      kind = "complex";
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      return "bool";
+    default:
+      break;
   }
   return kind + std::to_string(static_cast<int>(dt.bits));
 }
@@ -79,7 +91,8 @@ DType to_dtype(nb::dlpack::dtype dt, const char* op, const char* arg) {
         if (dt.bits == 8) return DType::uint8;
         if (dt.bits == 16) return DType::bfloat16;  // ml_dtypes.bfloat16 viewed as uint16 (see top)
         break;
-      default: break;
+      default:
+        break;
     }
   }
   throw nb::type_error((prefix(op) + arg + " has dtype " + dlpack_dtype_str(dt) +
@@ -148,9 +161,8 @@ template <class A>
 xquant::ConstTileView tile_of(const A& a, const char* op, const char* arg) {
   const DType dt = to_dtype(a.dtype(), op, arg);
   if (a.ndim() != 2)
-    throw nb::value_error((prefix(op) + arg + " has shape " + xquant::shape_str(shape_of(a)) +
-                           " but expected a 2-D tile")
-                              .c_str());
+    throw nb::value_error(
+        (prefix(op) + arg + " has shape " + xquant::shape_str(shape_of(a)) + " but expected a 2-D tile").c_str());
   const auto rows = static_cast<std::int64_t>(a.shape(0));
   const auto cols = static_cast<std::int64_t>(a.shape(1));
   if (cols > 1 && rows > 0 && a.stride(1) != 1)
@@ -185,16 +197,17 @@ xquant::FakeQuantOptions fq_options(const char* op, std::int64_t num_bits, bool 
 // ---- fake tensor quant ----------------------------------------------------------------------------------
 
 void fake_tensor_quant(const Array& out, const ConstArray& inputs, const ConstArray& amax,
-                       std::optional<std::int64_t> axis, std::int64_t num_bits, bool is_unsigned,
-                       bool narrow_range) {
+                       std::optional<std::int64_t> axis, std::int64_t num_bits, bool is_unsigned, bool narrow_range) {
   const char* op = axis ? "fake_tensor_quant_with_axis" : "fake_tensor_quant";
   const auto o = fq_options(op, num_bits, is_unsigned, narrow_range);
   const ConstTensorView x = cview(inputs, op, "inputs");
   const ConstTensorView a = cview(amax, op, "amax");
   const TensorView y = wview(out, op, "out");
   nb::gil_scoped_release nogil;
-  if (axis) xquant::fake_tensor_quant_with_axis_out(y, x, a, *axis, o);
-  else xquant::fake_tensor_quant_out(y, x, a, o);
+  if (axis)
+    xquant::fake_tensor_quant_with_axis_out(y, x, a, *axis, o);
+  else
+    xquant::fake_tensor_quant_out(y, x, a, o);
 }
 
 void fake_tensor_quant_inplace(const Array& inputs, const ConstArray& amax, std::int64_t num_bits, bool is_unsigned,
@@ -266,9 +279,8 @@ void dynamic_quant_asymmetric(const Array& y, const Array& scale, const Array& o
   const TensorView sv = wview(scale, op, "scale");
   const TensorView ov = wview(offset, op, "offset");
   nb::gil_scoped_release nogil;
-  xquant::dynamic_quant_asymmetric_out(yv, sv, ov, xv, sm, gi, q,
-                                       per_tensor ? xquant::DynamicQuantMode::pertensor
-                                                  : xquant::DynamicQuantMode::pertoken);
+  xquant::dynamic_quant_asymmetric_out(
+      yv, sv, ov, xv, sm, gi, q, per_tensor ? xquant::DynamicQuantMode::pertensor : xquant::DynamicQuantMode::pertoken);
 }
 
 // ---- npu_dynamic_quant (symmetric) ----------------------------------------------------------------------
@@ -344,25 +356,25 @@ void acts_ulq_backward(const Array& x_grad, const Array& clamp_min_grad, const A
 void set_num_threads(std::int64_t n) { xquant::set_num_threads(to_int(n, "set_num_threads", "n")); }
 
 void set_backend(const std::string& name) {
-  if (name == "cpu") xquant::set_backend(xquant::Backend::cpu);
-  else if (name == "reference") xquant::set_backend(xquant::Backend::reference);
+  if (name == "cpu")
+    xquant::set_backend(xquant::Backend::cpu);
+  else if (name == "reference")
+    xquant::set_backend(xquant::Backend::reference);
   else
-    throw nb::value_error(
-        ("xquant::set_backend: backend is '" + name + "' but expected 'cpu' or 'reference'").c_str());
+    throw nb::value_error(("xquant::set_backend: backend is '" + name + "' but expected 'cpu' or 'reference'").c_str());
 }
 
 std::string get_backend() { return xquant::get_backend() == xquant::Backend::cpu ? "cpu" : "reference"; }
-
 
 }  // namespace
 
 // ---- the library for xquant._torch_ext (core_api.hpp) ------------------------------------------------------
 
 namespace api {
+using xquant::TensorSpec;
 using xquant_py::OptSpec;
 using xquant_py::OptView;
 using xquant_py::Status;
-using xquant::TensorSpec;
 
 template <class F>
 void guarded(Status& st, F&& f) noexcept {
@@ -387,8 +399,10 @@ std::optional<std::int64_t> opt_axis(const std::int64_t* axis) {
 void fake_tensor_quant(Status& st, const TensorView& out, const ConstTensorView& x, const ConstTensorView& amax,
                        const std::int64_t* axis, const xquant::FakeQuantOptions& o) {
   guarded(st, [&] {
-    if (axis) xquant::fake_tensor_quant_with_axis_out(out, x, amax, *axis, o);
-    else xquant::fake_tensor_quant_out(out, x, amax, o);
+    if (axis)
+      xquant::fake_tensor_quant_with_axis_out(out, x, amax, *axis, o);
+    else
+      xquant::fake_tensor_quant_out(out, x, amax, o);
   });
 }
 void fake_tensor_quant_inplace(Status& st, const TensorView& x, const ConstTensorView& amax,
@@ -540,10 +554,10 @@ NB_MODULE(_core, m) {
   using namespace nb::literals;
   m.def("fake_tensor_quant", &fake_tensor_quant, "out"_a, "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a,
         "is_unsigned"_a, "narrow_range"_a);
-  m.def("fake_tensor_quant_inplace", &fake_tensor_quant_inplace, "inputs"_a, "amax"_a, "num_bits"_a,
-        "is_unsigned"_a, "narrow_range"_a);
-  m.def("fake_tensor_quant_backward", &fake_tensor_quant_backward, "grad_inputs"_a, "grad_amax"_a.none(),
-        "grad_out"_a, "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a, "is_unsigned"_a, "narrow_range"_a);
+  m.def("fake_tensor_quant_inplace", &fake_tensor_quant_inplace, "inputs"_a, "amax"_a, "num_bits"_a, "is_unsigned"_a,
+        "narrow_range"_a);
+  m.def("fake_tensor_quant_backward", &fake_tensor_quant_backward, "grad_inputs"_a, "grad_amax"_a.none(), "grad_out"_a,
+        "inputs"_a, "amax"_a, "axis"_a.none(), "num_bits"_a, "is_unsigned"_a, "narrow_range"_a);
   m.def("quantize", &quantize, "out"_a, "input"_a, "scales"_a, "zero_points"_a.none(), "dtype"_a, "axis"_a,
         "div_mode"_a);
   m.def("tile_quant", &tile_quant, "out"_a, "src"_a, "scale"_a, "asym"_a, "offset"_a.none());
@@ -552,8 +566,8 @@ NB_MODULE(_core, m) {
   m.def("dynamic_quant", &dynamic_quant, "y"_a, "scale"_a, "x"_a, "smooth_scales"_a.none(), "group_index"_a.none(),
         "dst_type"_a);
   m.def("anti_quant", &anti_quant, "out"_a, "x"_a, "scale"_a, "offset"_a.none(), "src_dtype"_a);
-  m.def("acts_ulq", &acts_ulq, "y"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "x"_a,
-        "clamp_min"_a, "clamp_max"_a, "fixed_min"_a, "num_bits"_a);
+  m.def("acts_ulq", &acts_ulq, "y"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "x"_a, "clamp_min"_a,
+        "clamp_max"_a, "fixed_min"_a, "num_bits"_a);
   m.def("acts_ulq_backward", &acts_ulq_backward, "x_grad"_a, "clamp_min_grad"_a, "clamp_max_grad"_a, "y_grad"_a,
         "clamp_min"_a, "clamp_max"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "fixed_min"_a,
         "num_bits"_a);

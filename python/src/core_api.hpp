@@ -56,8 +56,8 @@ struct CoreApi {
   void (*tile_quant)(Status&, const TileView& out, const ConstTileView& src, const ConstTileView& scale,
                      xquant::QuantMode mode, const std::optional<ConstTileView>& offset);
   void (*dynamic_quant_asymmetric)(Status&, const TensorView& y, const TensorView& scale, const TensorView& offset,
-                                   const ConstTensorView& x, const OptView& smooth_scales,
-                                   const OptView& group_index, QuantDType q, bool per_tensor);
+                                   const ConstTensorView& x, const OptView& smooth_scales, const OptView& group_index,
+                                   QuantDType q, bool per_tensor);
   void (*dynamic_quant)(Status&, const TensorView& y, const TensorView& scale, const ConstTensorView& x,
                         const OptView& smooth_scales, const OptView& group_index, QuantDType q);
   void (*anti_quant)(Status&, const TensorView& out, const ConstTensorView& x, const ConstTensorView& scale,
@@ -88,8 +88,8 @@ struct CoreApi {
   void (*plan_acts_ulq)(Status&, Shape& out, const TensorSpec& x, const TensorSpec& lo, const TensorSpec& hi,
                         int num_bits);
   void (*plan_acts_ulq_backward)(Status&, Shape& out, const TensorSpec& y_grad, const Shape& x_shape,
-                                 const TensorSpec& lo, const TensorSpec& hi, const TensorSpec& m0,
-                                 const TensorSpec& m1, const TensorSpec& loss, int num_bits);
+                                 const TensorSpec& lo, const TensorSpec& hi, const TensorSpec& m0, const TensorSpec& m1,
+                                 const TensorSpec& loss, int num_bits);
   // ---- memory: an xquant::Tensor from the library's allocator (huge pages, cached): the owner to free
   // with free_tensor, its memory in *data; nullptr with the status set on failure.
   void* (*new_tensor)(Status&, DType dt, const Shape& shape, void** data);

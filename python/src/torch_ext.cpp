@@ -88,11 +88,16 @@ std::string prefix(const char* op) { return std::string("xquant::") + op + ": ";
 // A failed Status (the library's xquant::Error) as the c10 error torch raises in Python as the same type.
 void check(const Status& st) {
   switch (st.code) {
-    case Status::ok: return;
-    case Status::type_error: C10_THROW_ERROR(TypeError, st.message);
-    case Status::value_error: C10_THROW_ERROR(ValueError, st.message);
-    case Status::no_memory: throw std::bad_alloc();
-    default: C10_THROW_ERROR(Error, st.message);
+    case Status::ok:
+      return;
+    case Status::type_error:
+      C10_THROW_ERROR(TypeError, st.message);
+    case Status::value_error:
+      C10_THROW_ERROR(ValueError, st.message);
+    case Status::no_memory:
+      throw std::bad_alloc();
+    default:
+      C10_THROW_ERROR(Error, st.message);
   }
 }
 
@@ -100,36 +105,58 @@ void check(const Status& st) {
 
 std::optional<DType> to_dtype(at::ScalarType s) {
   switch (s) {
-    case at::kFloat: return DType::float32;
-    case at::kHalf: return DType::float16;
-    case at::kBFloat16: return DType::bfloat16;
-    case at::kChar: return DType::int8;
-    case at::kByte: return DType::uint8;
-    case at::kInt: return DType::int32;
-    case at::kLong: return DType::int64;
-    default: return std::nullopt;
+    case at::kFloat:
+      return DType::float32;
+    case at::kHalf:
+      return DType::float16;
+    case at::kBFloat16:
+      return DType::bfloat16;
+    case at::kChar:
+      return DType::int8;
+    case at::kByte:
+      return DType::uint8;
+    case at::kInt:
+      return DType::int32;
+    case at::kLong:
+      return DType::int64;
+    default:
+      return std::nullopt;
   }
 }
 
 at::ScalarType to_scalar(DType d) {
   switch (d) {
-    case DType::float32: return at::kFloat;
-    case DType::float16: return at::kHalf;
-    case DType::bfloat16: return at::kBFloat16;
-    case DType::int8: return at::kChar;
-    case DType::uint8: return at::kByte;
-    case DType::int32: return at::kInt;
-    case DType::int64: return at::kLong;
+    case DType::float32:
+      return at::kFloat;
+    case DType::float16:
+      return at::kHalf;
+    case DType::bfloat16:
+      return at::kBFloat16;
+    case DType::int8:
+      return at::kChar;
+    case DType::uint8:
+      return at::kByte;
+    case DType::int32:
+      return at::kInt;
+    case DType::int64:
+      return at::kLong;
   }
   return at::kFloat;
 }
 
 std::size_t bytes_per(DType d) {
   switch (d) {
-    case DType::float32: case DType::int32: return 4;
-    case DType::float16: case DType::bfloat16: return 2;
-    case DType::int8: case DType::uint8: return 1;
-    case DType::int64: return 8;
+    case DType::float32:
+    case DType::int32:
+      return 4;
+    case DType::float16:
+    case DType::bfloat16:
+      return 2;
+    case DType::int8:
+    case DType::uint8:
+      return 1;
+    case DType::int64:
+      return 8;
   }
   return 4;
 }
@@ -137,23 +164,40 @@ std::size_t bytes_per(DType d) {
 // A torch dtype as Python prints it without "torch.": float64, bool, qint8, ...
 std::string torch_name(at::ScalarType s) {
   switch (s) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kComplexHalf: return "complex32";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    case at::kBool: return "bool";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kShort: return "int16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kQInt8: return "qint8";
-    case at::kQUInt8: return "quint8";
-    case at::kQInt32: return "qint32";
-    case at::kQUInt4x2: return "quint4x2";
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kComplexHalf:
+      return "complex32";
+    case at::kComplexFloat:
+      return "complex64";
+    case at::kComplexDouble:
+      return "complex128";
+    case at::kBool:
+      return "bool";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kShort:
+      return "int16";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kQInt8:
+      return "qint8";
+    case at::kQUInt8:
+      return "quint8";
+    case at::kQInt32:
+      return "qint32";
+    case at::kQUInt4x2:
+      return "quint4x2";
     default: {
       std::string n = c10::toString(s);
       for (char& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -165,11 +209,19 @@ std::string torch_name(at::ScalarType s) {
 // The quantized kinds (npu_quantize's dtype, the dynamic quantizers' dst_type, anti_quant's src_dtype).
 std::optional<QuantDType> to_quant(at::ScalarType s) {
   switch (s) {
-    case at::kQInt8: case at::kChar: return QuantDType::qint8;
-    case at::kQUInt8: case at::kByte: return QuantDType::quint8;
-    case at::kQInt32: case at::kInt: return QuantDType::qint32;
-    case at::kQUInt4x2: return QuantDType::quint4x2;
-    default: return std::nullopt;
+    case at::kQInt8:
+    case at::kChar:
+      return QuantDType::qint8;
+    case at::kQUInt8:
+    case at::kByte:
+      return QuantDType::quint8;
+    case at::kQInt32:
+    case at::kInt:
+      return QuantDType::qint32;
+    case at::kQUInt4x2:
+      return QuantDType::quint4x2;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -182,15 +234,20 @@ QuantDType quant_of(const char* op, const char* name, at::ScalarType s) {
 
 DType storage_of(QuantDType q) {
   switch (q) {
-    case QuantDType::qint8: return DType::int8;
-    case QuantDType::quint8: return DType::uint8;
-    case QuantDType::qint32: case QuantDType::quint4x2: return DType::int32;
+    case QuantDType::qint8:
+      return DType::int8;
+    case QuantDType::quint8:
+      return DType::uint8;
+    case QuantDType::qint32:
+    case QuantDType::quint4x2:
+      return DType::int32;
   }
   return DType::int8;
 }
 
 int to_int(const char* op, const char* name, std::int64_t v) {
-  if (v < INT_MIN || v > INT_MAX) value_error(op, std::string(name) + " is " + std::to_string(v) + " which does not fit in 32 bits");
+  if (v < INT_MIN || v > INT_MAX)
+    value_error(op, std::string(name) + " is " + std::to_string(v) + " which does not fit in 32 bits");
   return static_cast<int>(v);
 }
 
@@ -225,9 +282,7 @@ DType dtype_of(const char* op, const char* name, const at::Tensor& t) {
   return *dt;
 }
 
-Device xdevice(const at::Tensor& t) {
-  return t.is_cuda() ? Device::cuda(t.get_device()) : Device::cpu();
-}
+Device xdevice(const at::Tensor& t) { return t.is_cuda() ? Device::cuda(t.get_device()) : Device::cpu(); }
 
 // A meta tensor's sizes (FakeTensors under torch.compile / torch.export may have symbolic ones: planning
 // needs their values, so each is guarded on, i.e. specialized, as torch does for data-independent checks).
@@ -285,8 +340,9 @@ void check_own_values(const char* op, const char* name, const at::Tensor& t) {
 // A tensor written in place: dense already (never copied) and holding its own values.
 void check_inplace_target(const char* op, const char* name, const at::Tensor& t) {
   if (!t.is_contiguous())
-    value_error(op, std::string(name) + " is not contiguous; an in-place call cannot make it contiguous for you "
-                                        "(call .contiguous() first and use the result)");
+    value_error(op, std::string(name) +
+                        " is not contiguous; an in-place call cannot make it contiguous for you "
+                        "(call .contiguous() first and use the result)");
   check_own_values(op, name, t);
 }
 
@@ -325,8 +381,9 @@ Out alloc(Shape shape, DType dt, const at::Device& dev) {
       void* owner = g_api->new_tensor(st, dt, shape, &data);
       check(st);
       const xquant_py::CoreApi* api = g_api;
-      o.t = at::from_blob(data, shape, [api, owner](void*) { api->free_tensor(owner); },
-                          at::TensorOptions().dtype(to_scalar(dt)).device(at::kCPU));
+      o.t = at::from_blob(
+          data, shape, [api, owner](void*) { api->free_tensor(owner); },
+          at::TensorOptions().dtype(to_scalar(dt)).device(at::kCPU));
     } else {
       o.t = at::Tensor(at::detail::empty_cpu(shape, to_scalar(dt)));
     }
@@ -374,10 +431,13 @@ class CudaScope {
 
 enum FqForm { kPerTensor = 0, kInplace = 1, kWithAxis = 2 };
 const char* fq_name(FqForm f) {
-  return f == kWithAxis ? "fake_tensor_quant_with_axis" : f == kInplace ? "fake_tensor_quant_inplace" : "fake_tensor_quant";
+  return f == kWithAxis  ? "fake_tensor_quant_with_axis"
+         : f == kInplace ? "fake_tensor_quant_inplace"
+                         : "fake_tensor_quant";
 }
 
-Shape plan_fq(FqForm form, const TensorSpec& x, const TensorSpec& a, std::int64_t axis, const xquant::FakeQuantOptions& o) {
+Shape plan_fq(FqForm form, const TensorSpec& x, const TensorSpec& a, std::int64_t axis,
+              const xquant::FakeQuantOptions& o) {
   Status st;
   Shape out;
   g_api->plan_fake_tensor_quant(st, out, form, x, a, axis, o);
@@ -386,7 +446,7 @@ Shape plan_fq(FqForm form, const TensorSpec& x, const TensorSpec& a, std::int64_
 }
 
 Shape p_quantize(const TensorSpec& x, const TensorSpec& s, const OptSpec& zp, QuantDType q, std::int64_t axis,
-                    bool div_mode) {
+                 bool div_mode) {
   Status st;
   Shape out;
   g_api->plan_quantize(st, out, x, s, zp, q, axis, div_mode);
@@ -515,8 +575,8 @@ at::Tensor impl_fake_tensor_quant(FqForm form, const Arg& x, const Arg& a, std::
 }
 
 template <bool kCuda>
-at::Tensor k_fake_tensor_quant(const at::Tensor& inputs, const at::Tensor& amax, std::int64_t num_bits, bool is_unsigned,
-                               bool narrow_range) {
+at::Tensor k_fake_tensor_quant(const at::Tensor& inputs, const at::Tensor& amax, std::int64_t num_bits,
+                               bool is_unsigned, bool narrow_range) {
   const char* op = "fake_tensor_quant";
   const Arg x = arg_of(op, "inputs", inputs), a = arg_of(op, "amax", amax);
   const auto o = fq_options(op, num_bits, is_unsigned, narrow_range);
@@ -562,8 +622,8 @@ void impl_fake_tensor_quant_inplace(const at::Tensor& inputs, const Arg& x, cons
 }
 
 template <bool kCuda>
-void k_fake_tensor_quant_inplace(at::Tensor& inputs, const at::Tensor& amax, std::int64_t num_bits,
-                                 bool is_unsigned, bool narrow_range) {
+void k_fake_tensor_quant_inplace(at::Tensor& inputs, const at::Tensor& amax, std::int64_t num_bits, bool is_unsigned,
+                                 bool narrow_range) {
   const char* op = "fake_tensor_quant_inplace";
   check_inplace_target(op, "inputs", inputs);
   const Arg x = arg_of(op, "inputs", inputs), a = arg_of(op, "amax", amax);
@@ -590,9 +650,10 @@ void plan_fq_backward(const Arg& g, const Arg& x, const Arg& a, const std::optio
 
 template <bool kCuda>
 std::tuple<at::Tensor, at::Tensor> k_fake_tensor_quant_backward(const at::Tensor& grad_out, const at::Tensor& inputs,
-                                                                const at::Tensor& amax, std::optional<std::int64_t> axis,
-                                                                std::int64_t num_bits, bool is_unsigned,
-                                                                bool narrow_range, bool want_grad_amax) {
+                                                                const at::Tensor& amax,
+                                                                std::optional<std::int64_t> axis, std::int64_t num_bits,
+                                                                bool is_unsigned, bool narrow_range,
+                                                                bool want_grad_amax) {
   const char* op = "fake_tensor_quant_backward";
   const Arg g = arg_of(op, "grad_out", grad_out), x = arg_of(op, "inputs", inputs), a = arg_of(op, "amax", amax);
   const auto o = fq_options(op, num_bits, is_unsigned, narrow_range);
@@ -609,8 +670,9 @@ std::tuple<at::Tensor, at::Tensor> k_fake_tensor_quant_backward(const at::Tensor
 }
 
 std::tuple<at::Tensor, at::Tensor> m_fake_tensor_quant_backward(const at::Tensor& grad_out, const at::Tensor& inputs,
-                                                                const at::Tensor& amax, std::optional<std::int64_t> axis,
-                                                                std::int64_t num_bits, bool, bool, bool want_grad_amax) {
+                                                                const at::Tensor& amax,
+                                                                std::optional<std::int64_t> axis, std::int64_t num_bits,
+                                                                bool, bool, bool want_grad_amax) {
   const char* op = "fake_tensor_quant_backward";
   const Arg g = arg_of(op, "grad_out", grad_out), x = arg_of(op, "inputs", inputs), a = arg_of(op, "amax", amax);
   xquant::FakeQuantOptions o;
@@ -668,8 +730,9 @@ TileCall tile_call(const at::Tensor& out, const at::Tensor& src, const at::Tenso
   c.asym = tile_asym(op, tile_mode);
   check_own_values(op, "out", out);
   if (!tile_ok(out))
-    value_error(op, "out must be a 2-D row-major tensor with unit column stride (rows may be padded); it is "
-                    "written in place");
+    value_error(op,
+                "out must be a 2-D row-major tensor with unit column stride (rows may be padded); it is "
+                "written in place");
   c.out = tile_arg(op, "out", out);
   c.scale = tile_arg(op, "scale", scale);
   if (offset && offset->defined()) {
@@ -745,7 +808,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> k_dynamic_quant_asymmetric(
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
   const bool per_tensor = per_tensor_mode(op, quant_mode);
   const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales), gi = opt_arg(op, "group_index", group_index);
+  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
+                           gi = opt_arg(op, "group_index", group_index);
   const CudaScope cuda(kCuda, op, "x", x);
   auto r = impl_dynamic_quant(false, xa, sm, gi, q, per_tensor, x.device());
   return {r[0], r[1], r[2]};
@@ -758,7 +822,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> m_dynamic_quant_asymmetric(
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
   const bool per_tensor = per_tensor_mode(op, quant_mode);
   const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales), gi = opt_arg(op, "group_index", group_index);
+  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
+                           gi = opt_arg(op, "group_index", group_index);
   const auto p = plan_dynamic(false, xa.spec(), opt_spec(sm), opt_spec(gi), q, per_tensor);
   return {alloc(p.y_shape, p.y_dtype, x.device()).t, alloc(p.param_shape, DType::float32, x.device()).t,
           alloc(p.param_shape, DType::float32, x.device()).t};
@@ -771,7 +836,8 @@ std::tuple<at::Tensor, at::Tensor> k_dynamic_quant(const at::Tensor& x, const st
   const char* op = "dynamic_quant";
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
   const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales), gi = opt_arg(op, "group_index", group_index);
+  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
+                           gi = opt_arg(op, "group_index", group_index);
   const CudaScope cuda(kCuda, op, "x", x);
   auto r = impl_dynamic_quant(true, xa, sm, gi, q, false, x.device());
   return {r[0], r[1]};
@@ -783,7 +849,8 @@ std::tuple<at::Tensor, at::Tensor> m_dynamic_quant(const at::Tensor& x, const st
   const char* op = "dynamic_quant";
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
   const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales), gi = opt_arg(op, "group_index", group_index);
+  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
+                           gi = opt_arg(op, "group_index", group_index);
   const auto p = plan_dynamic(true, xa.spec(), opt_spec(sm), opt_spec(gi), q, false);
   return {alloc(p.y_shape, p.y_dtype, x.device()).t, alloc(p.param_shape, DType::float32, x.device()).t};
 }
@@ -868,11 +935,16 @@ struct UlqBackward {
 
 UlqBackward ulq_backward_call(const at::Tensor& y_grad, c10::SymIntArrayRef x_shape, const at::Tensor& clamp_min,
                               const at::Tensor& clamp_max, const at::Tensor& clamp_min_mask,
-                              const at::Tensor& clamp_max_mask, const at::Tensor& x_clamped_loss, std::int64_t num_bits) {
+                              const at::Tensor& clamp_max_mask, const at::Tensor& x_clamped_loss,
+                              std::int64_t num_bits) {
   const char* op = "acts_ulq_backward";
-  UlqBackward c{x_shape_of(op, x_shape), to_int(op, "num_bits", num_bits),
-                arg_of(op, "y_grad", y_grad), arg_of(op, "clamp_min", clamp_min), arg_of(op, "clamp_max", clamp_max),
-                arg_of(op, "clamp_min_mask", clamp_min_mask), arg_of(op, "clamp_max_mask", clamp_max_mask),
+  UlqBackward c{x_shape_of(op, x_shape),
+                to_int(op, "num_bits", num_bits),
+                arg_of(op, "y_grad", y_grad),
+                arg_of(op, "clamp_min", clamp_min),
+                arg_of(op, "clamp_max", clamp_max),
+                arg_of(op, "clamp_min_mask", clamp_min_mask),
+                arg_of(op, "clamp_max_mask", clamp_max_mask),
                 arg_of(op, "x_clamped_loss", x_clamped_loss)};
   Status st;
   Shape out;
@@ -937,8 +1009,9 @@ struct FakeQuantFn : public torch::autograd::Function<FakeQuantFn> {
     {
       const at::AutoDispatchBelowADInplaceOrView below;
       if (axis) {
-        static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, std::int64_t, std::int64_t,
-                                                    bool, bool)>("xquant::fake_tensor_quant_with_axis");
+        static const auto op =
+            op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, std::int64_t, std::int64_t, bool, bool)>(
+                "xquant::fake_tensor_quant_with_axis");
         out = op.call(inputs, amax, *axis, num_bits, is_unsigned, narrow_range);
       } else {
         static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, std::int64_t, bool, bool)>(
@@ -960,9 +1033,10 @@ struct FakeQuantFn : public torch::autograd::Function<FakeQuantFn> {
     const c10::IValue& ax = ctx->saved_data["axis"];
     const std::optional<std::int64_t> axis = ax.isNone() ? std::nullopt : std::optional<std::int64_t>(ax.toInt());
     const bool want = ctx->needs_input_grad(1);
-    static const auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(
-        const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<std::int64_t>, std::int64_t, bool, bool,
-        bool)>("xquant::fake_tensor_quant_backward");
+    static const auto op =
+        op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                     std::optional<std::int64_t>, std::int64_t, bool, bool, bool)>(
+            "xquant::fake_tensor_quant_backward");
     auto [gi, ga] = op.call(grads[0], saved[0], saved[1], axis, ctx->saved_data["num_bits"].toInt(),
                             ctx->saved_data["is_unsigned"].toBool(), ctx->saved_data["narrow_range"].toBool(), want);
     return {gi, want ? ga : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -975,8 +1049,9 @@ struct ActsUlqFn : public torch::autograd::Function<ActsUlqFn> {
     at::Tensor y, m0, m1, loss;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      static const auto op = op_handle<Four(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, std::int64_t)>(
-          "xquant::acts_ulq");
+      static const auto op =
+          op_handle<Four(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, std::int64_t)>(
+              "xquant::acts_ulq");
       std::tie(y, m0, m1, loss) = op.call(x, clamp_min, clamp_max, fixed_min, num_bits);
     }
     ctx->save_for_backward({clamp_min, clamp_max, m0, m1, loss});
@@ -992,17 +1067,17 @@ struct ActsUlqFn : public torch::autograd::Function<ActsUlqFn> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor y_grad = grads[0].defined() ? grads[0] : at::zeros_like(saved[2]);
     const std::vector<std::int64_t> x_shape = ctx->saved_data["x_shape"].toIntVector();
-    static const auto op = op_handle<Three(const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, std::int64_t)>(
-        "xquant::acts_ulq_backward");
+    static const auto op =
+        op_handle<Three(const at::Tensor&, c10::SymIntArrayRef, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const at::Tensor&, const at::Tensor&, bool, std::int64_t)>("xquant::acts_ulq_backward");
     auto [xg, g0, g1] = op.call(y_grad, c10::fromIntArrayRefSlow(x_shape), saved[0], saved[1], saved[2], saved[3],
                                 saved[4], ctx->saved_data["fixed_min"].toBool(), ctx->saved_data["num_bits"].toInt());
     return {xg, g0, g1, at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor a_fake_tensor_quant(const at::Tensor& inputs, const at::Tensor& amax, std::int64_t num_bits, bool is_unsigned,
-                               bool narrow_range) {
+at::Tensor a_fake_tensor_quant(const at::Tensor& inputs, const at::Tensor& amax, std::int64_t num_bits,
+                               bool is_unsigned, bool narrow_range) {
   return FakeQuantFn::apply(inputs, amax, std::optional<std::int64_t>(), num_bits, is_unsigned, narrow_range);
 }
 
@@ -1022,42 +1097,52 @@ Four a_acts_ulq(const at::Tensor& x, const at::Tensor& clamp_min, const at::Tens
 // ==== registration =========================================================================================
 
 TORCH_LIBRARY(xquant, m) {
-  m.def("fake_tensor_quant(Tensor inputs, Tensor amax, int num_bits=8, bool is_unsigned=False, "
-        "bool narrow_range=True) -> Tensor");
-  m.def("fake_tensor_quant_with_axis(Tensor inputs, Tensor amax, int axis, int num_bits=8, bool is_unsigned=False, "
-        "bool narrow_range=True) -> Tensor");
-  m.def("fake_tensor_quant_inplace(Tensor(a!) inputs, Tensor amax, int num_bits=8, bool is_unsigned=False, "
-        "bool narrow_range=True) -> ()");
-  m.def("fake_tensor_quant_backward(Tensor grad_out, Tensor inputs, Tensor amax, int? axis, int num_bits, "
-        "bool is_unsigned, bool narrow_range, bool want_grad_amax) -> (Tensor, Tensor)");
-  m.def("quantize(Tensor input, Tensor scales, Tensor? zero_points, ScalarType dtype, int axis=1, "
-        "bool div_mode=True) -> Tensor");
+  m.def(
+      "fake_tensor_quant(Tensor inputs, Tensor amax, int num_bits=8, bool is_unsigned=False, "
+      "bool narrow_range=True) -> Tensor");
+  m.def(
+      "fake_tensor_quant_with_axis(Tensor inputs, Tensor amax, int axis, int num_bits=8, bool is_unsigned=False, "
+      "bool narrow_range=True) -> Tensor");
+  m.def(
+      "fake_tensor_quant_inplace(Tensor(a!) inputs, Tensor amax, int num_bits=8, bool is_unsigned=False, "
+      "bool narrow_range=True) -> ()");
+  m.def(
+      "fake_tensor_quant_backward(Tensor grad_out, Tensor inputs, Tensor amax, int? axis, int num_bits, "
+      "bool is_unsigned, bool narrow_range, bool want_grad_amax) -> (Tensor, Tensor)");
+  m.def(
+      "quantize(Tensor input, Tensor scales, Tensor? zero_points, ScalarType dtype, int axis=1, "
+      "bool div_mode=True) -> Tensor");
   m.def("tile_quant(Tensor(a!) out, Tensor src, Tensor scale, str tile_mode=\"SYM\", Tensor? offset=None) -> ()");
-  m.def("dynamic_quant_asymmetric(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, "
-        "ScalarType? dst_type=None, str quant_mode=\"pertoken\") -> (Tensor, Tensor, Tensor)");
-  m.def("dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, ScalarType? dst_type=None) "
-        "-> (Tensor, Tensor)");
-  m.def("anti_quant(Tensor x, Tensor scale, Tensor? offset=None, ScalarType? dst_dtype=None, "
-        "ScalarType? src_dtype=None) -> Tensor");
-  m.def("acts_ulq(Tensor x, Tensor clamp_min, Tensor clamp_max, bool fixed_min=False, int num_bits=8) "
-        "-> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("acts_ulq_backward(Tensor y_grad, SymInt[] x_shape, Tensor clamp_min, Tensor clamp_max, Tensor clamp_min_mask, "
-        "Tensor clamp_max_mask, Tensor x_clamped_loss, bool fixed_min, int num_bits) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "dynamic_quant_asymmetric(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, "
+      "ScalarType? dst_type=None, str quant_mode=\"pertoken\") -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, ScalarType? dst_type=None) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "anti_quant(Tensor x, Tensor scale, Tensor? offset=None, ScalarType? dst_dtype=None, "
+      "ScalarType? src_dtype=None) -> Tensor");
+  m.def(
+      "acts_ulq(Tensor x, Tensor clamp_min, Tensor clamp_max, bool fixed_min=False, int num_bits=8) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "acts_ulq_backward(Tensor y_grad, SymInt[] x_shape, Tensor clamp_min, Tensor clamp_max, Tensor clamp_min_mask, "
+      "Tensor clamp_max_mask, Tensor x_clamped_loss, bool fixed_min, int num_bits) -> (Tensor, Tensor, Tensor)");
 }
 
 // The same kernels serve CPU and CUDA tensors (kCuda: CudaScope checks that xquant can run there, and
 // makes the tensors' device and stream current).
-#define XQ_KERNELS(m, kCuda)                                                        \
-  m.impl("fake_tensor_quant", &k_fake_tensor_quant<kCuda>);                           \
-  m.impl("fake_tensor_quant_with_axis", &k_fake_tensor_quant_with_axis<kCuda>);       \
-  m.impl("fake_tensor_quant_inplace", &k_fake_tensor_quant_inplace<kCuda>);           \
-  m.impl("fake_tensor_quant_backward", &k_fake_tensor_quant_backward<kCuda>);         \
-  m.impl("quantize", &k_quantize<kCuda>);                                             \
-  m.impl("tile_quant", &k_tile_quant<kCuda>);                                         \
-  m.impl("dynamic_quant_asymmetric", &k_dynamic_quant_asymmetric<kCuda>);             \
-  m.impl("dynamic_quant", &k_dynamic_quant<kCuda>);                                   \
-  m.impl("anti_quant", &k_anti_quant<kCuda>);                                         \
-  m.impl("acts_ulq", &k_acts_ulq<kCuda>);                                             \
+#define XQ_KERNELS(m, kCuda)                                                    \
+  m.impl("fake_tensor_quant", &k_fake_tensor_quant<kCuda>);                     \
+  m.impl("fake_tensor_quant_with_axis", &k_fake_tensor_quant_with_axis<kCuda>); \
+  m.impl("fake_tensor_quant_inplace", &k_fake_tensor_quant_inplace<kCuda>);     \
+  m.impl("fake_tensor_quant_backward", &k_fake_tensor_quant_backward<kCuda>);   \
+  m.impl("quantize", &k_quantize<kCuda>);                                       \
+  m.impl("tile_quant", &k_tile_quant<kCuda>);                                   \
+  m.impl("dynamic_quant_asymmetric", &k_dynamic_quant_asymmetric<kCuda>);       \
+  m.impl("dynamic_quant", &k_dynamic_quant<kCuda>);                             \
+  m.impl("anti_quant", &k_anti_quant<kCuda>);                                   \
+  m.impl("acts_ulq", &k_acts_ulq<kCuda>);                                       \
   m.impl("acts_ulq_backward", &k_acts_ulq_backward<kCuda>)
 
 TORCH_LIBRARY_IMPL(xquant, CPU, m) { XQ_KERNELS(m, false); }
@@ -1089,12 +1174,18 @@ namespace {
 
 std::string layout_name(at::Layout l) {
   switch (l) {
-    case at::kSparse: return "torch.sparse_coo";
-    case at::kSparseCsr: return "torch.sparse_csr";
-    case at::kSparseCsc: return "torch.sparse_csc";
-    case at::kSparseBsr: return "torch.sparse_bsr";
-    case at::kSparseBsc: return "torch.sparse_bsc";
-    default: return c10::str(l);
+    case at::kSparse:
+      return "torch.sparse_coo";
+    case at::kSparseCsr:
+      return "torch.sparse_csr";
+    case at::kSparseCsc:
+      return "torch.sparse_csc";
+    case at::kSparseBsr:
+      return "torch.sparse_bsr";
+    case at::kSparseBsc:
+      return "torch.sparse_bsc";
+    default:
+      return c10::str(l);
   }
 }
 
@@ -1116,10 +1207,10 @@ void refuse_sparse(const c10::OperatorHandle& handle, torch::jit::Stack* stack) 
 
 }  // namespace
 
-#define XQ_REFUSE(m)                                                                                 \
-  for (const char* name : {"fake_tensor_quant", "fake_tensor_quant_with_axis", "fake_tensor_quant_inplace",  \
+#define XQ_REFUSE(m)                                                                                           \
+  for (const char* name : {"fake_tensor_quant", "fake_tensor_quant_with_axis", "fake_tensor_quant_inplace",    \
                            "fake_tensor_quant_backward", "quantize", "tile_quant", "dynamic_quant_asymmetric", \
-                           "dynamic_quant", "anti_quant", "acts_ulq", "acts_ulq_backward"})                 \
+                           "dynamic_quant", "anti_quant", "acts_ulq", "acts_ulq_backward"})                    \
   m.impl(name, torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>())
 
 TORCH_LIBRARY_IMPL(xquant, SparseCPU, m) { XQ_REFUSE(m); }
@@ -1359,8 +1450,10 @@ PyObject* f_tile_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (!nargs_ok("f_tile_quant", n, 5)) return nullptr;
   PyObject* mode = args[3];
   const char* m = nullptr;
-  if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "SYM") == 0) m = "SYM";
-  else if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "ASYM") == 0) m = "ASYM";
+  if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "SYM") == 0)
+    m = "SYM";
+  else if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "ASYM") == 0)
+    m = "ASYM";
   XQ_TRY(m != nullptr);
   Arg o, s, sc;
   std::optional<Arg> off;
@@ -1385,9 +1478,12 @@ PyObject* f_dynamic_quant_asymmetric(PyObject*, PyObject* const* args, Py_ssize_
   XQ_TRY(py_quant(args[3], q, true));
   PyObject* mode = args[4];
   bool per_tensor;
-  if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "pertoken") == 0) per_tensor = false;
-  else if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "pertensor") == 0) per_tensor = true;
-  else return none();
+  if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "pertoken") == 0)
+    per_tensor = false;
+  else if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "pertensor") == 0)
+    per_tensor = true;
+  else
+    return none();
   Arg x;
   std::optional<Arg> sm, gi;
   bool rg = false;
@@ -1510,9 +1606,15 @@ PyMethodDef g_methods[] = {
     {"f_acts_ulq", XQ_FASTCALL(f_acts_ulq), METH_FASTCALL, "f_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits)"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_torch_ext",
+PyModuleDef g_module = {PyModuleDef_HEAD_INIT,
+                        "_torch_ext",
                         "xquant's PyTorch operators (torch.ops.xquant.*) and their eager fast path (not a public API).",
-                        -1, g_methods, nullptr, nullptr, nullptr, nullptr};
+                        -1,
+                        g_methods,
+                        nullptr,
+                        nullptr,
+                        nullptr,
+                        nullptr};
 
 }  // namespace
 

@@ -17,9 +17,7 @@ namespace {
 thread_local void* t_stream = nullptr;
 }  // namespace
 
-std::string device_str(Device d) {
-  return d.is_cuda() ? "cuda:" + std::to_string(d.index) : std::string("cpu");
-}
+std::string device_str(Device d) { return d.is_cuda() ? "cuda:" + std::to_string(d.index) : std::string("cpu"); }
 
 bool cuda_built() noexcept {
 #if defined(XQUANT_HAVE_CUDA)

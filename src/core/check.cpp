@@ -37,8 +37,7 @@ void check_view(std::string_view op, std::string_view arg, const ConstTensorView
 void check_floating(std::string_view op, std::string_view arg, DType dt) {
   if (!is_floating(dt))
     fail(ErrorCode::dtype_mismatch, op, arg,
-         std::string(arg) + " has dtype " + std::string(dtype_name(dt)) +
-             " but expected float32, float16 or bfloat16");
+         std::string(arg) + " has dtype " + std::string(dtype_name(dt)) + " but expected float32, float16 or bfloat16");
 }
 
 void check_dtype(std::string_view op, std::string_view arg, DType got, DType expected) {
@@ -56,8 +55,8 @@ void check_shape(std::string_view op, std::string_view arg, const Shape& got, co
              std::string(expected_what) + ")");
 }
 
-void check_output(std::string_view op, std::string_view arg, const TensorView& out, DType dtype,
-                  const Shape& shape, std::string_view shape_what) {
+void check_output(std::string_view op, std::string_view arg, const TensorView& out, DType dtype, const Shape& shape,
+                  std::string_view shape_what) {
   check_view(op, arg, out);
   check_dtype(op, arg, out.dtype, dtype);
   check_shape(op, arg, out.shape, shape, shape_what);
@@ -92,8 +91,8 @@ void check_no_overlap(std::string_view op, std::string_view out_arg, const void*
          std::string(out_arg) + " overlaps " + std::string(in_arg) + " in memory but expected disjoint buffers");
 }
 
-void check_same_or_disjoint(std::string_view op, std::string_view out_arg, const void* out,
-                            std::size_t out_bytes, std::string_view in_arg, const void* in, std::size_t in_bytes) {
+void check_same_or_disjoint(std::string_view op, std::string_view out_arg, const void* out, std::size_t out_bytes,
+                            std::string_view in_arg, const void* in, std::size_t in_bytes) {
   if (out == in && out_bytes == in_bytes) return;
   if (ranges_overlap(out, out_bytes, in, in_bytes))
     fail(ErrorCode::aliasing, op, out_arg,
@@ -104,9 +103,12 @@ void check_same_or_disjoint(std::string_view op, std::string_view out_arg, const
 ChannelLayout split_at_axis(const Shape& shape, std::int64_t axis) {
   ChannelLayout s;
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(shape.size()); ++i) {
-    if (i < axis) s.outer *= shape[i];
-    else if (i == axis) s.channels = shape[i];
-    else s.inner *= shape[i];
+    if (i < axis)
+      s.outer *= shape[i];
+    else if (i == axis)
+      s.channels = shape[i];
+    else
+      s.inner *= shape[i];
   }
   return s;
 }

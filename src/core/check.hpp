@@ -27,8 +27,8 @@ void check_dtype(std::string_view op, std::string_view arg, DType got, DType exp
 void check_shape(std::string_view op, std::string_view arg, const Shape& got, const Shape& expected,
                  std::string_view expected_what);
 // An output view: valid, dtype and shape as expected.
-void check_output(std::string_view op, std::string_view arg, const TensorView& out, DType dtype,
-                  const Shape& shape, std::string_view shape_what);
+void check_output(std::string_view op, std::string_view arg, const TensorView& out, DType dtype, const Shape& shape,
+                  std::string_view shape_what);
 // Python-style axis in [-rank, rank) -> [0, rank).
 std::int64_t normalize_axis(std::string_view op, std::string_view arg, std::int64_t axis, std::int64_t rank);
 // num_bits in [lo, hi].
@@ -40,8 +40,8 @@ bool ranges_overlap(const void* a, std::size_t na, const void* b, std::size_t nb
 void check_no_overlap(std::string_view op, std::string_view out_arg, const void* out, std::size_t out_bytes,
                       std::string_view in_arg, const void* in, std::size_t in_bytes);
 // `out` may be exactly `in` (elementwise, same layout) but must not partially overlap it.
-void check_same_or_disjoint(std::string_view op, std::string_view out_arg, const void* out,
-                            std::size_t out_bytes, std::string_view in_arg, const void* in, std::size_t in_bytes);
+void check_same_or_disjoint(std::string_view op, std::string_view out_arg, const void* out, std::size_t out_bytes,
+                            std::string_view in_arg, const void* in, std::size_t in_bytes);
 
 // The normal form of per-axis problems (xquant/layout.hpp) around an already normalized axis.
 ChannelLayout split_at_axis(const Shape& shape, std::int64_t axis);

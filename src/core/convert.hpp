@@ -91,13 +91,20 @@ XQ_HD inline std::uint16_t hd_float_to_bfloat16(float f) noexcept {
 // Rule 2: every input is widened to float32 ...
 XQ_HD inline float hd_load_float(DType dt, const void* base, std::int64_t i) noexcept {
   switch (dt) {
-    case DType::float16: return hd_half_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::bfloat16: return hd_bfloat16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::int8: return static_cast<float>(static_cast<const std::int8_t*>(base)[i]);
-    case DType::uint8: return static_cast<float>(static_cast<const std::uint8_t*>(base)[i]);
-    case DType::int32: return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
-    case DType::int64: return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
-    case DType::float32: break;
+    case DType::float16:
+      return hd_half_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::bfloat16:
+      return hd_bfloat16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::int8:
+      return static_cast<float>(static_cast<const std::int8_t*>(base)[i]);
+    case DType::uint8:
+      return static_cast<float>(static_cast<const std::uint8_t*>(base)[i]);
+    case DType::int32:
+      return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
+    case DType::int64:
+      return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
+    case DType::float32:
+      break;
   }
   return static_cast<const float*>(base)[i];
 }
@@ -105,9 +112,15 @@ XQ_HD inline float hd_load_float(DType dt, const void* base, std::int64_t i) noe
 // ... and floating results are narrowed once, round-to-nearest-even (float16 / bfloat16 only).
 XQ_HD inline void hd_store_float(DType dt, void* base, std::int64_t i, float v) noexcept {
   switch (dt) {
-    case DType::float16: static_cast<std::uint16_t*>(base)[i] = hd_float_to_half(v); return;
-    case DType::bfloat16: static_cast<std::uint16_t*>(base)[i] = hd_float_to_bfloat16(v); return;
-    default: static_cast<float*>(base)[i] = v; return;
+    case DType::float16:
+      static_cast<std::uint16_t*>(base)[i] = hd_float_to_half(v);
+      return;
+    case DType::bfloat16:
+      static_cast<std::uint16_t*>(base)[i] = hd_float_to_bfloat16(v);
+      return;
+    default:
+      static_cast<float*>(base)[i] = v;
+      return;
   }
 }
 

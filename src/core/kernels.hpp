@@ -75,18 +75,18 @@ using TileQuantFn = void (*)(const TileQuantArgs& args);
 // ---- npu_dynamic_quant_asymmetric (SPEC 4) and npu_dynamic_quant (SPEC 6, symmetric). ----
 struct DynamicQuantArgs {
   DType dt;
-  const void* x;            // [rows][cols]
+  const void* x;  // [rows][cols]
   std::int64_t rows, cols;
   DType smooth_dt;
-  const void* smooth;       // nullptr, [cols] or [num_groups][cols]
+  const void* smooth;              // nullptr, [cols] or [num_groups][cols]
   const std::int64_t* group_ends;  // nullptr or [num_groups] cumulative row ends (validated)
   std::int64_t num_groups;
-  QuantDType dst;           // qint8 or quint4x2
-  bool symmetric;           // SPEC 6: scale = rowMax(|x'|) / DST_MAX, no offset (pertoken only)
+  QuantDType dst;  // qint8 or quint4x2
+  bool symmetric;  // SPEC 6: scale = rowMax(|x'|) / DST_MAX, no offset (pertoken only)
   bool per_tensor;
-  void* y;                  // int8 [rows][cols] or int32 [rows][cols / 8]
-  float* scale;             // [rows] (pertoken) or [1]
-  float* offset;            // nullptr when symmetric
+  void* y;        // int8 [rows][cols] or int32 [rows][cols / 8]
+  float* scale;   // [rows] (pertoken) or [1]
+  float* offset;  // nullptr when symmetric
 };
 using DynamicQuantFn = void (*)(const DynamicQuantArgs& args);
 
@@ -130,18 +130,18 @@ struct ActsUlqBackwardArgs {
   const void* x_clamped_loss;
   bool fixed_min;
   int num_bits;
-  void* x_grad;           // dense, x's shape
-  void* clamp_min_grad;   // dense, clamp_min's shape
-  void* clamp_max_grad;   // dense, clamp_max's shape
+  void* x_grad;          // dense, x's shape
+  void* clamp_min_grad;  // dense, clamp_min's shape
+  void* clamp_max_grad;  // dense, clamp_max's shape
 };
 using ActsUlqBackwardFn = void (*)(const ActsUlqBackwardArgs& args);
 
 // ---- npu_anti_quant (SPEC 7). Problem: the logical elements of x as [outer][channels][inner]; params[c]. ----
 struct AntiQuantArgs {
-  QuantDType src;       // qint8 (x int8) or quint4x2 (x int32 words, element 8k + j in bits [4j, 4j + 3])
+  QuantDType src;  // qint8 (x int8) or quint4x2 (x int32 words, element 8k + j in bits [4j, 4j + 3])
   const void* x;
-  DType dt;             // of out: float16, bfloat16 or float32
-  void* out;            // dense, the logical shape
+  DType dt;   // of out: float16, bfloat16 or float32
+  void* out;  // dense, the logical shape
   ChannelLayout layout;
   const AntiQuantParams* params;  // [layout.channels]
 };
@@ -151,24 +151,24 @@ using AntiQuantFn = void (*)(const AntiQuantArgs& args);
 // int4: x1 / x2 are int32 words, logical element e of a matrix in bits [4 (e % 8), +3] of word e / 8.
 struct QuantMatmulArgs {
   bool int4;
-  const void* x1;                   // [.. M][K] logical elements
-  const void* x2;                   // [.. K][N], or [.. N][K] when transpose_x2
+  const void* x1;  // [.. M][K] logical elements
+  const void* x2;  // [.. K][N], or [.. N][K] when transpose_x2
   bool transpose_x2;
   std::int64_t batch, M, K, N;
-  const std::int64_t* x1_offsets;   // [batch] host: first logical element of batch b's x1 matrix
-  const std::int64_t* x2_offsets;   // [batch] host: the same for x2 (broadcast batches repeat)
-  void* out;                        // dense [batch][M][N]
-  QuantMatmulEpilogue epilogue;     // host arrays
+  const std::int64_t* x1_offsets;  // [batch] host: first logical element of batch b's x1 matrix
+  const std::int64_t* x2_offsets;  // [batch] host: the same for x2 (broadcast batches repeat)
+  void* out;                       // dense [batch][M][N]
+  QuantMatmulEpilogue epilogue;    // host arrays
 };
 using QuantMatmulFn = void (*)(const QuantMatmulArgs& args);
 
 // ---- npu_weight_quant_batchmatmul (docs/semantics.md 9.4). out[m][n] = sum_k x[m][k] * w[k][n], k ascending. ----
 struct WeightQuantMatmulArgs {
-  DType dt;                 // of x and out: float16 or bfloat16
-  const void* x;            // [M][K]
+  DType dt;       // of x and out: float16 or bfloat16
+  const void* x;  // [M][K]
   std::int64_t M, K, N;
-  bool int4;                // weight: int8, or int32 words of eight int4 (logical element order as stored)
-  bool transpose_weight;    // weight stored [N][K] instead of [K][N]
+  bool int4;              // weight: int8, or int32 words of eight int4 (logical element order as stored)
+  bool transpose_weight;  // weight stored [N][K] instead of [K][N]
   const void* weight;
   const float* scale;       // [G][N] host, widened (a per-tensor scale is expanded to [1][N])
   const float* offset;      // [G][N] host or nullptr

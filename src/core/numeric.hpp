@@ -29,9 +29,8 @@ template <typename Int>
 inline Int saturate_rounded(float r) noexcept {
   constexpr float lo = static_cast<float>(std::numeric_limits<Int>::min());  // exact: -2^k
   // The first value above the range, exact in float for every width (128, 256, 2^31).
-  constexpr float above = std::numeric_limits<Int>::is_signed
-                              ? -lo
-                              : static_cast<float>(std::numeric_limits<Int>::max()) + 1.0f;
+  constexpr float above =
+      std::numeric_limits<Int>::is_signed ? -lo : static_cast<float>(std::numeric_limits<Int>::max()) + 1.0f;
   if (std::isnan(r)) return 0;
   if (r < lo) return std::numeric_limits<Int>::min();
   if (r >= above) return std::numeric_limits<Int>::max();
@@ -66,8 +65,9 @@ inline float nan_max(float a, float b) noexcept { return hd_nan_max(a, b); }
 // Lanes and total start at -0.0, the exact additive identity, so that a sum of one term is that term
 // bit for bit (-0 included); an empty sum is +0. A NaN result is returned as the canonical quiet NaN
 // (0x7FC00000): which NaN an addition propagates depends on operand order, which compilers treat as
-// commutative, so NaN payloads and signs could not be reproduced across backends. Neither thread count nor SIMD width changes this order:
-// a backend may give chunks to threads and lanes to vector registers but must combine them exactly so.
+// commutative, so NaN payloads and signs could not be reproduced across backends. Neither thread count nor SIMD width
+// changes this order: a backend may give chunks to threads and lanes to vector registers but must combine them exactly
+// so.
 inline constexpr std::int64_t kSumLanes = 16;
 inline constexpr std::int64_t kSumChunk = 1024;
 

@@ -19,14 +19,17 @@ std::int64_t shape_numel(const Shape& shape) {
   // A zero dimension anywhere makes the tensor empty, whatever the other dimensions are (as in NumPy).
   bool empty = false;
   for (std::int64_t d : shape) {
-    if (d < 0) throw Error(ErrorCode::shape_mismatch, "shape", "xquant::shape_numel: shape " + shape_str(shape) + " has a negative dimension");
+    if (d < 0)
+      throw Error(ErrorCode::shape_mismatch, "shape",
+                  "xquant::shape_numel: shape " + shape_str(shape) + " has a negative dimension");
     empty = empty || d == 0;
   }
   if (empty) return 0;
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
     if (n > INT64_MAX / d)
-      throw Error(ErrorCode::shape_mismatch, "shape", "xquant::shape_numel: shape " + shape_str(shape) + " has more than 2^63 elements");
+      throw Error(ErrorCode::shape_mismatch, "shape",
+                  "xquant::shape_numel: shape " + shape_str(shape) + " has more than 2^63 elements");
     n *= d;
   }
   return n;
@@ -132,8 +135,9 @@ MappingCache& mapping_cache() {
 }
 
 [[noreturn]] void throw_oom(std::size_t bytes, const Shape& shape) {
-  throw Error(ErrorCode::out_of_memory, "shape",
-              "xquant::Tensor: cannot allocate " + std::to_string(bytes) + " bytes for a tensor of shape " + shape_str(shape));
+  throw Error(
+      ErrorCode::out_of_memory, "shape",
+      "xquant::Tensor: cannot allocate " + std::to_string(bytes) + " bytes for a tensor of shape " + shape_str(shape));
 }
 }  // namespace
 
@@ -163,7 +167,7 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
     mapped_bytes_ = rounded;
     madvise(data_, rounded, MADV_HUGEPAGE);  // advisory: failure (no THP) only costs speed
   } else {
-    data_ = ::operator new(nbytes_, std::align_val_t{kSmallAlign}, std::nothrow);
+    data_ = ::operator new (nbytes_, std::align_val_t{kSmallAlign}, std::nothrow);
     if (data_ == nullptr) throw_oom(nbytes_, shape_);
   }
 }
@@ -201,7 +205,7 @@ void Tensor::release() noexcept {
     else if (mapped_bytes_ > 0)
       mapping_cache().give(data_, mapped_bytes_);
     else
-      ::operator delete(data_, std::align_val_t{kSmallAlign});
+      ::operator delete (data_, std::align_val_t{kSmallAlign});
   }
   data_ = nullptr;
   mapped_bytes_ = 0;

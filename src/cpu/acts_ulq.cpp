@@ -2,13 +2,12 @@
 //
 // Forward: when x is not broadcast, the clamp tensors' broadcast dimensions span a range [d0, d1) of
 // the output, which gives the [outer, C, inner] normal form with one parameter set (s, clip_lo, clip_hi,
-// loss_m, computed once per clamp pair by the shared init_acts_ulq_params of params/acts_ulq.hpp) per channel. All four outputs
-// are written in one pass. Backward: each clamp tensor's sums follow its own [outer, C, inner] layout;
-// one fused pass per 1024-term chunk of a channel writes x_grad and produces the chunk values of both
-// sums (two passes when the clamp tensors broadcast differently). x broadcast, clamps varying only along
-// short innermost runs, and clamps broadcast inside their own dims are declined (the entry points return
-// false, having written nothing): the backend registry (src/backends/registry.cpp) runs the reference
-// kernel for them.
+// loss_m, computed once per clamp pair by the shared init_acts_ulq_params of params/acts_ulq.hpp) per channel. All four
+// outputs are written in one pass. Backward: each clamp tensor's sums follow its own [outer, C, inner] layout; one
+// fused pass per 1024-term chunk of a channel writes x_grad and produces the chunk values of both sums (two passes when
+// the clamp tensors broadcast differently). x broadcast, clamps varying only along short innermost runs, and clamps
+// broadcast inside their own dims are declined (the entry points return false, having written nothing): the backend
+// registry (src/backends/registry.cpp) runs the reference kernel for them.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/acts_ulq.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -38,11 +37,11 @@ struct UlqJob {
   float levels;
   const ChannelWalk* walk;
   const ActsUlqParams* params;  // per channel (runs walk)
-  const float* arr[4];               // periodic walk: s, clip_lo, clip_hi, loss_m expanded
-  bool stream;                       // non-temporal stores (the four outputs are equally aligned)
-  bool fast_div;                     // xc / s and (rx - raw) / LEVELS by the FMA sequence where in `dom`
-  FastDivDomain dom;                 // of every s, keeping |raw| >= 2^-100 (then rx - raw is in LEVELS' domain)
-  const float* rs;                   // fast_div, periodic walk: 1 / s expanded
+  const float* arr[4];          // periodic walk: s, clip_lo, clip_hi, loss_m expanded
+  bool stream;                  // non-temporal stores (the four outputs are equally aligned)
+  bool fast_div;                // xc / s and (rx - raw) / LEVELS by the FMA sequence where in `dom`
+  FastDivDomain dom;            // of every s, keeping |raw| >= 2^-100 (then rx - raw is in LEVELS' domain)
+  const float* rs;              // fast_div, periodic walk: 1 / s expanded
 };
 struct UlqBwdJob {
   DType dt;
@@ -69,13 +68,13 @@ struct UlqFast {
 };
 
 template <DType DT, bool kStream = false, bool kFast = false>
-HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std::int64_t oi, VF s, VF lo, VF hi,
-                        VF lm, VF levels, VF rs, const UlqFast& f) {
+HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std::int64_t oi, VF s, VF lo, VF hi, VF lm,
+                        VF levels, VF rs, const UlqFast& f) {
   const DF df;
   const VF v = LoadF<DT>(x, xi);
-  const VF xc = NanMin(NanMax(v, lo), hi);             // xc = min(max(x, clip_lo), clip_hi)
-  const auto min_mask = hn::Ge(v, lo);                 // x >= clip_lo
-  const auto max_mask = hn::Le(v, hi);                 // x <= clip_hi
+  const VF xc = NanMin(NanMax(v, lo), hi);  // xc = min(max(x, clip_lo), clip_hi)
+  const auto min_mask = hn::Ge(v, lo);      // x >= clip_lo
+  const auto max_mask = hn::Le(v, hi);      // x <= clip_hi
   VF raw, rx, loss;
 #if XQUANT_HAVE_FAST_DIV
   if (kFast && HWY_LIKELY(hn::AllTrue(df, InDivDomain(df, xc, f.dom)))) {
@@ -87,12 +86,12 @@ HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std:
   {
     (void)rs;
     (void)f;
-    raw = hn::Div(xc, s);                              // raw = xc / s
-    rx = RoundEven(raw);                               // rx = rint(raw)
-    loss = hn::Div(hn::Sub(rx, raw), levels);          // (rx - raw) / LEVELS
+    raw = hn::Div(xc, s);                      // raw = xc / s
+    rx = RoundEven(raw);                       // rx = rint(raw)
+    loss = hn::Div(hn::Sub(rx, raw), levels);  // (rx - raw) / LEVELS
   }
   const VF one = hn::Set(df, 1.0f);
-  StoreF<DT, kStream>(hn::Mul(rx, s), out[0], oi);              // y = rx * s
+  StoreF<DT, kStream>(hn::Mul(rx, s), out[0], oi);  // y = rx * s
   StoreF<DT, kStream>(hn::IfThenElseZero(min_mask, one), out[1], oi);
   StoreF<DT, kStream>(hn::IfThenElseZero(max_mask, one), out[2], oi);
   StoreF<DT, kStream>(hn::IfThenElse(hn::And(min_mask, max_mask), loss, lm), out[3], oi);
@@ -106,7 +105,9 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
   const VF levels = hn::Set(df, j.levels);
   const UlqFast f{hn::Set(df, 1.0f / j.levels), DivDomainV<DF>(j.dom)};
   const float rs = 1.0f / p.s;
-  auto param = [&](const float* const* a, int k, std::int64_t i, float sc) { return a ? hn::LoadU(df, a[k] + i) : hn::Set(df, sc); };
+  auto param = [&](const float* const* a, int k, std::int64_t i, float sc) {
+    return a ? hn::LoadU(df, a[k] + i) : hn::Set(df, sc);
+  };
   auto step = [&]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
     UlqStep<DT, kStream, kFast>(j.x, pos + i, j.out, pos + i, param(pa, 0, i, p.s), param(pa, 1, i, p.clip_lo),
                                 param(pa, 2, i, p.clip_hi), param(pa, 3, i, p.loss_m), levels,
@@ -116,15 +117,20 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
     auto param_in = [&](int k, float value) { return StageIn::Param(pa != nullptr ? pa[k] : nullptr, value); };
     StagedTail(i, rem,
-               {{.base = j.x, .offset = pos, .es = es}, param_in(0, p.s), param_in(1, p.clip_lo), param_in(2, p.clip_hi),
-                param_in(3, p.loss_m), param_in(4, rs)},
+               {{.base = j.x, .offset = pos, .es = es},
+                param_in(0, p.s),
+                param_in(1, p.clip_lo),
+                param_in(2, p.clip_hi),
+                param_in(3, p.loss_m),
+                param_in(4, rs)},
                {{.base = j.out[0], .offset = pos, .es = es},
                 {.base = j.out[1], .offset = pos, .es = es},
                 {.base = j.out[2], .offset = pos, .es = es},
                 {.base = j.out[3], .offset = pos, .es = es}},
                [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  auto at = [&](int m) { return hn::LoadU(df, StagedF(in[m]) + k); };
-                 UlqStep<DT, false, kFast>(in[0], k, out, k, at(1), at(2), at(3), at(4), levels, kFast ? at(5) : levels, f);
+                 UlqStep<DT, false, kFast>(in[0], k, out, k, at(1), at(2), at(3), at(4), levels, kFast ? at(5) : levels,
+                                           f);
                });
   };
   // The four outputs share one alignment when streaming (checked by the caller), so out[0] decides.
@@ -134,9 +140,11 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
 template <DType DT, bool kFast>
 void UlqRangeF(const UlqJob& j, std::int64_t a, std::int64_t b) {
   j.walk->visit(
-      a, b, [&](std::int64_t pos, std::int64_t n, std::int64_t c) { UlqSpanT<DT, kFast>(j, pos, n, nullptr, j.params[c]); },
+      a, b,
+      [&](std::int64_t pos, std::int64_t n, std::int64_t c) { UlqSpanT<DT, kFast>(j, pos, n, nullptr, j.params[c]); },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        const float* pa[5] = {j.arr[0] + ph, j.arr[1] + ph, j.arr[2] + ph, j.arr[3] + ph, j.rs ? j.rs + ph : j.arr[0] + ph};
+        const float* pa[5] = {j.arr[0] + ph, j.arr[1] + ph, j.arr[2] + ph, j.arr[3] + ph,
+                              j.rs ? j.rs + ph : j.arr[0] + ph};
         ActsUlqParams unused{};
         unused.s = 1.0f;
         UlqSpanT<DT, kFast>(j, pos, n, pa, unused);
@@ -146,7 +154,8 @@ void UlqRangeF(const UlqJob& j, std::int64_t a, std::int64_t b) {
 template <DType DT>
 void UlqRangeT(const UlqJob& j, std::int64_t a, std::int64_t b) {
 #if XQUANT_HAVE_FAST_DIV
-  if (j.fast_div) UlqRangeF<DT, true>(j, a, b);
+  if (j.fast_div)
+    UlqRangeF<DT, true>(j, a, b);
   else
 #endif
     UlqRangeF<DT, false>(j, a, b);
@@ -159,16 +168,16 @@ UlqRangeFn SelectUlqRange(DType dt) {
 
 // Backward, one chunk [pos, pos + n) (n <= 1024): x_grad written, clamp terms to tmin / tmax.
 template <DType DT, bool kStream = false>
-HWY_INLINE void BwdStep(const void* const in[4], std::int64_t ii, void* xg, std::int64_t xi, float* tmin,
-                        float* tmax) {
+HWY_INLINE void BwdStep(const void* const in[4], std::int64_t ii, void* xg, std::int64_t xi, float* tmin, float* tmax) {
   const DF df;
   const VF one = hn::Set(df, 1.0f);
   const VF dy = LoadF<DT>(in[0], ii), mn = LoadF<DT>(in[1], ii), mx = LoadF<DT>(in[2], ii), loss = LoadF<DT>(in[3], ii);
   // x_grad = (y_grad * min_mask) * max_mask: a one-term canonical sum, so NaN is the canonical quiet NaN
   const VF xg_v = hn::Mul(hn::Mul(dy, mn), mx);
-  StoreF<DT, kStream>(hn::IfThenElse(hn::IsNaN(xg_v), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), xg_v), xg, xi);
-  hn::StoreU(hn::Mul(dy, hn::Sub(hn::Sub(one, mn), loss)), df, tmin);          // y_grad * ((1 - min_mask) - loss)
-  hn::StoreU(hn::Mul(dy, hn::Add(loss, hn::Sub(one, mx))), df, tmax);          // y_grad * (loss + (1 - max_mask))
+  StoreF<DT, kStream>(hn::IfThenElse(hn::IsNaN(xg_v), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), xg_v), xg,
+                      xi);
+  hn::StoreU(hn::Mul(dy, hn::Sub(hn::Sub(one, mn), loss)), df, tmin);  // y_grad * ((1 - min_mask) - loss)
+  hn::StoreU(hn::Mul(dy, hn::Add(loss, hn::Sub(one, mx))), df, tmax);  // y_grad * (loss + (1 - max_mask))
 }
 
 template <DType DT>
@@ -176,9 +185,8 @@ void BwdChunkT(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin
   // Copies captured by value: the stores may alias anything as far as the compiler knows.
   const void* const in[4] = {j.y_grad, j.min_mask, j.max_mask, j.loss};
   void* const xg = j.x_grad;
-  auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-    BwdStep<DT, kStream>(in, pos + i, xg, pos + i, tmin + i, tmax + i);
-  };
+  auto step = [=]<bool kStream>(std::int64_t i)
+                  XQUANT_LAMBDA_INLINE { BwdStep<DT, kStream>(in, pos + i, xg, pos + i, tmin + i, tmax + i); };
   auto stage = [&](std::int64_t i, std::int64_t rem) {
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
     StagedTail(i, rem,
@@ -224,7 +232,6 @@ bool dense_over_output(const BroadcastPlan& p, const std::int64_t* stride) {
   return true;
 }
 
-
 }  // namespace
 
 bool cpu_acts_ulq(const ActsUlqArgs& a) {
@@ -257,8 +264,8 @@ bool cpu_acts_ulq(const ActsUlqArgs& a) {
       omin += idx * p.stride_min[d];
       omax += idx * p.stride_max[d];
     }
-    params[static_cast<std::size_t>(c)] = init_acts_ulq_params(load_float(a.dt, a.clamp_min, omin),
-                                                               load_float(a.dt, a.clamp_max, omax), a.fixed_min, levels);
+    params[static_cast<std::size_t>(c)] = init_acts_ulq_params(
+        load_float(a.dt, a.clamp_min, omin), load_float(a.dt, a.clamp_max, omax), a.fixed_min, levels);
   }
   const ChannelWalk walk(ChannelLayout{n / (C * inner), C, inner});
   ParamStore store;  // the periodic walk's arrays (on the stack for small problems)
@@ -340,8 +347,8 @@ ClampLayout clamp_layout(const BroadcastPlan& p, const std::int64_t* stride) {
 // One fused pass over the layout: x_grad for every element (rewritten with the same values if a
 // second pass runs) and the chunk values of the requested sums, chunk k of channel c = terms
 // [1024 k, 1024 (k + 1)) of its sequence; every (c, k) is independent, so they run in parallel.
-void fused_pass(BwdChunkFn bwd_chunk, const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum_max, std::vector<double>& vmin,
-                std::vector<double>& vmax, std::int64_t bytes) {
+void fused_pass(BwdChunkFn bwd_chunk, const UlqBwdJob& j, const ClampLayout& l, bool sum_min, bool sum_max,
+                std::vector<double>& vmin, std::vector<double>& vmax, std::int64_t bytes) {
   const std::int64_t len = l.outer * l.inner, chunks = (len + kSumChunk - 1) / kSumChunk;
   vmin.assign(static_cast<std::size_t>(l.channels * chunks), 0.0);
   vmax.assign(vmin.size(), 0.0);

@@ -33,10 +33,10 @@ namespace xquant::detail {
 struct AqJob {
   const AntiQuantArgs* args;
   const ChannelWalk* walk;
-  const float* scale;   // periodic walk: per-phase arrays
+  const float* scale;  // periodic walk: per-phase arrays
   const float* offset;
-  bool offset_used;     // periodic walk: some offset is not +-0
-  bool stream;          // non-temporal stores for out (large outputs, cpu/parallel.hpp)
+  bool offset_used;  // periodic walk: some offset is not +-0
+  bool stream;       // non-temporal stores for out (large outputs, cpu/parallel.hpp)
 };
 // The per-target kernel for one (dtype, input type) pair (picked on the calling thread).
 using AntiQuantRangeFn = void (*)(const AqJob& j, std::int64_t b0, std::int64_t b1);
@@ -97,7 +97,10 @@ HWY_INLINE void StoreAq(VF r, void* base, std::int64_t i) {
     const VU bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(r)), hn::Set(du, 0x7FC0u), rounded);
     const auto h = hn::DemoteTo(DU16(), hn::BitCast(DI(), bits));  // <= 0xFFFF: exact
     std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
-    if constexpr (kStream) hn::Stream(h, DU16(), p); else hn::StoreU(h, DU16(), p);
+    if constexpr (kStream)
+      hn::Stream(h, DU16(), p);
+    else
+      hn::StoreU(h, DU16(), p);
   } else {
     StoreF<DT, kStream>(hn::IfThenElse(hn::IsNaN(r), hn::Set(df, std::numeric_limits<float>::quiet_NaN()), r), base, i);
   }
@@ -141,8 +144,11 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
                 {.base = kOff && kArr ? oa : nullptr, .fill = kOff && !kArr ? o : 0.0f}},
                {{.base = out, .offset = pos, .es = es}},
                [=](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE {
-                 const VF x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(DI8(), static_cast<const std::int8_t*>(in[0]) + m)));
-                 StoreAq<DT>(AntiQuantVec<kOff>(x, hn::LoadU(df, StagedF(in[2]) + m), hn::LoadU(df, StagedF(in[1]) + m)), outs[0], m);
+                 const VF x =
+                     hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(DI8(), static_cast<const std::int8_t*>(in[0]) + m)));
+                 StoreAq<DT>(
+                     AntiQuantVec<kOff>(x, hn::LoadU(df, StagedF(in[2]) + m), hn::LoadU(df, StagedF(in[1]) + m)),
+                     outs[0], m);
                });
   };
   DriveSpan(n, j.stream, out, pos, dtype_size(DT), step, stage);
@@ -154,12 +160,16 @@ void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
   j.walk->visit(
       b0, b1,
       [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
-        if (p[c].offset == 0.0f) Span<DT, kInt4, false, false>(j, pos, n, nullptr, nullptr, p[c].scale, 0.f);
-        else Span<DT, kInt4, false, true>(j, pos, n, nullptr, nullptr, p[c].scale, p[c].offset);
+        if (p[c].offset == 0.0f)
+          Span<DT, kInt4, false, false>(j, pos, n, nullptr, nullptr, p[c].scale, 0.f);
+        else
+          Span<DT, kInt4, false, true>(j, pos, n, nullptr, nullptr, p[c].scale, p[c].offset);
       },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        if (j.offset_used) Span<DT, kInt4, true, true>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f);
-        else Span<DT, kInt4, true, false>(j, pos, n, j.scale + ph, nullptr, 0.f, 0.f);
+        if (j.offset_used)
+          Span<DT, kInt4, true, true>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f);
+        else
+          Span<DT, kInt4, true, false>(j, pos, n, j.scale + ph, nullptr, 0.f, 0.f);
       });
   if (j.stream) hwy::FlushStream();
 }
@@ -240,8 +250,7 @@ void cpu_anti_quant(const AntiQuantArgs& a) {
     j.offset_used = HWY_DYNAMIC_DISPATCH(AntiQuantExpand)(a.params, walk, s, s + walk.period);
   }
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
-  parallel_ranges(n, std::int64_t{1} << 16, bytes,
-                  [&](std::int64_t b0, std::int64_t b1) { range(j, b0, b1); });
+  parallel_ranges(n, std::int64_t{1} << 16, bytes, [&](std::int64_t b0, std::int64_t b1) { range(j, b0, b1); });
 }
 
 }  // namespace xquant::detail

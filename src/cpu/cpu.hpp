@@ -60,7 +60,7 @@ inline void unpack_int4_bytes(const std::int32_t* words, std::int64_t begin, std
     b = (b | (b << 8)) & 0x00FF00FF00FF00FFull;
     b = (b | (b << 4)) & 0x0F0F0F0F0F0F0F0Full;
     b |= ((b & 0x0808080808080808ull) >> 3) * 0xF0u;  // sign-extend: nibbles >= 8 get 0xF0
-    std::memcpy(q + i, &b, 8);  // byte j = element 8k + j (little-endian)
+    std::memcpy(q + i, &b, 8);                        // byte j = element 8k + j (little-endian)
   }
   for (; i < n; ++i) q[i] = one(begin + i);
 }

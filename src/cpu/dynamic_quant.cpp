@@ -38,7 +38,8 @@ struct RangeParams {
   float min, max, scale, offset;
 };
 // The per-target kernels, instantiated for one dtype (picked by VisitFloatDType on the calling thread).
-using RowsFn = void (*)(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream);
+using RowsFn = void (*)(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1,
+                        bool stream);
 using RangeMinMaxFn = RowMinMax (*)(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1);
 using RangeQuantFn = void (*)(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t b1, const RangeParams& rp,
                               bool stream);
@@ -142,9 +143,7 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
     kmin = hn::Min(kmin, k);
     kmax = hn::Max(kmax, k);
   }
-  auto key = [](std::int16_t b) {
-    return static_cast<std::int16_t>(b ^ ((b < 0 ? 0xFFFF : 0) & 0x7FFF));
-  };
+  auto key = [](std::int16_t b) { return static_cast<std::int16_t>(b ^ ((b < 0 ? 0xFFFF : 0) & 0x7FFF)); };
   std::int16_t kmn = std::numeric_limits<std::int16_t>::max(), kmx = std::numeric_limits<std::int16_t>::min();
   if (i > 0) {
     kmn = hn::GetLane(hn::MinOfLanes(d16, kmin));
@@ -239,16 +238,16 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     StagedTail(i, count, {{.base = src, .es = es}}, {{.base = dst, .es = 1}},
-               [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
-                 StoreI8(value(in[0], k), static_cast<std::int8_t*>(outs[0]) + k);
-               });
+               [=](const void* const* in, void* const* outs, std::int64_t k)
+                   XQUANT_LAMBDA_INLINE { StoreI8(value(in[0], k), static_cast<std::int8_t*>(outs[0]) + k); });
   };
   // int4 packed in registers: fewer than a vector of values at i, clamped to [-8, 7] and packed into words.
   [[maybe_unused]] auto stage4 = [&](std::int64_t i, std::int64_t count) {
     StagedTail(i, count, {{.base = src, .es = es}}, {{.base = y4, .es = 0}},
                [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  const DI di;
-                 StoreI8(hn::Min(hn::Max(value(in[0], k), hn::Set(di, -8)), hn::Set(di, 7)), static_cast<std::int8_t*>(outs[0]) + k);
+                 StoreI8(hn::Min(hn::Max(value(in[0], k), hn::Set(di, -8)), hn::Set(di, 7)),
+                         static_cast<std::int8_t*>(outs[0]) + k);
                });
   };
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -286,8 +285,10 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         StoreInt4Pair<kUnpacked>(q1, q2, y4 + i / 8);
       } else if constexpr (kUnpacked) {
         const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
-        if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), b);
-        else _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), b);
+        if constexpr (kStream)
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), b);
+        else
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), b);
       } else {
         StoreI8<kStream>(VI{q1}, y8 + i);
         StoreI8<kStream>(VI{q2}, y8 + i + N);
@@ -375,7 +376,8 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   std::vector<float>& buf = padded <= kKeepCols ? kept_buf : big_buf;
   std::vector<std::int8_t>& qtmp = padded <= kKeepCols ? kept_qtmp : big_qtmp;
   if (buf.size() < static_cast<std::size_t>(padded)) buf.resize(static_cast<std::size_t>(padded));
-  if (a.dst == QuantDType::quint4x2 && qtmp.size() < static_cast<std::size_t>(padded)) qtmp.resize(static_cast<std::size_t>(padded));
+  if (a.dst == QuantDType::quint4x2 && qtmp.size() < static_cast<std::size_t>(padded))
+    qtmp.resize(static_cast<std::size_t>(padded));
   const bool int4 = a.dst == QuantDType::quint4x2;
   std::int64_t e = 0;
   for (std::int64_t r = r0; r < r1; ++r) {
@@ -409,8 +411,10 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                      .stream = stream,
                      .pf = r + 1 < r1 ? row + H * es : row,
                      .pf_es = es};
-    if (direct) QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
-    else QuantizeAny<DType::float32>(buf.data(), H, rmin, rmax, p.scale, p.offset, int4, out);
+    if (direct)
+      QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
+    else
+      QuantizeAny<DType::float32>(buf.data(), H, rmin, rmax, p.scale, p.offset, int4, out);
   }
   if (stream) hwy::FlushStream();
 }
@@ -427,8 +431,10 @@ RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t 
   for (std::int64_t p = b0; p < b1; p += kPiece) {
     const std::int64_t n = std::min(kPiece, b1 - p);
     RowMinMax m;
-    if constexpr (DT == DType::float32) m = SmoothAndReduce<DT>(a.x, p, n, nullptr, nullptr);
-    else m = ReduceHalfKeys<DT>(a.x, p, n);
+    if constexpr (DT == DType::float32)
+      m = SmoothAndReduce<DT>(a.x, p, n, nullptr, nullptr);
+    else
+      m = ReduceHalfKeys<DT>(a.x, p, n);
     if (m.empty) continue;
     if (acc.empty) {
       acc = m;
@@ -506,9 +512,7 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
     a.scale[0] = p.scale;
     a.offset[0] = p.offset;
     const RangeParams rp{.min = rmin, .max = rmax, .scale = p.scale, .offset = p.offset};
-    parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) {
-      range_quant(a, b0, b1, rp, stream);
-    });
+    parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) { range_quant(a, b0, b1, rp, stream); });
     return;
   }
   // Smooth scales widened to float32 once per call ([E][H] or [H]).
@@ -520,10 +524,9 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
   }
   const float* sm = a.smooth ? smooth.data() : nullptr;
   const RowsFn rows = HWY_DYNAMIC_DISPATCH(SelectRows)(a.dt);
-  const std::int64_t grain_rows = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
-  parallel_ranges(a.rows, grain_rows, bytes, [&](std::int64_t r0, std::int64_t r1) {
-    rows(a, sm, r0, r1, stream);
-  });
+  const std::int64_t grain_rows =
+      std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
+  parallel_ranges(a.rows, grain_rows, bytes, [&](std::int64_t r0, std::int64_t r1) { rows(a, sm, r0, r1, stream); });
 }
 
 }  // namespace xquant::detail

@@ -33,8 +33,8 @@ namespace xquant::detail {
 struct FqJob {
   DType dt;
   const void* x;
-  void* y;          // forward output / backward grad_in
-  const void* g;    // backward: grad_out
+  void* y;                     // forward output / backward grad_in
+  const void* g;               // backward: grad_out
   float min_bound, max_bound;  // the same for every channel
   bool any_zero;               // some channel is degenerate (scale not finite or 0)
   bool stream;                 // non-temporal stores for y
@@ -87,29 +87,35 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
   const void* const x = j.x;
   void* const y = j.y;
   // out = clamp(rint(x * scale), min_bound, max_bound) / scale; degenerate channels give 0 (NaN stays).
-  auto compute = [=]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi) XQUANT_LAMBDA_INLINE {
-    const VF v = LoadF<DT>(xb, xi);
-    const VF s = kA ? hn::LoadU(df, p.a_scale + pi) : s_b;
-    VF t = hn::Mul(v, s);
-    if constexpr (DT == DType::float16) t = RoundToHalf(t);  // SPEC 1: float16 arithmetic, t = f16(x * scale)
-    const VF q = ClampKeepNaN(RoundEven(t), lo, hi);
-    VF r;
-    if constexpr (kSteps == 0) r = hn::Div(q, s);
-    else r = DivIntegral<kSteps>(q, s, kA ? hn::LoadU(df, p.a_rscale + pi) : r_b);
-    if constexpr (kAnyZero) {
-      const auto z = hn::Gt(kA ? hn::LoadU(df, p.a_zero + pi) : z_b, hn::Zero(df));
-      r = hn::IfThenElse(z, hn::IfThenElse(hn::IsNaN(v), v, hn::Zero(df)), r);
-    }
-    return r;
-  };
+  auto compute = [=]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi)
+                     XQUANT_LAMBDA_INLINE {
+                       const VF v = LoadF<DT>(xb, xi);
+                       const VF s = kA ? hn::LoadU(df, p.a_scale + pi) : s_b;
+                       VF t = hn::Mul(v, s);
+                       if constexpr (DT == DType::float16)
+                         t = RoundToHalf(t);  // SPEC 1: float16 arithmetic, t = f16(x * scale)
+                       const VF q = ClampKeepNaN(RoundEven(t), lo, hi);
+                       VF r;
+                       if constexpr (kSteps == 0)
+                         r = hn::Div(q, s);
+                       else
+                         r = DivIntegral<kSteps>(q, s, kA ? hn::LoadU(df, p.a_rscale + pi) : r_b);
+                       if constexpr (kAnyZero) {
+                         const auto z = hn::Gt(kA ? hn::LoadU(df, p.a_zero + pi) : z_b, hn::Zero(df));
+                         r = hn::IfThenElse(z, hn::IfThenElse(hn::IsNaN(v), v, hn::Zero(df)), r);
+                       }
+                       return r;
+                     };
   auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
     StoreF<DT, kStream>(compute.template operator()<kArr>(x, pos + i, spv, i), y, pos + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
     StagedTail(i, count,
-               {{.base = x, .offset = pos, .es = es}, StageIn::Param(sp.a_scale, sp.scale),
-                StageIn::Param(sp.a_zero, sp.zero), StageIn::Param(sp.a_rscale, sp.rscale)},
+               {{.base = x, .offset = pos, .es = es},
+                StageIn::Param(sp.a_scale, sp.scale),
+                StageIn::Param(sp.a_zero, sp.zero),
+                StageIn::Param(sp.a_rscale, sp.rscale)},
                {{.base = y, .offset = pos, .es = es}},
                [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  const SpanParams p{.a_scale = StagedF(in[1]), .a_zero = StagedF(in[2]), .a_rscale = StagedF(in[3])};
@@ -123,9 +129,15 @@ template <DType DT, int kSteps>
 HWY_INLINE void FwdSpanZ(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
   const bool arr = sp.a_scale != nullptr;
   if (j.any_zero) {
-    if (arr) FwdSpanT<DT, kSteps, true, true>(j, pos, n, sp); else FwdSpanT<DT, kSteps, true, false>(j, pos, n, sp);
+    if (arr)
+      FwdSpanT<DT, kSteps, true, true>(j, pos, n, sp);
+    else
+      FwdSpanT<DT, kSteps, true, false>(j, pos, n, sp);
   } else {
-    if (arr) FwdSpanT<DT, kSteps, false, true>(j, pos, n, sp); else FwdSpanT<DT, kSteps, false, false>(j, pos, n, sp);
+    if (arr)
+      FwdSpanT<DT, kSteps, false, true>(j, pos, n, sp);
+    else
+      FwdSpanT<DT, kSteps, false, false>(j, pos, n, sp);
   }
 }
 
@@ -152,7 +164,8 @@ void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams&
     const VF glo = p.get(p.a_glo, p.glo, pi), ghi = p.get(p.a_ghi, p.ghi, pi);
     StoreF<DT, kStream>(hn::IfThenElseZero(hn::And(hn::Ge(v, glo), hn::Le(v, ghi)), gv), yb, yi);
     if (tp != nullptr) {
-      const VF f = hn::IfThenElse(hn::Gt(v, ghi), one, hn::IfThenElseZero(hn::Lt(v, glo), p.get(p.a_ratio, p.ratio, pi)));
+      const VF f =
+          hn::IfThenElse(hn::Gt(v, ghi), one, hn::IfThenElseZero(hn::Lt(v, glo), p.get(p.a_ratio, p.ratio, pi)));
       hn::StoreU(hn::Mul(gv, f), df, tp);
     }
   };
@@ -162,12 +175,16 @@ void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams&
   auto stage = [&](std::int64_t i, std::int64_t count) {
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
     StagedTail(i, count,
-               {{.base = j.g, .offset = pos, .es = es}, {.base = j.x, .offset = pos, .es = es},
-                StageIn::Param(sp.a_glo, sp.glo), StageIn::Param(sp.a_ghi, sp.ghi), StageIn::Param(sp.a_ratio, sp.ratio)},
+               {{.base = j.g, .offset = pos, .es = es},
+                {.base = j.x, .offset = pos, .es = es},
+                StageIn::Param(sp.a_glo, sp.glo),
+                StageIn::Param(sp.a_ghi, sp.ghi),
+                StageIn::Param(sp.a_ratio, sp.ratio)},
                {{.base = j.y, .offset = pos, .es = es}, {.base = t}},
                [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  const SpanParams p{.a_glo = StagedF(in[2]), .a_ghi = StagedF(in[3]), .a_ratio = StagedF(in[4])};
-                 compute(in[0], in[1], k, out[0], k, p, k, t ? static_cast<float*>(out[1]) + k : nullptr, std::false_type());
+                 compute(in[0], in[1], k, out[0], k, p, k, t ? static_cast<float*>(out[1]) + k : nullptr,
+                         std::false_type());
                });
   };
   DriveSpan(n, j.stream, j.y, pos, dtype_size(DT), step, stage);
@@ -198,10 +215,16 @@ void RangeT(const FqJob& j, std::int64_t a, std::int64_t b, bool backward) {
   j.walk->visit(
       a, b,
       [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
-        if (backward) BwdSpan<DT>(j, pos, n, RunParams(j, c), nullptr); else FwdSpan<DT>(j, pos, n, RunParams(j, c));
+        if (backward)
+          BwdSpan<DT>(j, pos, n, RunParams(j, c), nullptr);
+        else
+          FwdSpan<DT>(j, pos, n, RunParams(j, c));
       },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        if (backward) BwdSpan<DT>(j, pos, n, PhaseParams(j, ph), nullptr); else FwdSpan<DT>(j, pos, n, PhaseParams(j, ph));
+        if (backward)
+          BwdSpan<DT>(j, pos, n, PhaseParams(j, ph), nullptr);
+        else
+          FwdSpan<DT>(j, pos, n, PhaseParams(j, ph));
       });
   if (j.stream) hwy::FlushStream();
 }
@@ -277,7 +300,7 @@ struct FqCall {
     const std::int64_t channels = layout.channels;
     bool any_zero = false;
     for (std::int64_t c = 0; c < channels; ++c) any_zero |= params[c].zero;
-    int div_steps = 0;  // the backward pass divides nothing
+    int div_steps = 0;                     // the backward pass divides nothing
     if (!backward && fast_div_wanted()) {  // the scan only where the FMA division may be used
       float s_min = std::numeric_limits<float>::infinity(), s_max = 0.0f;
       for (std::int64_t c = 0; c < channels; ++c) {

@@ -72,7 +72,7 @@ inline FastDivDomain fast_div_domain(float s_min, float s_max, int min_quotient_
   if (min_quotient_exp > -1000) lo = std::max(lo, std::ldexp(s_max, min_quotient_exp + 1));
   const double hi_d = std::ldexp(static_cast<double>(s_min), 125);
   const float hi = hi_d >= static_cast<double>(std::numeric_limits<float>::max()) ? std::numeric_limits<float>::max()
-                                                                                   : static_cast<float>(hi_d);
+                                                                                  : static_cast<float>(hi_d);
   std::memcpy(&d.lo, &lo, 4);
   std::memcpy(&d.hi, &hi, 4);
   d.ok = d.lo <= d.hi;
@@ -100,8 +100,8 @@ inline int fast_div_integral_steps(float s_min, float s_max, float q_max) {
 // dynamic quantization): no per-vector check either. x is first clamped to [-x_max, x_max] (NaN kept):
 // beyond x_max both quotients saturate alike, as x_max / s_max >= 2^34 > 2^33 >= |z|. Dividends below
 // the domain (|x| < lo, zero excepted) give |x / s| < 2^-36 both ways (s_min >= 2^-60, s_max / s_min <=
-// 2^60; the FMA steps at most multiply |x r| by 7) and rint(q + z) is the same integer for any two such q: if |z| >= 2^-5, q is below half an ulp of
-// z and q + z rounds to z; otherwise |q + z| < 1/2 and rounds to 0.
+// 2^60; the FMA steps at most multiply |x r| by 7) and rint(q + z) is the same integer for any two such q: if |z| >=
+// 2^-5, q is below half an ulp of z and q + z rounds to z; otherwise |q + z| < 1/2 and rounds to 0.
 struct FastDivInt {
   bool ok = false;
   float x_max = 0.0f;

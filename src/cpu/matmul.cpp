@@ -34,8 +34,8 @@ namespace xquant::detail {
 #define XQUANT_CPU_MATMUL_ONCE
 struct QmmJob {
   const QuantMatmulArgs* args;
-  const std::int8_t* x1;  // logical elements, x1_offsets apply
-  const std::int8_t* x2t; // [.. N][K] per matrix, x2_offsets apply
+  const std::int8_t* x1;   // logical elements, x1_offsets apply
+  const std::int8_t* x2t;  // [.. N][K] per matrix, x2_offsets apply
 };
 struct WqmJob {
   const WeightQuantMatmulArgs* args;
@@ -126,8 +126,10 @@ void WqmPanelT(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t np,
     }
     // q[t] = weight element (k, n0 + t)
     if (!a.transpose_weight) {
-      if (a.int4) unpack_int4_bytes(w4, k * N + n0, np, q);
-      else std::memcpy(q, w8 + k * N + n0, static_cast<std::size_t>(np));
+      if (a.int4)
+        unpack_int4_bytes(w4, k * N + n0, np, q);
+      else
+        std::memcpy(q, w8 + k * N + n0, static_cast<std::size_t>(np));
     } else if (a.int4) {
       for (std::int64_t t = 0; t < np; ++t) q[t] = static_cast<std::int8_t>(load_int4(w4, (n0 + t) * K + k));
     } else {
@@ -136,7 +138,7 @@ void WqmPanelT(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t np,
     for (std::int64_t t = np; t < width; ++t) q[t] = 0;
     for (std::int64_t t = 0; t < width; t += L) {
       VF v = hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), q + t)));
-      if (a.offset != nullptr) v = round16(hn::Add(v, hn::Load(df, o + t)));  // narrow_x(q + offset)
+      if (a.offset != nullptr) v = round16(hn::Add(v, hn::Load(df, o + t)));            // narrow_x(q + offset)
       hn::StoreU(round16(hn::Mul(v, hn::Load(df, s + t))), df, panel + k * width + t);  // narrow_x(. * scale)
     }
   }
@@ -148,8 +150,10 @@ void WqmPanel(const WqmJob& j, std::int64_t n0, std::int64_t np, float* panel) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t width = (np + 2 * L - 1) / (2 * L) * (2 * L);
-  if (a.dt == DType::float16) WqmPanelT<DType::float16>(a, n0, np, width, panel);
-  else WqmPanelT<DType::bfloat16>(a, n0, np, width, panel);
+  if (a.dt == DType::float16)
+    WqmPanelT<DType::float16>(a, n0, np, width, panel);
+  else
+    WqmPanelT<DType::bfloat16>(a, n0, np, width, panel);
   const std::int64_t M = a.M, K = a.K, N = a.N;
   HWY_ALIGN float res[4 * kPanel];
   for (std::int64_t m = 0; m < M; m += 4) {
@@ -203,8 +207,10 @@ HWY_EXPORT(WidenX);
 namespace {
 // Logical int8 values of `count` elements of int8 or packed int4 storage.
 void to_int8(bool int4, const void* src, std::int64_t count, std::int8_t* dst) {
-  if (int4) unpack_int4_bytes(static_cast<const std::int32_t*>(src), 0, count, dst);
-  else std::memcpy(dst, src, static_cast<std::size_t>(count));
+  if (int4)
+    unpack_int4_bytes(static_cast<const std::int32_t*>(src), 0, count, dst);
+  else
+    std::memcpy(dst, src, static_cast<std::size_t>(count));
 }
 }  // namespace
 
@@ -260,8 +266,9 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   const std::int64_t M = a.M, K = a.K, N = a.N;
   if (M * N == 0) return;
   std::vector<float> x(static_cast<std::size_t>(M * K));
-  parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6,
-                  [&](std::int64_t b0, std::int64_t b1) { HWY_DYNAMIC_DISPATCH(WidenX)(a, x.data(), b0, b1); });
+  parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6, [&](std::int64_t b0, std::int64_t b1) {
+    HWY_DYNAMIC_DISPATCH(WidenX)(a, x.data(), b0, b1);
+  });
   const WqmJob j{&a, x.data()};
   const std::int64_t panels = (N + kPanel - 1) / kPanel;
   parallel_ranges(panels, 1, M * N * std::max<std::int64_t>(K, 1), [&](std::int64_t p0, std::int64_t p1) {

@@ -35,11 +35,11 @@ struct QJob {
   const QuantizeParams* params;  // runs walk
   const float* scale;            // periodic walk: expanded arrays
   const float* zero_point;       // null when every zero point is 0
-  bool stream;  // non-temporal stores for y (int4: AVX-512 only, 16-byte aligned words)
-  bool has_zero_point;  // some zero point is not 0
-  bool fast_div;        // div_mode without the divider (fast_div_int: every scale and zero point allows it)
-  float x_max;          // fast_div: dividends clamped to [-x_max, x_max]
-  const float* rscale;  // fast_div, periodic walk: 1 / scale, rounded
+  bool stream;                   // non-temporal stores for y (int4: AVX-512 only, 16-byte aligned words)
+  bool has_zero_point;           // some zero point is not 0
+  bool fast_div;                 // div_mode without the divider (fast_div_int: every scale and zero point allows it)
+  float x_max;                   // fast_div: dividends clamped to [-x_max, x_max]
+  const float* rscale;           // fast_div, periodic walk: 1 / scale, rounded
 };
 // The per-target kernel for one (dtype, output type) pair (picked on the calling thread).
 using QuantizeRangeFn = void (*)(const QJob& j, std::int64_t a, std::int64_t b);
@@ -55,8 +55,9 @@ constexpr std::int64_t kBlock = 64;  // int4: elements per packing block (8 word
 template <QuantDType Q, bool kStream = false>
 HWY_INLINE void StoreQ(VF v, void* y, std::int64_t i) {
   if constexpr (Q == QuantDType::qint8 || Q == QuantDType::quint4x2) {
-    StoreI8<kStream>(RoundSaturateToI32Range(v, Q == QuantDType::qint8 ? -128.0f : -8.0f, Q == QuantDType::qint8 ? 127.0f : 7.0f),
-                     static_cast<std::int8_t*>(y) + i);
+    StoreI8<kStream>(
+        RoundSaturateToI32Range(v, Q == QuantDType::qint8 ? -128.0f : -8.0f, Q == QuantDType::qint8 ? 127.0f : 7.0f),
+        static_cast<std::int8_t*>(y) + i);
   } else if constexpr (Q == QuantDType::quint8) {
     StoreU8<kStream>(RoundSaturateToI32Range(v, 0.0f, 255.0f), static_cast<std::uint8_t*>(y) + i);
   } else {
@@ -80,34 +81,35 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded.
   auto value = [=](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp, const float* rp)
                    XQUANT_LAMBDA_INLINE {
-    const VF xv = LoadF<DT>(xb, xi);
-    const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
-    VF scaled;
-    if constexpr (kMode == 0) {
-      scaled = hn::Mul(xv, sv);
-    } else if constexpr (kMode == 1) {
-      scaled = hn::Div(xv, sv);
-    } else {
-      scaled = DivForInteger<true>(xv, sv, rp ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
-    }
-    // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
-    if (!has_zero_point) return scaled;
-    const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
-    return hn::Add(scaled, zv);                                          // rint(... + zero_point) later
-  };
+                     const VF xv = LoadF<DT>(xb, xi);
+                     const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
+                     VF scaled;
+                     if constexpr (kMode == 0) {
+                       scaled = hn::Mul(xv, sv);
+                     } else if constexpr (kMode == 1) {
+                       scaled = hn::Div(xv, sv);
+                     } else {
+                       scaled = DivForInteger<true>(xv, sv, rp ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
+                     }
+                     // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
+                     if (!has_zero_point) return scaled;
+                     const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
+                     return hn::Add(scaled, zv);  // rint(... + zero_point) later
+                   };
   constexpr std::size_t kOutSize = Q == QuantDType::qint32 ? 4 : 1;
   // Fewer than kBlock elements at i (the tail; the head that aligns a streamed output) through stack
   // buffers: the body's value + StoreQ per vector (int4: packed from the int8 lanes).
   auto stage = [&](std::int64_t i, std::int64_t rem) {
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
-    StagedTail<kBlock>(
-        i, rem,
-        {{.base = x, .offset = pos, .es = es}, StageIn::Param(sa, s), {.base = za, .fill = za != nullptr ? 0.0f : z},
-         StageIn::Param(rsa, rs)},
-        {{.base = y, .offset = pos, .es = Q == QuantDType::quint4x2 ? 0 : kOutSize}},
-        [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
-          StoreQ<Q>(value(in[0], k, k, StagedF(in[1]), StagedF(in[2]), StagedF(in[3])), out[0], k);
-        });
+    StagedTail<kBlock>(i, rem,
+                       {{.base = x, .offset = pos, .es = es},
+                        StageIn::Param(sa, s),
+                        {.base = za, .fill = za != nullptr ? 0.0f : z},
+                        StageIn::Param(rsa, rs)},
+                       {{.base = y, .offset = pos, .es = Q == QuantDType::quint4x2 ? 0 : kOutSize}},
+                       [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                         StoreQ<Q>(value(in[0], k, k, StagedF(in[1]), StagedF(in[2]), StagedF(in[3])), out[0], k);
+                       });
   };
   if constexpr (Q == QuantDType::quint4x2) {
     std::int64_t i = 0;
@@ -120,9 +122,10 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 #endif
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     auto pair = [=]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {  // 32 elements -> 4 words
-      StoreInt4Pair<false, true, kStream>(RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f).raw,
-                                          RoundSaturateToI32Range(value(x, pos + k + N, k + N, sa, za, rsa), -8.0f, 7.0f).raw,
-                                          words + ((pos + k) >> 3));
+      StoreInt4Pair<false, true, kStream>(
+          RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f).raw,
+          RoundSaturateToI32Range(value(x, pos + k + N, k + N, sa, za, rsa), -8.0f, 7.0f).raw,
+          words + ((pos + k) >> 3));
     };
     // Large outputs: non-temporal 16-byte stores once the words are 16-byte aligned (a vector's 8 bytes
     // first when they sit at 8 mod 16; never for 4-byte offsets).
@@ -147,9 +150,8 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 #endif
     if (i < n) stage(i, n - i);
   } else {
-    auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-      StoreQ<Q, kStream>(value(x, pos + i, i, sa, za, rsa), y, pos + i);
-    };
+    auto step = [=]<bool kStream>(std::int64_t i)
+                    XQUANT_LAMBDA_INLINE { StoreQ<Q, kStream>(value(x, pos + i, i, sa, za, rsa), y, pos + i); };
     DriveSpan(n, j.stream, y, pos, kOutSize, step, stage);
   }
 }
@@ -206,11 +208,13 @@ void cpu_quantize(const QuantizeArgs& a) {
   // the cache behind the input stream before anyone reads it. (quint4x2 [4096, 4096] from float32 writes
   // 8 MiB behind a 64 MiB read: streamed it measured 87-112 % of memcpy against 80-88 % through the cache,
   // docs/performance.md.)
-  const std::int64_t out_bytes = q == QuantDType::quint4x2 ? n / 2 : n * static_cast<std::int64_t>(dtype_size(storage_dtype(q)));
+  const std::int64_t out_bytes =
+      q == QuantDType::quint4x2 ? n / 2 : n * static_cast<std::int64_t>(dtype_size(storage_dtype(q)));
   const bool stream = use_stream(out_bytes + n * static_cast<std::int64_t>(dtype_size(dt)));
   // Some zero point is not +-0 (NaN included): an OR of the magnitude bits, a loop without a compare chain.
   std::uint32_t zp_bits = 0;
-  for (std::int64_t c = 0; c < channels; ++c) zp_bits |= std::bit_cast<std::uint32_t>(params[c].zero_point) & 0x7FFFFFFFu;
+  for (std::int64_t c = 0; c < channels; ++c)
+    zp_bits |= std::bit_cast<std::uint32_t>(params[c].zero_point) & 0x7FFFFFFFu;
   const bool has_zero_point = zp_bits != 0;
   FastDivInt fd{};
   if (a.div_mode && channels > 0 && fast_div_wanted()) {  // the scan only where the FMA division may be used

@@ -46,7 +46,9 @@ HWY_AFTER_NAMESPACE();
 namespace xquant::detail {
 HWY_EXPORT(ChunkValue);
 
-double cpu_chunk_value(const float* terms, std::int64_t count) { return HWY_DYNAMIC_DISPATCH(ChunkValue)(terms, count); }
+double cpu_chunk_value(const float* terms, std::int64_t count) {
+  return HWY_DYNAMIC_DISPATCH(ChunkValue)(terms, count);
+}
 
 float finish_chunk_sum(const double* chunk_values, std::int64_t chunks) {
   if (chunks == 0) return 0.0f;  // empty sum

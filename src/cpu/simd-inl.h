@@ -142,13 +142,19 @@ template <DType DT, bool kStream = false>
 HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
   if constexpr (DT == DType::float32) {
     float* p = static_cast<float*>(base) + i;
-    if constexpr (kStream) hn::Stream(v, DF(), p); else hn::StoreU(v, DF(), p);
+    if constexpr (kStream)
+      hn::Stream(v, DF(), p);
+    else
+      hn::StoreU(v, DF(), p);
   } else {
     const VU bits = DT == DType::float16 ? FloatToHalfBits(v) : FloatToBf16Bits(v);
     // values are <= 0xFFFF, so the saturating int32 -> uint16 demotion is exact
     const auto h = hn::DemoteTo(DU16(), hn::BitCast(DI(), bits));
     std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
-    if constexpr (kStream) hn::Stream(h, DU16(), p); else hn::StoreU(h, DU16(), p);
+    if constexpr (kStream)
+      hn::Stream(h, DU16(), p);
+    else
+      hn::StoreU(h, DU16(), p);
   }
 }
 
@@ -188,8 +194,8 @@ HWY_INLINE void DriveSpan(std::int64_t n, bool stream, const void* out, std::int
 // DriveSpan with two vectors per step: pair.template operator()<kStream>(i) handles 2 N elements at i
 // (when streaming, base + i is then aligned to two vectors' bytes); a last whole vector goes to step.
 template <class Pair, class Step, class Stage>
-HWY_INLINE void DriveSpanPairs(std::int64_t n, bool stream, const void* out, std::int64_t out_pos,
-                               std::size_t out_es, Pair&& pair, Step&& step, Stage&& stage) {
+HWY_INLINE void DriveSpanPairs(std::int64_t n, bool stream, const void* out, std::int64_t out_pos, std::size_t out_es,
+                               Pair&& pair, Step&& step, Stage&& stage) {
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
   std::int64_t i = 0;
   if (stream && n >= 4 * N && static_cast<std::size_t>(N) * out_es >= 16) {
@@ -224,10 +230,14 @@ HWY_INLINE void DriveSpanPairs(std::int64_t n, bool stream, const void* out, std
 template <class F>
 HWY_INLINE decltype(auto) VisitFloatDType(DType dt, F&& f) {
   switch (dt) {
-    case DType::float32: return f.template operator()<DType::float32>();
-    case DType::float16: return f.template operator()<DType::float16>();
-    case DType::bfloat16: return f.template operator()<DType::bfloat16>();
-    default: break;
+    case DType::float32:
+      return f.template operator()<DType::float32>();
+    case DType::float16:
+      return f.template operator()<DType::float16>();
+    case DType::bfloat16:
+      return f.template operator()<DType::bfloat16>();
+    default:
+      break;
   }
   fail_internal("cpu kernel",
                 "no kernel for dtype " + std::string(dtype_name(dt)) + " (expected float32, float16 or bfloat16)");
@@ -236,10 +246,14 @@ HWY_INLINE decltype(auto) VisitFloatDType(DType dt, F&& f) {
 template <class F>
 HWY_INLINE decltype(auto) VisitQuantDType(QuantDType q, F&& f) {
   switch (q) {
-    case QuantDType::qint8: return f.template operator()<QuantDType::qint8>();
-    case QuantDType::quint8: return f.template operator()<QuantDType::quint8>();
-    case QuantDType::qint32: return f.template operator()<QuantDType::qint32>();
-    case QuantDType::quint4x2: return f.template operator()<QuantDType::quint4x2>();
+    case QuantDType::qint8:
+      return f.template operator()<QuantDType::qint8>();
+    case QuantDType::quint8:
+      return f.template operator()<QuantDType::quint8>();
+    case QuantDType::qint32:
+      return f.template operator()<QuantDType::qint32>();
+    case QuantDType::quint4x2:
+      return f.template operator()<QuantDType::quint4x2>();
   }
   fail_internal("cpu kernel", "no kernel for quantized type " + std::to_string(static_cast<int>(q)));
 }
@@ -279,8 +293,8 @@ struct StageOut {
 // loop's function, and bodies capture by value ([=]) so that no local of the hot loop has its address
 // taken (GCC would then keep it in memory, e.g. a min / max accumulator stored on every iteration).
 template <std::size_t kLen = kMaxLanes, std::size_t kIn, std::size_t kOut, class Body>
-HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (&in)[kIn],
-                             const StageOut (&out)[kOut], Body&& body) {
+HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (&in)[kIn], const StageOut (&out)[kOut],
+                             Body&& body) {
   alignas(64) unsigned char ibuf[kIn][kLen * 4];
   alignas(64) unsigned char obuf[kOut][kLen * 4];
   const void* ip[kIn];
@@ -312,7 +326,8 @@ HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (
   }
   for (std::size_t k = 0; k < kOut; ++k) op[k] = obuf[k];
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
-  for (std::int64_t k = 0; k < count; k += N) body(static_cast<const void* const*>(ip), static_cast<void* const*>(op), k);
+  for (std::int64_t k = 0; k < count; k += N)
+    body(static_cast<const void* const*>(ip), static_cast<void* const*>(op), k);
   for (std::size_t k = 0; k < kOut; ++k) {
     const StageOut& s = out[k];
     if (s.base == nullptr) continue;
@@ -478,9 +493,12 @@ HWY_INLINE void StoreInt4Pair(__m512i q1, __m512i q2, std::int32_t* w) {
   if constexpr (!kInRange) h = _mm512_min_epi16(_mm512_max_epi16(h, _mm512_set1_epi16(-8)), _mm512_set1_epi16(7));
   h = _mm512_and_si512(h, _mm512_set1_epi16(0x0F));
   __m128i b = _mm512_cvtepi32_epi8(_mm512_madd_epi16(h, _mm512_set1_epi32(0x00100001)));
-  if constexpr (!kUnpacked) b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-  if constexpr (kStream) _mm_stream_si128(reinterpret_cast<__m128i*>(w), b);
-  else _mm_storeu_si128(reinterpret_cast<__m128i*>(w), b);
+  if constexpr (!kUnpacked)
+    b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+  if constexpr (kStream)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(w), b);
+  else
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(w), b);
 }
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define XQUANT_HAVE_VECTOR_INT4 1
@@ -513,15 +531,24 @@ HWY_INLINE void StoreI8(VI v, std::int8_t* p) {
 #else
   const hn::Vec<DI8> b = hn::DemoteTo(DI8(), v);
 #endif
-  if constexpr (kStream) hn::Stream(b, DI8(), p); else hn::StoreU(b, DI8(), p);
+  if constexpr (kStream)
+    hn::Stream(b, DI8(), p);
+  else
+    hn::StoreU(b, DI8(), p);
 }
 template <bool kStream = false>
 HWY_INLINE void StoreU8(VI v, std::uint8_t* p) {
-  if constexpr (kStream) hn::Stream(hn::DemoteTo(DU8(), v), DU8(), p); else hn::StoreU(hn::DemoteTo(DU8(), v), DU8(), p);
+  if constexpr (kStream)
+    hn::Stream(hn::DemoteTo(DU8(), v), DU8(), p);
+  else
+    hn::StoreU(hn::DemoteTo(DU8(), v), DU8(), p);
 }
 template <bool kStream = false>
 HWY_INLINE void StoreI32(VI v, std::int32_t* p) {
-  if constexpr (kStream) hn::Stream(v, DI(), p); else hn::StoreU(v, DI(), p);
+  if constexpr (kStream)
+    hn::Stream(v, DI(), p);
+  else
+    hn::StoreU(v, DI(), p);
 }
 
 }  // namespace xquant::detail::HWY_NAMESPACE

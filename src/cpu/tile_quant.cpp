@@ -37,7 +37,8 @@ void TileRow(const float* src, std::int64_t cols, float scale, float offset, voi
   auto step = [=]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE { quantize(src, out, k); };
   auto stage = [&](std::int64_t k, std::int64_t count) {
     StagedTail(k, count, {{.base = src}}, {{.base = out, .es = 1}},
-               [=](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE { quantize(in[0], outs[0], m); });
+               [=](const void* const* in, void* const* outs, std::int64_t m)
+                   XQUANT_LAMBDA_INLINE { quantize(in[0], outs[0], m); });
   };
   DriveSpan(cols, false, out, 0, 1, step, stage);
 }
@@ -48,8 +49,10 @@ void TileRows(const TileQuantArgs& a, std::int64_t r0, std::int64_t r1) {
     const float* src = a.src + i * a.src_pitch;
     void* out = static_cast<std::uint8_t*>(a.out) + i * a.out_pitch;
     const float scale = a.scale[i * a.scale_pitch];
-    if (a.mode == QuantMode::SYM) TileRow<false>(src, a.cols, scale, 0.0f, out);
-    else TileRow<true>(src, a.cols, scale, a.offset[i * a.offset_pitch], out);
+    if (a.mode == QuantMode::SYM)
+      TileRow<false>(src, a.cols, scale, 0.0f, out);
+    else
+      TileRow<true>(src, a.cols, scale, a.offset[i * a.offset_pitch], out);
   }
 }
 
@@ -62,8 +65,9 @@ HWY_EXPORT(TileRows);
 
 void cpu_tile_quant(const TileQuantArgs& a) {
   const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(a.cols, 1));
-  parallel_ranges(a.rows, grain, a.rows * a.cols * 5,
-                  [&](std::int64_t r0, std::int64_t r1) { HWY_DYNAMIC_DISPATCH(TileRows)(a, r0, r1); });
+  parallel_ranges(a.rows, grain, a.rows * a.cols * 5, [&](std::int64_t r0, std::int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(TileRows)(a, r0, r1);
+  });
 }
 
 }  // namespace xquant::detail

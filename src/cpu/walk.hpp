@@ -1,4 +1,5 @@
-// How the cpu kernels walk an [outer, C, inner] problem (a ChannelLayout, xquant/layout.hpp) with per-channel parameters.
+// How the cpu kernels walk an [outer, C, inner] problem (a ChannelLayout, xquant/layout.hpp) with per-channel
+// parameters.
 //  - runs:     inner >= kMinRun: each (o, c) row is a run with broadcast (scalar) parameters;
 //  - periodic: small inner (the last axis has inner == 1): parameters are expanded to the period
 //              P = C * inner and loaded as vectors; element i uses phase i % P. A short P is replicated

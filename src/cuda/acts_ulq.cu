@@ -23,8 +23,8 @@ __global__ void acts_ulq_kernel(ActsUlqArgs a, std::int64_t n) {
       imin += k * plan.stride_min[d];
       imax += k * plan.stride_max[d];
     }
-    const ActsUlqParams p =
-        init_acts_ulq_params(hd_load_float(a.dt, a.clamp_min, imin), hd_load_float(a.dt, a.clamp_max, imax), a.fixed_min, levels);
+    const ActsUlqParams p = init_acts_ulq_params(hd_load_float(a.dt, a.clamp_min, imin),
+                                                 hd_load_float(a.dt, a.clamp_max, imax), a.fixed_min, levels);
     const ActsUlqElement e = acts_ulq_element(hd_load_float(a.dt, a.x, ix), p, levels);
     // NaN results as the reference's usual NaN (the canonical 0x7FC00000, from NaN operands); x86's default
     // NaN 0xFFC00000 of an invalid operation (Inf clamps) is not reproduced (docs/semantics.md 1.11).
@@ -83,7 +83,8 @@ Reduction reduction_of(const BroadcastPlan& plan, const std::int64_t* stride) {
   return r;
 }
 
-__device__ inline std::int64_t unravel(std::int64_t v, int rank, const std::int64_t* extent, const std::int64_t* stride) {
+__device__ inline std::int64_t unravel(std::int64_t v, int rank, const std::int64_t* extent,
+                                       const std::int64_t* stride) {
   std::int64_t o = 0;
   for (int k = rank - 1; k >= 0; --k) {
     o += (v % extent[k]) * stride[k];
@@ -151,7 +152,8 @@ __global__ void ulq_grad_total_kernel(const double* chunk_values, std::int64_t t
     float r = 0.0f;
     if (!zero && chunks_per_target > 0) {
       double total = -0.0;
-      for (std::int64_t j = 0; j < chunks_per_target; ++j) total = __dadd_rn(total, chunk_values[t * chunks_per_target + j]);
+      for (std::int64_t j = 0; j < chunks_per_target; ++j)
+        total = __dadd_rn(total, chunk_values[t * chunks_per_target + j]);
       r = __double2float_rn(total);
       if (hd_isnan(r)) r = hd_qnan();
     }

@@ -38,7 +38,8 @@ class Upload {
   Upload(const T* host, std::int64_t n, const char* what) {
     if (host == nullptr || n <= 0) return;
     const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
-    check(cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes, stream()), std::string("cudaMallocAsync (") + what + ")");
+    check(cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes, stream()),
+          std::string("cudaMallocAsync (") + what + ")");
     const cudaError_t e = cudaMemcpyAsync(p_, host, bytes, cudaMemcpyHostToDevice, stream());
     if (e != cudaSuccess) {
       (void)cudaFreeAsync(p_, stream());
@@ -88,8 +89,8 @@ __device__ inline void d_store_q(QuantDType q, void* y, std::int64_t i, float r)
       return;
     case QuantDType::qint32:
     case QuantDType::quint4x2:
-      static_cast<std::int32_t*>(y)[i] = static_cast<std::int32_t>(
-          d_saturate(r, -2147483648.0f, 2147483648.0f, -2147483648LL, 2147483647LL));
+      static_cast<std::int32_t*>(y)[i] =
+          static_cast<std::int32_t>(d_saturate(r, -2147483648.0f, 2147483648.0f, -2147483648LL, 2147483647LL));
       return;
   }
 }

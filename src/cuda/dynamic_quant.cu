@@ -32,7 +32,10 @@ __device__ inline std::int64_t expert_of_row(const std::int64_t* ends, std::int6
   std::int64_t lo = 0, hi = groups;  // first e with ends[e] > r (upper_bound)
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo) / 2;
-    if (ends[mid] > r) hi = mid; else lo = mid + 1;
+    if (ends[mid] > r)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   return lo;
 }

@@ -66,7 +66,8 @@ __global__ void fake_quant_grad_chunks_kernel(DType dt, const void* grad_out, co
         if (k >= terms) break;
         const std::int64_t o = k / l.inner, i = k % l.inner;
         const std::int64_t flat = (o * l.channels + c) * l.inner + i;
-        const float t = __fmul_rn(hd_load_float(dt, grad_out, flat), fake_quant_amax_factor(hd_load_float(dt, x, flat), p));
+        const float t =
+            __fmul_rn(hd_load_float(dt, grad_out, flat), fake_quant_amax_factor(hd_load_float(dt, x, flat), p));
         acc = __dadd_rn(acc, static_cast<double>(t));
       }
     }
@@ -81,15 +82,16 @@ __global__ void fake_quant_grad_total_kernel(const double* chunk_values, std::in
   for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < channels;
        c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     double total = -0.0;
-    for (std::int64_t j = 0; j < chunks_per_channel; ++j) total = __dadd_rn(total, chunk_values[c * chunks_per_channel + j]);
+    for (std::int64_t j = 0; j < chunks_per_channel; ++j)
+      total = __dadd_rn(total, chunk_values[c * chunks_per_channel + j]);
     float r = chunks_per_channel == 0 ? 0.0f : __double2float_rn(total);
     if (hd_isnan(r)) r = hd_qnan();
     grad_amax[c] = r;
   }
 }
 
-__global__ void fake_quant_grad_in_kernel(DType dt, const void* grad_out, const void* x, void* grad_in,
-                                          ChannelLayout l, const FakeQuantParams* params) {
+__global__ void fake_quant_grad_in_kernel(DType dt, const void* grad_out, const void* x, void* grad_in, ChannelLayout l,
+                                          const FakeQuantParams* params) {
   const std::int64_t n = l.outer * l.channels * l.inner;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -123,7 +125,7 @@ void fake_quant_backward(const FakeQuantBackwardArgs& a) {
     check(e, "launching the fake_quant_backward grad_amax sums");
   }
   fake_quant_grad_in_kernel<<<grid_for(n, kBlock), kBlock, 0, stream()>>>(a.dt, a.grad_out, a.x, a.grad_in, a.layout,
-                                                                         params.get());
+                                                                          params.get());
   check_launch("fake_quant_grad_in_kernel");
 }
 

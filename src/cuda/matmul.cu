@@ -21,7 +21,6 @@ namespace xquant::detail::cuda {
 
 namespace {
 
-
 // stream(), Upload and check_launch: cuda/common.cuh.
 
 __device__ inline int d_load_q(bool int4, const void* base, std::int64_t e) {
@@ -38,8 +37,8 @@ __global__ void quant_matmul_kernel(bool int4, const void* x1, const void* x2, b
     const std::int64_t o1 = off1[b] + m * K, o2 = off2[b];
     std::int32_t acc = 0;
     for (std::int64_t k = 0; k < K; ++k)
-      acc = wrap_add(acc, wrap_mul(d_load_q(int4, x1, o1 + k),
-                                   d_load_q(int4, x2, o2 + (transpose_x2 ? n * K + k : k * N + n))));
+      acc = wrap_add(
+          acc, wrap_mul(d_load_q(int4, x1, o1 + k), d_load_q(int4, x2, o2 + (transpose_x2 ? n * K + k : k * N + n))));
     quant_matmul_finish(e, out, i, b, m, n, acc);
   }
 }
@@ -82,8 +81,8 @@ void quant_matmul(const QuantMatmulArgs& a) {
   d.pertoken = pertoken.get();
   d.bias_int = bias_i.get();
   d.bias_float = bias_f.get();
-  quant_matmul_kernel<<<grid_for(total, kBlock), kBlock, 0, stream()>>>(a.int4, a.x1, a.x2, a.transpose_x2, a.batch, a.M,
-                                                                       a.K, a.N, off1.get(), off2.get(), a.out, d);
+  quant_matmul_kernel<<<grid_for(total, kBlock), kBlock, 0, stream()>>>(
+      a.int4, a.x1, a.x2, a.transpose_x2, a.batch, a.M, a.K, a.N, off1.get(), off2.get(), a.out, d);
   check_launch("quant_matmul_kernel");
 }
 

@@ -37,8 +37,8 @@ void check(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();
   const ErrorCode code = e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::device_error;
-  throw Error(code, "cuda", "xquant::cuda: CUDA error in " + what + ": " + cudaGetErrorName(e) + " (" +
-                                cudaGetErrorString(e) + ")");
+  throw Error(code, "cuda",
+              "xquant::cuda: CUDA error in " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
 void set_device(int index) { check(cudaSetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")"); }

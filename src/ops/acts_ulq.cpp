@@ -215,10 +215,13 @@ Shape acts_ulq_output_shape(const Shape& x, const Shape& clamp_min, const Shape&
 void acts_ulq_out(TensorView y, TensorView clamp_min_mask, TensorView clamp_max_mask, TensorView x_clamped_loss,
                   ConstTensorView x, ConstTensorView clamp_min, ConstTensorView clamp_max, bool fixed_min,
                   int num_bits) {
-  const Device dev = detail::common_device(
-      kOp, {{"x", x.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device}, {"y", y.device},
-            {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
-            {"x_clamped_loss", x_clamped_loss.device}});
+  const Device dev = detail::common_device(kOp, {{"x", x.device},
+                                                 {"clamp_min", clamp_min.device},
+                                                 {"clamp_max", clamp_max.device},
+                                                 {"y", y.device},
+                                                 {"clamp_min_mask", clamp_min_mask.device},
+                                                 {"clamp_max_mask", clamp_max_mask.device},
+                                                 {"x_clamped_loss", x_clamped_loss.device}});
   const auto kernel = detail::kernels_for(kOp, "x", dev).acts_ulq;
   const Shape out = validate_forward_inputs(x, clamp_min, clamp_max, num_bits);
   check_output(kOp, "y", y, x.dtype, out, kBroadcastWhat);
@@ -249,13 +252,12 @@ void acts_ulq_out(TensorView y, TensorView clamp_min_mask, TensorView clamp_max_
 ActsUlqResult acts_ulq(ConstTensorView x, ConstTensorView clamp_min, ConstTensorView clamp_max, bool fixed_min,
                        int num_bits) {
   const Shape out = validate_forward_inputs(x, clamp_min, clamp_max, num_bits);
-  const Device dev = detail::common_device(
-      kOp, {{"x", x.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device}});
+  const Device dev =
+      detail::common_device(kOp, {{"x", x.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device}});
   (void)detail::kernels_for(kOp, "x", dev);  // fails here, before allocating, if the device cannot run it
   ActsUlqResult r{Tensor(x.dtype, out, dev), Tensor(x.dtype, out, dev), Tensor(x.dtype, out, dev),
                   Tensor(x.dtype, out, dev)};
-  acts_ulq_out(r.y, r.clamp_min_mask, r.clamp_max_mask, r.x_clamped_loss, x, clamp_min, clamp_max, fixed_min,
-               num_bits);
+  acts_ulq_out(r.y, r.clamp_min_mask, r.clamp_max_mask, r.x_clamped_loss, x, clamp_min, clamp_max, fixed_min, num_bits);
   return r;
 }
 
@@ -263,11 +265,15 @@ void acts_ulq_backward_out(TensorView x_grad, TensorView clamp_min_grad, TensorV
                            ConstTensorView y_grad, ConstTensorView clamp_min, ConstTensorView clamp_max,
                            ConstTensorView clamp_min_mask, ConstTensorView clamp_max_mask,
                            ConstTensorView x_clamped_loss, bool fixed_min, int num_bits) {
-  const Device dev = detail::common_device(
-      kOpBackward, {{"y_grad", y_grad.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device},
-                    {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
-                    {"x_clamped_loss", x_clamped_loss.device}, {"x_grad", x_grad.device},
-                    {"clamp_min_grad", clamp_min_grad.device}, {"clamp_max_grad", clamp_max_grad.device}});
+  const Device dev = detail::common_device(kOpBackward, {{"y_grad", y_grad.device},
+                                                         {"clamp_min", clamp_min.device},
+                                                         {"clamp_max", clamp_max.device},
+                                                         {"clamp_min_mask", clamp_min_mask.device},
+                                                         {"clamp_max_mask", clamp_max_mask.device},
+                                                         {"x_clamped_loss", x_clamped_loss.device},
+                                                         {"x_grad", x_grad.device},
+                                                         {"clamp_min_grad", clamp_min_grad.device},
+                                                         {"clamp_max_grad", clamp_max_grad.device}});
   const auto kernel = detail::kernels_for(kOpBackward, "y_grad", dev).acts_ulq_backward;
   // x_grad's view carries x's shape, so it is checked as a view before the shapes are broadcast.
   check_view(kOpBackward, "x_grad", x_grad);
@@ -314,10 +320,12 @@ ActsUlqGrads acts_ulq_backward(ConstTensorView y_grad, const Shape& x_shape, Con
   validate_backward_inputs("x_shape", x_shape, y_grad, clamp_min, clamp_max, clamp_min_mask, clamp_max_mask,
                            x_clamped_loss, num_bits);
   const DType dt = clamp_min.dtype;
-  const Device dev = detail::common_device(
-      kOpBackward, {{"y_grad", y_grad.device}, {"clamp_min", clamp_min.device}, {"clamp_max", clamp_max.device},
-                    {"clamp_min_mask", clamp_min_mask.device}, {"clamp_max_mask", clamp_max_mask.device},
-                    {"x_clamped_loss", x_clamped_loss.device}});
+  const Device dev = detail::common_device(kOpBackward, {{"y_grad", y_grad.device},
+                                                         {"clamp_min", clamp_min.device},
+                                                         {"clamp_max", clamp_max.device},
+                                                         {"clamp_min_mask", clamp_min_mask.device},
+                                                         {"clamp_max_mask", clamp_max_mask.device},
+                                                         {"x_clamped_loss", x_clamped_loss.device}});
   (void)detail::kernels_for(kOpBackward, "y_grad", dev);  // fails here, before allocating, if the device cannot run it
   ActsUlqGrads g{Tensor(dt, x_shape, dev), Tensor(dt, clamp_min.shape, dev), Tensor(dt, clamp_max.shape, dev)};
   acts_ulq_backward_out(g.x_grad, g.clamp_min_grad, g.clamp_max_grad, y_grad, clamp_min, clamp_max, clamp_min_mask,

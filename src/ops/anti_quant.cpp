@@ -33,8 +33,8 @@ struct Plan {
   ChannelLayout layout;
 };
 
-Plan validate_inputs(const ConstTensorView& x, const ConstTensorView& scale, const std::optional<ConstTensorView>& offset,
-                     QuantDType src_dtype) {
+Plan validate_inputs(const ConstTensorView& x, const ConstTensorView& scale,
+                     const std::optional<ConstTensorView>& offset, QuantDType src_dtype) {
   if (src_dtype != QuantDType::qint8 && src_dtype != QuantDType::quint4x2)
     fail(ErrorCode::invalid_argument, kOp, "src_dtype",
          "src_dtype is " + std::string(quant_dtype_name(src_dtype)) + " but expected qint8 or quint4x2");
@@ -77,8 +77,7 @@ Plan validate_inputs(const ConstTensorView& x, const ConstTensorView& scale, con
     detail::check_shape(kOp, "offset", offset->shape, scale.shape, "the shape of scale");
   }
   const std::int64_t numel = shape_numel(p.out_shape);
-  p.layout = scale.shape[0] == 1 && H != 1 ? ChannelLayout{1, 1, numel}
-                                           : ChannelLayout{H == 0 ? 0 : numel / H, H, 1};
+  p.layout = scale.shape[0] == 1 && H != 1 ? ChannelLayout{1, 1, numel} : ChannelLayout{H == 0 ? 0 : numel / H, H, 1};
   return p;
 }
 
@@ -93,15 +92,16 @@ void check_dst(std::string_view arg, DType dt, bool is_out) {
 
 void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, std::optional<ConstTensorView> offset,
                     QuantDType src_dtype) {
-  const Device dev = detail::common_device(kOp, {{"x", x.device}, {"scale", scale.device},
-                                                 {"offset", offset ? offset->device : x.device}, {"out", out.device}});
+  const Device dev = detail::common_device(
+      kOp,
+      {{"x", x.device}, {"scale", scale.device}, {"offset", offset ? offset->device : x.device}, {"out", out.device}});
   const auto kernel = detail::kernels_for(kOp, "x", dev).anti_quant;
   const Plan p = validate_inputs(x, scale, offset, src_dtype);
   detail::check_view(kOp, "out", out);
   check_dst("out", out.dtype, true);
-  detail::check_shape(kOp, "out", out.shape, p.out_shape,
-                      src_dtype == QuantDType::quint4x2 ? "the logical shape of x: its last dimension * 8"
-                                                        : "the shape of x");
+  detail::check_shape(
+      kOp, "out", out.shape, p.out_shape,
+      src_dtype == QuantDType::quint4x2 ? "the logical shape of x: its last dimension * 8" : "the shape of x");
   detail::check_no_overlap(kOp, "out", out.data, out.nbytes(), "x", x.data, x.nbytes());
   detail::check_no_overlap(kOp, "out", out.data, out.nbytes(), "scale", scale.data, scale.nbytes());
   if (offset) detail::check_no_overlap(kOp, "out", out.data, out.nbytes(), "offset", offset->data, offset->nbytes());
@@ -150,7 +150,8 @@ Tensor anti_quant(ConstTensorView x, ConstTensorView scale, std::optional<ConstT
                   QuantDType src_dtype) {
   const Plan p = validate_inputs(x, scale, offset, src_dtype);  // validate before allocating
   check_dst("dst_dtype", dst_dtype, false);
-  detail::common_device(kOp, {{"x", x.device}, {"scale", scale.device}, {"offset", offset ? offset->device : x.device}});
+  detail::common_device(kOp,
+                        {{"x", x.device}, {"scale", scale.device}, {"offset", offset ? offset->device : x.device}});
   Tensor out(dst_dtype, p.out_shape, x.device);
   anti_quant_out(out, x, scale, offset, src_dtype);
   return out;
@@ -158,7 +159,8 @@ Tensor anti_quant(ConstTensorView x, ConstTensorView scale, std::optional<ConstT
 
 Shape plan_anti_quant(const TensorSpec& x, const TensorSpec& scale, const std::optional<TensorSpec>& offset,
                       QuantDType src_dtype) {
-  return validate_inputs(detail::spec_view(x), detail::spec_view(scale), detail::spec_view(offset), src_dtype).out_shape;
+  return validate_inputs(detail::spec_view(x), detail::spec_view(scale), detail::spec_view(offset), src_dtype)
+      .out_shape;
 }
 
 }  // namespace xquant

@@ -34,7 +34,7 @@ struct Plan {
   bool per_tensor = false;
   DType y_dtype = DType::int8;
   Shape y_shape;
-  Shape param_shape;                    // x.shape[:-1] (pertoken) or [1] (pertensor)
+  Shape param_shape;                     // x.shape[:-1] (pertoken) or [1] (pertensor)
   std::vector<std::int64_t> group_ends;  // empty when group_index is absent
 };
 
@@ -92,8 +92,10 @@ Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::o
                " is not a multiple of 8, but expected a multiple of 8 for dst_type quint4x2");
     p.y_shape.back() = p.cols / 8;
   }
-  if (p.per_tensor) p.param_shape = Shape{1};
-  else p.param_shape = Shape(x.shape.begin(), x.shape.end() - 1);
+  if (p.per_tensor)
+    p.param_shape = Shape{1};
+  else
+    p.param_shape = Shape(x.shape.begin(), x.shape.end() - 1);
 
   // Option combinations.
   if (group_index && !smooth_scales)
@@ -153,16 +155,16 @@ Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::o
     }
     if (p.group_ends.back() != p.rows)
       fail(ErrorCode::invalid_argument, op, "group_index",
-           "group_index[" + str(experts - 1) + "] is " + str(p.group_ends.back()) + " but expected " +
-               str(p.rows) + " (S, the number of rows of x: the last row end covers every row)");
+           "group_index[" + str(experts - 1) + "] is " + str(p.group_ends.back()) + " but expected " + str(p.rows) +
+               " (S, the number of rows of x: the last row end covers every row)");
   }
   return p;
 }
 
 // offset: nullptr for the symmetric operator (it has none).
 void validate_outputs(std::string_view op, const Plan& p, const TensorView& y, const TensorView& scale,
-                      const TensorView* offset,
-                      const ConstTensorView& x, const std::optional<ConstTensorView>& smooth_scales,
+                      const TensorView* offset, const ConstTensorView& x,
+                      const std::optional<ConstTensorView>& smooth_scales,
                       const std::optional<ConstTensorView>& group_index) {
   detail::check_output(op, "y", y, p.y_dtype, p.y_shape,
                        p.y_dtype == DType::int8 ? "the shape of x" : "the shape of x with the last dimension / 8");
@@ -184,8 +186,8 @@ void validate_outputs(std::string_view op, const Plan& p, const TensorView& y, c
     for (const Buf& in : inputs)
       detail::check_no_overlap(op, outputs[o].name, outputs[o].data, outputs[o].bytes, in.name, in.data, in.bytes);
     for (std::size_t k = 0; k < o; ++k)
-      detail::check_no_overlap(op, outputs[o].name, outputs[o].data, outputs[o].bytes, outputs[k].name,
-                               outputs[k].data, outputs[k].bytes);
+      detail::check_no_overlap(op, outputs[o].name, outputs[o].data, outputs[o].bytes, outputs[k].name, outputs[k].data,
+                               outputs[k].bytes);
   }
 }
 
@@ -206,8 +208,9 @@ detail::DynamicQuantFn kernel_of(std::string_view op, Device dev) {
   return detail::kernels_for(op, "x", dev).dynamic_quant;
 }
 
-void run(detail::DynamicQuantFn kernel, const Plan& p, const TensorView& y, const TensorView& scale, const TensorView* offset, const ConstTensorView& x,
-         const std::optional<ConstTensorView>& smooth_scales, QuantDType dst_type) {
+void run(detail::DynamicQuantFn kernel, const Plan& p, const TensorView& y, const TensorView& scale,
+         const TensorView* offset, const ConstTensorView& x, const std::optional<ConstTensorView>& smooth_scales,
+         QuantDType dst_type) {
   // Nothing to write: pertoken over zero rows. (H == 0 with S > 0, and pertensor over zero elements,
   // still produce parameters: rowMax = rowMin = 0.)
   if (!p.per_tensor && p.rows == 0) return;

@@ -53,8 +53,8 @@ FakeQuantProblem plan(const char* op, const ConstTensorView& inputs, const Const
     if (amax.dim() != 1 || amax.shape[0] != inputs.shape[static_cast<std::size_t>(ax)])
       fail(ErrorCode::shape_mismatch, op, "amax",
            "amax has shape " + shape_str(amax.shape) + " but inputs has " +
-               std::to_string(inputs.shape[static_cast<std::size_t>(ax)]) + " channels on axis " +
-               std::to_string(ax) + " (expected a 1-D amax of that length)");
+               std::to_string(inputs.shape[static_cast<std::size_t>(ax)]) + " channels on axis " + std::to_string(ax) +
+               " (expected a 1-D amax of that length)");
     pb.split = detail::split_at_axis(inputs.shape, ax);
   }
   if (!read_values) return pb;
@@ -96,7 +96,8 @@ void check_devices(const char* op, const ConstTensorView& inputs, const ConstTen
 // out_name: "out", or "inputs" for the in-place form (whose output is its input).
 void run_forward(const char* op, const char* out_name, TensorView out, const ConstTensorView& inputs,
                  const ConstTensorView& amax, std::optional<std::int64_t> axis, const FakeQuantOptions& o) {
-  const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}, {out_name, out.device}});
+  const Device dev =
+      detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device}, {out_name, out.device}});
   const auto kernel = detail::kernels_for(op, "inputs", dev).fake_quant;
   FakeQuantProblem pb = plan(op, inputs, amax, axis, o);
   detail::check_output(op, out_name, out, inputs.dtype, inputs.shape, "the shape of inputs");
@@ -131,8 +132,8 @@ void fake_tensor_quant_inplace(TensorView inputs, ConstTensorView amax, const Fa
   run_forward("fake_tensor_quant_inplace", "inputs", inputs, inputs, amax, std::nullopt, options);
 }
 
-void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, ConstTensorView amax,
-                                     std::int64_t axis, const FakeQuantOptions& options) {
+void fake_tensor_quant_with_axis_out(TensorView out, ConstTensorView inputs, ConstTensorView amax, std::int64_t axis,
+                                     const FakeQuantOptions& options) {
   run_forward("fake_tensor_quant_with_axis", "out", std::move(out), inputs, amax, axis, options);
 }
 
@@ -149,8 +150,10 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
                                     ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
                                     std::optional<std::int64_t> axis, const FakeQuantOptions& options) {
   const char* op = "fake_tensor_quant_backward";
-  const Device dev = detail::common_device(op, {{"inputs", inputs.device}, {"amax", amax.device},
-                                                {"grad_out", grad_out.device}, {"grad_inputs", grad_inputs.device},
+  const Device dev = detail::common_device(op, {{"inputs", inputs.device},
+                                                {"amax", amax.device},
+                                                {"grad_out", grad_out.device},
+                                                {"grad_inputs", grad_inputs.device},
                                                 {"grad_amax", grad_amax ? grad_amax->device : inputs.device}});
   // Before anything else: the CUDA backend has no backward kernel yet (nothing is read or written).
   const detail::KernelTable& kt = detail::kernels_for(op, "inputs", dev);
@@ -160,16 +163,16 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
   detail::check_output(op, "grad_inputs", grad_inputs, inputs.dtype, inputs.shape, "the shape of inputs");
   // grad_inputs is written while grad_out and inputs are still read: the same buffer is fine (each
   // element is read before it is written), a partial overlap is not.
-  detail::check_same_or_disjoint(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "grad_out",
-                                 grad_out.data, grad_out.nbytes());
-  detail::check_same_or_disjoint(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "inputs",
-                                 inputs.data, inputs.nbytes());
-  detail::check_no_overlap(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "amax", amax.data,
-                           amax.nbytes());
+  detail::check_same_or_disjoint(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "grad_out", grad_out.data,
+                                 grad_out.nbytes());
+  detail::check_same_or_disjoint(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "inputs", inputs.data,
+                                 inputs.nbytes());
+  detail::check_no_overlap(op, "grad_inputs", grad_inputs.data, grad_inputs.nbytes(), "amax", amax.data, amax.nbytes());
   if (grad_amax) {
     detail::check_output(op, "grad_amax", *grad_amax, amax.dtype, amax.shape, "the shape of amax");
     const std::size_t gb = grad_amax->nbytes();
-    detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "grad_inputs", grad_inputs.data, grad_inputs.nbytes());
+    detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "grad_inputs", grad_inputs.data,
+                             grad_inputs.nbytes());
     detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "grad_out", grad_out.data, grad_out.nbytes());
     detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "inputs", inputs.data, inputs.nbytes());
     detail::check_no_overlap(op, "grad_amax", grad_amax->data, gb, "amax", amax.data, amax.nbytes());
@@ -207,16 +210,16 @@ void fake_tensor_quant_backward_out(TensorView grad_inputs, std::optional<Tensor
 FakeQuantGrads fake_tensor_quant_backward(ConstTensorView grad_out, ConstTensorView inputs, ConstTensorView amax,
                                           std::optional<std::int64_t> axis, const FakeQuantOptions& options,
                                           bool want_grad_amax) {
-  const Device dev = detail::common_device("fake_tensor_quant_backward",
-                                          {{"inputs", inputs.device}, {"amax", amax.device}, {"grad_out", grad_out.device}});
+  const Device dev = detail::common_device(
+      "fake_tensor_quant_backward", {{"inputs", inputs.device}, {"amax", amax.device}, {"grad_out", grad_out.device}});
   // fails here, before allocating, if the device cannot run it
   (void)detail::kernels_for("fake_tensor_quant_backward", "inputs", dev);
   plan("fake_tensor_quant_backward", inputs, amax, axis, options);
   FakeQuantGrads g;
   g.grad_inputs = Tensor(inputs.dtype, inputs.shape, inputs.device);
   if (want_grad_amax) g.grad_amax = Tensor(amax.dtype, amax.shape, amax.device);
-  fake_tensor_quant_backward_out(g.grad_inputs, want_grad_amax ? std::optional<TensorView>(g.grad_amax.view())
-                                                               : std::nullopt,
+  fake_tensor_quant_backward_out(g.grad_inputs,
+                                 want_grad_amax ? std::optional<TensorView>(g.grad_amax.view()) : std::nullopt,
                                  grad_out, inputs, amax, axis, options);
   return g;
 }
@@ -228,7 +231,8 @@ Shape plan_fake_tensor_quant(const TensorSpec& inputs, const TensorSpec& amax, c
   return inputs.shape;
 }
 
-Shape plan_fake_tensor_quant_inplace(const TensorSpec& inputs, const TensorSpec& amax, const FakeQuantOptions& options) {
+Shape plan_fake_tensor_quant_inplace(const TensorSpec& inputs, const TensorSpec& amax,
+                                     const FakeQuantOptions& options) {
   plan("fake_tensor_quant_inplace", detail::spec_view(inputs), detail::spec_view(amax), std::nullopt, options, false);
   return inputs.shape;
 }

@@ -34,7 +34,8 @@ std::string dname(DType dt) { return std::string(dtype_name(dt)); }
 std::int64_t times8(std::string_view op, std::string_view arg, const ConstTensorView& v, std::int64_t d) {
   if (d > INT64_MAX / 8)
     fail(ErrorCode::shape_mismatch, op, arg,
-         std::string(arg) + " has shape " + shape_str(v.shape) + " whose logical size (8 int4 per word) overflows int64");
+         std::string(arg) + " has shape " + shape_str(v.shape) +
+             " whose logical size (8 int4 per word) overflows int64");
   return d * 8;
 }
 
@@ -95,8 +96,8 @@ QmmPlan validate_qmm(const ConstTensorView& x1, const ConstTensorView& x2, const
   if (K2 != p.K)
     fail(ErrorCode::shape_mismatch, kQmm, "x2",
          "x2 has shape " + shape_str(x2.shape) + (o.transpose_x2 ? " (transpose_x2: [..., N, K" : " ([..., K, N") +
-             std::string(p.int4 ? " / 8]" : "]") + ") so K = " + str(K2) + " but x1 has shape " +
-             shape_str(x1.shape) + " with K = " + str(p.K));
+             std::string(p.int4 ? " / 8]" : "]") + ") so K = " + str(K2) + " but x1 has shape " + shape_str(x1.shape) +
+             " with K = " + str(p.K));
   // batch dimensions broadcast (NumPy rules)
   const std::int64_t nb1 = r1 - 2, nb2 = r2 - 2, nb = std::max(nb1, nb2);
   Shape bshape(static_cast<std::size_t>(nb));
@@ -167,7 +168,8 @@ QmmPlan validate_qmm(const ConstTensorView& x1, const ConstTensorView& x2, const
     detail::check_shape(kQmm, "pertoken_scale", o.pertoken_scale->shape, Shape{p.M}, "one value per row M of x1");
     if (is_int)
       fail(ErrorCode::invalid_argument, kQmm, "pertoken_scale",
-           "pertoken_scale is given but the output dtype is int32 (no scaling); expected int8, float16 or bfloat16 output");
+           "pertoken_scale is given but the output dtype is int32 (no scaling); expected int8, float16 or bfloat16 "
+           "output");
   }
   // bias: int32 / float32 / float16 / bfloat16, [N] or [B, 1, N] (3-D output)
   if (o.bias) {
@@ -227,7 +229,8 @@ WqmPlan validate_wqm(const ConstTensorView& x, const ConstTensorView& w, const C
          "weight has shape " + shape_str(w.shape) + " (rank " + str(w.dim()) + ") but expected rank 2");
   p.int4 = w.dtype == DType::int32;
   p.K = x.shape.back();
-  const std::int64_t wk = o.transpose_weight ? (p.int4 ? times8(kWqm, "weight", w, w.shape[1]) : w.shape[1]) : w.shape[0];
+  const std::int64_t wk =
+      o.transpose_weight ? (p.int4 ? times8(kWqm, "weight", w, w.shape[1]) : w.shape[1]) : w.shape[0];
   p.N = o.transpose_weight ? w.shape[0] : (p.int4 ? times8(kWqm, "weight", w, w.shape[1]) : w.shape[1]);
   if (wk != p.K)
     fail(ErrorCode::shape_mismatch, kWqm, "weight",
@@ -243,7 +246,8 @@ WqmPlan validate_wqm(const ConstTensorView& x, const ConstTensorView& w, const C
   const std::int64_t gs = o.antiquant_group_size;
   if (gs != 0 && (gs < 32 || gs % 32 != 0 || gs > p.K - 1))
     fail(ErrorCode::invalid_argument, kWqm, "antiquant_group_size",
-         "antiquant_group_size is " + str(gs) + " but expected 0, or a multiple of 32 in [32, K - 1] with K = " + str(p.K));
+         "antiquant_group_size is " + str(gs) +
+             " but expected 0, or a multiple of 32 in [32, K - 1] with K = " + str(p.K));
   // antiquant_scale: x's dtype; [1], [1, 1], [N], [1, N] or [ceil(K / gs), N]
   detail::check_view(kWqm, "antiquant_scale", scale);
   if (scale.dtype != x.dtype)
@@ -254,13 +258,15 @@ WqmPlan validate_wqm(const ConstTensorView& x, const ConstTensorView& w, const C
     detail::check_shape(kWqm, "antiquant_scale", scale.shape, Shape{p.G, p.N},
                         "per group: [ceil(K / antiquant_group_size), N]");
   } else {
-    param_length(kWqm, "antiquant_scale", scale, p.N, true, "per tensor or per column N; a per-group scale needs antiquant_group_size");
+    param_length(kWqm, "antiquant_scale", scale, p.N, true,
+                 "per tensor or per column N; a per-group scale needs antiquant_group_size");
     p.per_tensor = scale.shape.back() == 1 && p.N != 1;
   }
   if (o.antiquant_offset) {
     detail::check_view(kWqm, "antiquant_offset", *o.antiquant_offset);
     detail::check_dtype(kWqm, "antiquant_offset", o.antiquant_offset->dtype, scale.dtype);
-    detail::check_shape(kWqm, "antiquant_offset", o.antiquant_offset->shape, scale.shape, "the shape of antiquant_scale");
+    detail::check_shape(kWqm, "antiquant_offset", o.antiquant_offset->shape, scale.shape,
+                        "the shape of antiquant_scale");
   }
   if (o.bias) {
     detail::check_view(kWqm, "bias", *o.bias);
@@ -276,7 +282,8 @@ WqmPlan validate_wqm(const ConstTensorView& x, const ConstTensorView& w, const C
 // Widened float32 copy of n values of a (host) view.
 std::vector<float> widen(const ConstTensorView& v) {
   std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  for (std::int64_t i = 0; i < v.numel(); ++i) out[static_cast<std::size_t>(i)] = detail::load_float(v.dtype, v.data, i);
+  for (std::int64_t i = 0; i < v.numel(); ++i)
+    out[static_cast<std::size_t>(i)] = detail::load_float(v.dtype, v.data, i);
   return out;
 }
 
@@ -291,11 +298,14 @@ Shape quant_matmul_output_shape(ConstTensorView x1, ConstTensorView x2, ConstTen
 
 void quant_matmul_out(TensorView out, ConstTensorView x1, ConstTensorView x2, ConstTensorView scale,
                       const QuantMatmulOptions& o) {
-  const Device dev = detail::common_device(
-      kQmm, {{"x1", x1.device}, {"x2", x2.device}, {"scale", scale.device},
-             {"offset", o.offset ? o.offset->device : x1.device},
-             {"pertoken_scale", o.pertoken_scale ? o.pertoken_scale->device : x1.device},
-             {"bias", o.bias ? o.bias->device : x1.device}, {"out", out.device}});
+  const Device dev =
+      detail::common_device(kQmm, {{"x1", x1.device},
+                                   {"x2", x2.device},
+                                   {"scale", scale.device},
+                                   {"offset", o.offset ? o.offset->device : x1.device},
+                                   {"pertoken_scale", o.pertoken_scale ? o.pertoken_scale->device : x1.device},
+                                   {"bias", o.bias ? o.bias->device : x1.device},
+                                   {"out", out.device}});
   const auto kernel = detail::kernels_for(kQmm, "x1", dev).quant_matmul;
   detail::check_view(kQmm, "out", out);
   const QmmPlan p = validate_qmm(x1, x2, scale, o, out.dtype, true);
@@ -306,7 +316,8 @@ void quant_matmul_out(TensorView out, ConstTensorView x1, ConstTensorView x2, Co
   detail::check_no_overlap(kQmm, "out", out.data, ob, "scale", scale.data, scale.nbytes());
   if (o.offset) detail::check_no_overlap(kQmm, "out", out.data, ob, "offset", o.offset->data, o.offset->nbytes());
   if (o.pertoken_scale)
-    detail::check_no_overlap(kQmm, "out", out.data, ob, "pertoken_scale", o.pertoken_scale->data, o.pertoken_scale->nbytes());
+    detail::check_no_overlap(kQmm, "out", out.data, ob, "pertoken_scale", o.pertoken_scale->data,
+                             o.pertoken_scale->nbytes());
   if (o.bias) detail::check_no_overlap(kQmm, "out", out.data, ob, "bias", o.bias->data, o.bias->nbytes());
   if (out.numel() == 0) return;
 
@@ -324,13 +335,15 @@ void quant_matmul_out(TensorView out, ConstTensorView x1, ConstTensorView x2, Co
       off[static_cast<std::size_t>(n)] = detail::int64_scale_offset(w);
     }
   } else {
-    for (std::int64_t n = 0; n < N; ++n) s[static_cast<std::size_t>(n)] = detail::load_float(scale.dtype, sh.view().data, one ? 0 : n);
+    for (std::int64_t n = 0; n < N; ++n)
+      s[static_cast<std::size_t>(n)] = detail::load_float(scale.dtype, sh.view().data, one ? 0 : n);
   }
   if (o.offset) {
     const detail::HostCopy oh(*o.offset);
     off.resize(static_cast<std::size_t>(N));
     const bool o1 = o.offset->numel() == 1;
-    for (std::int64_t n = 0; n < N; ++n) off[static_cast<std::size_t>(n)] = detail::load_float(DType::float32, oh.view().data, o1 ? 0 : n);
+    for (std::int64_t n = 0; n < N; ++n)
+      off[static_cast<std::size_t>(n)] = detail::load_float(DType::float32, oh.view().data, o1 ? 0 : n);
   }
   std::vector<float> pt;
   if (o.pertoken_scale) {
@@ -375,11 +388,13 @@ void quant_matmul_out(TensorView out, ConstTensorView x1, ConstTensorView x2, Co
 Tensor quant_matmul(ConstTensorView x1, ConstTensorView x2, ConstTensorView scale, const QuantMatmulOptions& o,
                     DType output_dtype) {
   const Shape shape = qmm_shape_checked(x1, x2, scale, o, output_dtype);  // validate before allocating
-  const Device dev = detail::common_device(
-      kQmm, {{"x1", x1.device}, {"x2", x2.device}, {"scale", scale.device},
-             {"offset", o.offset ? o.offset->device : x1.device},
-             {"pertoken_scale", o.pertoken_scale ? o.pertoken_scale->device : x1.device},
-             {"bias", o.bias ? o.bias->device : x1.device}});
+  const Device dev =
+      detail::common_device(kQmm, {{"x1", x1.device},
+                                   {"x2", x2.device},
+                                   {"scale", scale.device},
+                                   {"offset", o.offset ? o.offset->device : x1.device},
+                                   {"pertoken_scale", o.pertoken_scale ? o.pertoken_scale->device : x1.device},
+                                   {"bias", o.bias ? o.bias->device : x1.device}});
   Tensor out(output_dtype, shape, dev);
   quant_matmul_out(out, x1, x2, scale, o);
   return out;
@@ -394,19 +409,24 @@ Shape weight_quant_batchmatmul_output_shape(ConstTensorView x, ConstTensorView w
 
 void weight_quant_batchmatmul_out(TensorView out, ConstTensorView x, ConstTensorView weight,
                                   ConstTensorView antiquant_scale, const WeightQuantMatmulOptions& o) {
-  const Device dev = detail::common_device(
-      kWqm, {{"x", x.device}, {"weight", weight.device}, {"antiquant_scale", antiquant_scale.device},
-             {"antiquant_offset", o.antiquant_offset ? o.antiquant_offset->device : x.device},
-             {"bias", o.bias ? o.bias->device : x.device}, {"out", out.device}});
+  const Device dev =
+      detail::common_device(kWqm, {{"x", x.device},
+                                   {"weight", weight.device},
+                                   {"antiquant_scale", antiquant_scale.device},
+                                   {"antiquant_offset", o.antiquant_offset ? o.antiquant_offset->device : x.device},
+                                   {"bias", o.bias ? o.bias->device : x.device},
+                                   {"out", out.device}});
   const auto kernel = detail::kernels_for(kWqm, "x", dev).weight_quant_matmul;
   const WqmPlan p = validate_wqm(x, weight, antiquant_scale, o);
   detail::check_output(kWqm, "out", out, x.dtype, p.out_shape, "x's leading dimensions, then N");
   const std::size_t ob = out.nbytes();
   detail::check_no_overlap(kWqm, "out", out.data, ob, "x", x.data, x.nbytes());
   detail::check_no_overlap(kWqm, "out", out.data, ob, "weight", weight.data, weight.nbytes());
-  detail::check_no_overlap(kWqm, "out", out.data, ob, "antiquant_scale", antiquant_scale.data, antiquant_scale.nbytes());
+  detail::check_no_overlap(kWqm, "out", out.data, ob, "antiquant_scale", antiquant_scale.data,
+                           antiquant_scale.nbytes());
   if (o.antiquant_offset)
-    detail::check_no_overlap(kWqm, "out", out.data, ob, "antiquant_offset", o.antiquant_offset->data, o.antiquant_offset->nbytes());
+    detail::check_no_overlap(kWqm, "out", out.data, ob, "antiquant_offset", o.antiquant_offset->data,
+                             o.antiquant_offset->nbytes());
   if (o.bias) detail::check_no_overlap(kWqm, "out", out.data, ob, "bias", o.bias->data, o.bias->nbytes());
   if (out.numel() == 0) return;
 
@@ -416,7 +436,8 @@ void weight_quant_batchmatmul_out(TensorView out, ConstTensorView x, ConstTensor
     const detail::HostCopy h(v);
     std::vector<float> r(static_cast<std::size_t>(G * N));
     const bool one = v.numel() == 1;
-    for (std::int64_t i = 0; i < G * N; ++i) r[static_cast<std::size_t>(i)] = detail::load_float(v.dtype, h.view().data, one ? 0 : i);
+    for (std::int64_t i = 0; i < G * N; ++i)
+      r[static_cast<std::size_t>(i)] = detail::load_float(v.dtype, h.view().data, one ? 0 : i);
     return r;
   };
   const std::vector<float> s = expand(antiquant_scale);
@@ -446,10 +467,12 @@ void weight_quant_batchmatmul_out(TensorView out, ConstTensorView x, ConstTensor
 Tensor weight_quant_batchmatmul(ConstTensorView x, ConstTensorView weight, ConstTensorView antiquant_scale,
                                 const WeightQuantMatmulOptions& o) {
   const WqmPlan p = validate_wqm(x, weight, antiquant_scale, o);
-  const Device dev = detail::common_device(
-      kWqm, {{"x", x.device}, {"weight", weight.device}, {"antiquant_scale", antiquant_scale.device},
-             {"antiquant_offset", o.antiquant_offset ? o.antiquant_offset->device : x.device},
-             {"bias", o.bias ? o.bias->device : x.device}});
+  const Device dev =
+      detail::common_device(kWqm, {{"x", x.device},
+                                   {"weight", weight.device},
+                                   {"antiquant_scale", antiquant_scale.device},
+                                   {"antiquant_offset", o.antiquant_offset ? o.antiquant_offset->device : x.device},
+                                   {"bias", o.bias ? o.bias->device : x.device}});
   Tensor out(x.dtype, p.out_shape, dev);
   weight_quant_batchmatmul_out(out, x, weight, antiquant_scale, o);
   return out;
@@ -490,7 +513,8 @@ Shape validate_tqp(const ConstTensorView& scale, const std::optional<ConstTensor
 }
 }  // namespace
 
-void trans_quant_param_out(TensorView out, ConstTensorView scale, std::optional<ConstTensorView> offset, int round_mode) {
+void trans_quant_param_out(TensorView out, ConstTensorView scale, std::optional<ConstTensorView> offset,
+                           int round_mode) {
   const Device dev = detail::common_device(
       kTqp, {{"scale", scale.device}, {"offset", offset ? offset->device : scale.device}, {"out", out.device}});
   const Shape shape = validate_tqp(scale, offset, round_mode);
@@ -518,7 +542,8 @@ void trans_quant_param_out(TensorView out, ConstTensorView scale, std::optional<
 
 Tensor trans_quant_param(ConstTensorView scale, std::optional<ConstTensorView> offset, int round_mode) {
   const Shape shape = validate_tqp(scale, offset, round_mode);
-  const Device dev = detail::common_device(kTqp, {{"scale", scale.device}, {"offset", offset ? offset->device : scale.device}});
+  const Device dev =
+      detail::common_device(kTqp, {{"scale", scale.device}, {"offset", offset ? offset->device : scale.device}});
   Tensor out(DType::int64, shape, dev);
   trans_quant_param_out(out, scale, offset, round_mode);
   return out;
@@ -534,7 +559,8 @@ Shape validate_pack(const ConstTensorView& w) {
   detail::check_view(kPack, "weight", w);
   detail::check_dtype(kPack, "weight", w.dtype, DType::int32);
   if (w.dim() < 1)
-    fail(ErrorCode::shape_mismatch, kPack, "weight", "weight has shape " + shape_str(w.shape) + " (rank 0) but expected rank >= 1");
+    fail(ErrorCode::shape_mismatch, kPack, "weight",
+         "weight has shape " + shape_str(w.shape) + " (rank 0) but expected rank >= 1");
   if (w.shape.back() % 8 != 0)
     fail(ErrorCode::shape_mismatch, kPack, "weight",
          "weight has shape " + shape_str(w.shape) + " but expected a last dimension that is a multiple of 8");
@@ -561,7 +587,8 @@ void convert_weight_to_int4pack_out(TensorView out, ConstTensorView weight) {
   std::vector<std::int32_t> words(static_cast<std::size_t>(n / 8));
   for (std::int64_t k = 0; k < n / 8; ++k) {
     std::uint32_t w = 0;
-    for (int j = 0; j < 8; ++j) w |= (static_cast<std::uint32_t>(v[8 * k + j]) & 0xFu) << (4 * j);  // element 8k + j -> bits [4j, 4j + 3]
+    for (int j = 0; j < 8; ++j)
+      w |= (static_cast<std::uint32_t>(v[8 * k + j]) & 0xFu) << (4 * j);  // element 8k + j -> bits [4j, 4j + 3]
     words[static_cast<std::size_t>(k)] = static_cast<std::int32_t>(w);
   }
   if (dev.is_cuda()) {

@@ -22,8 +22,7 @@ using detail::fail;
 constexpr std::string_view kOp = "quantize";
 
 bool is_known(QuantDType q) {
-  return q == QuantDType::qint8 || q == QuantDType::quint8 || q == QuantDType::qint32 ||
-         q == QuantDType::quint4x2;
+  return q == QuantDType::qint8 || q == QuantDType::quint8 || q == QuantDType::qint32 || q == QuantDType::quint4x2;
 }
 
 std::string dtype_str(QuantDType q) {
@@ -99,8 +98,8 @@ ChannelLayout resolve_mul_axis(const ConstTensorView& input, const ConstTensorVi
   }
   if (!ok)
     fail(ErrorCode::shape_mismatch, kOp, "scales",
-         "scales has shape " + shape_str(scales.shape) + " but input has " + str(len) + " channels on axis " +
-             str(d) + " (expected 1 or " + str(len) + " elements, as a 1-D tensor or a rank-" + str(rank) +
+         "scales has shape " + shape_str(scales.shape) + " but input has " + str(len) + " channels on axis " + str(d) +
+             " (expected 1 or " + str(len) + " elements, as a 1-D tensor or a rank-" + str(rank) +
              " tensor whose other dimensions are 1)");
   if (scales.numel() == 1) return {1, 1, input.numel()};
   return detail::split_at_axis(input.shape, d);
@@ -110,8 +109,8 @@ void check_zero_points(const ConstTensorView& zp, const ConstTensorView& scales,
   detail::check_view(kOp, "zero_points", zp);
   if (div_mode) {
     // Integer or floating zero points, added as float32.
-    const bool ok = zp.dtype == DType::int8 || zp.dtype == DType::uint8 || zp.dtype == DType::int32 ||
-                    is_floating(zp.dtype);
+    const bool ok =
+        zp.dtype == DType::int8 || zp.dtype == DType::uint8 || zp.dtype == DType::int32 || is_floating(zp.dtype);
     if (!ok)
       fail(ErrorCode::dtype_mismatch, kOp, "zero_points",
            "zero_points has dtype " + std::string(dtype_name(zp.dtype)) +
@@ -126,8 +125,7 @@ void check_zero_points(const ConstTensorView& zp, const ConstTensorView& scales,
 
 // Validates every argument but the output; nothing is written.
 Plan make_plan(const ConstTensorView& input, const ConstTensorView& scales,
-               const std::optional<ConstTensorView>& zero_points, QuantDType dtype, std::int64_t axis,
-               bool div_mode) {
+               const std::optional<ConstTensorView>& zero_points, QuantDType dtype, std::int64_t axis, bool div_mode) {
   detail::check_view(kOp, "input", input);
   detail::check_floating(kOp, "input", input.dtype);
   if (!is_known(dtype))
@@ -145,7 +143,8 @@ Plan make_plan(const ConstTensorView& input, const ConstTensorView& scales,
 // The device of every argument (out: the output's device, or input's for the allocating form).
 Device call_device(Device out, const ConstTensorView& input, const ConstTensorView& scales,
                    const std::optional<ConstTensorView>& zero_points) {
-  return detail::common_device(kOp, {{"input", input.device}, {"scales", scales.device},
+  return detail::common_device(kOp, {{"input", input.device},
+                                     {"scales", scales.device},
                                      {"zero_points", zero_points ? zero_points->device : input.device},
                                      {"out", out}});
 }
@@ -164,9 +163,9 @@ void run(Device dev, const Plan& plan, void* out, const ConstTensorView& input, 
   // scales in every accepted shape (only the axis dimension may exceed 1); per-tensor uses element 0.
   std::vector<detail::QuantizeParams> params(static_cast<std::size_t>(plan.split.channels));
   for (std::int64_t c = 0; c < plan.split.channels; ++c) {
-    params[static_cast<std::size_t>(c)] = detail::init_quantize_params(
-        detail::load_float(scales.dtype, scales.data, c),
-        zero_points ? detail::load_float(zero_points->dtype, zero_points->data, c) : 0.0f);
+    params[static_cast<std::size_t>(c)] =
+        detail::init_quantize_params(detail::load_float(scales.dtype, scales.data, c),
+                                     zero_points ? detail::load_float(zero_points->dtype, zero_points->data, c) : 0.0f);
   }
   detail::QuantizeArgs args{};
   args.dt = input.dtype;
@@ -203,9 +202,9 @@ void quantize_out(TensorView out, ConstTensorView input, ConstTensorView scales,
                   std::optional<ConstTensorView> zero_points, QuantDType dtype, std::int64_t axis, bool div_mode) {
   const Device dev = call_device(out.device, input, scales, zero_points);
   const Plan plan = make_plan(input, scales, zero_points, dtype, axis, div_mode);
-  detail::check_output(kOp, "out", out, storage_dtype(dtype), plan.out_shape,
-                       dtype == QuantDType::quint4x2 ? "input's shape with the last dimension divided by 8"
-                                                     : "the shape of input");
+  detail::check_output(
+      kOp, "out", out, storage_dtype(dtype), plan.out_shape,
+      dtype == QuantDType::quint4x2 ? "input's shape with the last dimension divided by 8" : "the shape of input");
   detail::check_no_overlap(kOp, "out", out.data, out.nbytes(), "input", input.data, input.nbytes());
   detail::check_no_overlap(kOp, "out", out.data, out.nbytes(), "scales", scales.data, scales.nbytes());
   if (zero_points)

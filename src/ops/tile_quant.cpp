@@ -59,8 +59,8 @@ void check_tile(std::string_view arg, const ConstTileView& t, DType dtype, std::
              " (" + std::string(expected->what) + ")");
   if (t.row_pitch < t.cols)
     fail(ErrorCode::not_contiguous, kOp, arg,
-         std::string(arg) + " has row_pitch " + str(t.row_pitch) + " but expected at least its cols " +
-             str(t.cols) + " (a row-major tile with padded rows)");
+         std::string(arg) + " has row_pitch " + str(t.row_pitch) + " but expected at least its cols " + str(t.cols) +
+             " (a row-major tile with padded rows)");
   if (t.rows > 0 && t.cols > 0) {
     const auto limit = static_cast<std::int64_t>(std::numeric_limits<std::int64_t>::max() /
                                                  static_cast<std::int64_t>(dtype_size(t.dtype)));
@@ -84,8 +84,7 @@ void check_inputs(const ConstTileView& src, const ConstTileView& scale, QuantMod
   check_tile("src", src, DType::float32, std::nullopt);
   check_tile("scale", scale, DType::float32, Expected{src.rows, 1, "one value per row of src"});
   if (mode == QuantMode::SYM) {
-    if (offset)
-      fail(ErrorCode::invalid_argument, kOp, "offset", "offset is given but mode SYM takes no offset");
+    if (offset) fail(ErrorCode::invalid_argument, kOp, "offset", "offset is given but mode SYM takes no offset");
     return;
   }
   if (!offset) fail(ErrorCode::invalid_argument, kOp, "offset", "offset is missing but mode ASYM requires it");
@@ -100,8 +99,10 @@ void check_inputs(const ConstTileView& src, const ConstTileView& scale, QuantMod
 
 void tile_quant(TileView out, ConstTileView src, ConstTileView scale, QuantMode mode,
                 std::optional<ConstTileView> offset) {
-  const Device dev = detail::common_device(kOp, {{"src", src.device}, {"scale", scale.device},
-                                                 {"offset", offset ? offset->device : src.device}, {"out", out.device}});
+  const Device dev = detail::common_device(kOp, {{"src", src.device},
+                                                 {"scale", scale.device},
+                                                 {"offset", offset ? offset->device : src.device},
+                                                 {"out", out.device}});
   const auto kernel = detail::kernels_for(kOp, "src", dev).tile_quant;
   check_inputs(src, scale, mode, offset);
   const ConstTileView cout = out;
@@ -131,7 +132,8 @@ void tile_quant(TileView out, ConstTileView src, ConstTileView scale, QuantMode 
 
 Tensor tile_quant(ConstTileView src, ConstTileView scale, QuantMode mode, std::optional<ConstTileView> offset) {
   check_inputs(src, scale, mode, offset);
-  detail::common_device(kOp, {{"src", src.device}, {"scale", scale.device}, {"offset", offset ? offset->device : src.device}});
+  detail::common_device(
+      kOp, {{"src", src.device}, {"scale", scale.device}, {"offset", offset ? offset->device : src.device}});
   Tensor out(mode == QuantMode::SYM ? DType::int8 : DType::uint8, Shape{src.rows, src.cols}, src.device);
   tile_quant(TileView{out.data(), out.dtype(), src.rows, src.cols, src.cols, src.device}, src, scale, mode, offset);
   return out;

@@ -12,13 +12,13 @@ struct FakeQuantParams {
   float scale;      // max_bound / amax
   float min_bound;  // exact integers in float32
   float max_bound;
-  float qmin;       // the forward clamp bounds: min_bound / max_bound, rounded to float16 for float16 inputs
+  float qmin;  // the forward clamp bounds: min_bound / max_bound, rounded to float16 for float16 inputs
   float qmax;
-  float grad_lo;    // min_bound / scale: lower end of the straight-through window
-  float grad_hi;    // max_bound / scale
-  float ratio;      // min_bound / max_bound (learnable-amax gradient below the window)
-  bool zero;        // scale not finite or 0: forward output is 0 (NaN stays NaN)
-  bool half;        // float16 inputs: the kernel's float16 arithmetic (x * scale rounded to float16)
+  float grad_lo;  // min_bound / scale: lower end of the straight-through window
+  float grad_hi;  // max_bound / scale
+  float ratio;    // min_bound / max_bound (learnable-amax gradient below the window)
+  bool zero;      // scale not finite or 0: forward output is 0 (NaN stays NaN)
+  bool half;      // float16 inputs: the kernel's float16 arithmetic (x * scale rounded to float16)
 };
 
 // A float32 value rounded to the nearest float16 (ties to even, beyond 65504 -> +-Inf), as float32.

@@ -62,11 +62,11 @@ XQ_HD inline void quant_matmul_finish(const QuantMatmulEpilogue& e, void* out, s
     static_cast<std::int32_t*>(out)[i] = a;
     return;
   }
-  float v = static_cast<float>(a);                                  // round to nearest even above 2^24
-  v = v * e.scale[n];                                               // * scale[n]
-  if (e.pertoken != nullptr) v = v * e.pertoken[m];                 // * pertoken_scale[m]
+  float v = static_cast<float>(a);                                           // round to nearest even above 2^24
+  v = v * e.scale[n];                                                        // * scale[n]
+  if (e.pertoken != nullptr) v = v * e.pertoken[m];                          // * pertoken_scale[m]
   if (e.bias_float != nullptr) v = v + e.bias_float[b * e.bias_stride + n];  // + float bias[n]
-  if (e.offset != nullptr) v = v + e.offset[n];                     // + offset[n]
+  if (e.offset != nullptr) v = v + e.offset[n];                              // + offset[n]
   if (e.out_dt == DType::int8) {
     // sat_int8(rint(v)): compare in float first (rule 1.4), NaN -> 0
     static_cast<std::int8_t*>(out)[i] = static_cast<std::int8_t>(hd_saturate_range(hd_rint(v), -128, 127));
@@ -78,8 +78,7 @@ XQ_HD inline void quant_matmul_finish(const QuantMatmulEpilogue& e, void* out, s
 // ---- npu_weight_quant_batchmatmul (9.4) ----
 // v rounded to the 16-bit dtype dt and widened back (exact).
 XQ_HD inline float round_to_dtype(DType dt, float v) noexcept {
-  return dt == DType::float16 ? hd_half_to_float(hd_float_to_half(v))
-                              : hd_bfloat16_to_float(hd_float_to_bfloat16(v));
+  return dt == DType::float16 ? hd_half_to_float(hd_float_to_half(v)) : hd_bfloat16_to_float(hd_float_to_bfloat16(v));
 }
 // The dequantized weight: narrow_x(narrow_x(float(q) + offset) * scale), as a float32 value.
 XQ_HD inline float weight_antiquant_value(DType dt, int q, float scale, bool has_offset, float offset) noexcept {

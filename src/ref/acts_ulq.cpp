@@ -113,8 +113,8 @@ void acts_ulq(const ActsUlqArgs& args) {
   std::int64_t idx[kMaxRank] = {};
   std::int64_t ix = 0, imin = 0, imax = 0;
   for (std::int64_t i = 0; i < numel; ++i) {
-    const ActsUlqParams p =
-        init_acts_ulq_params(load_float(dt, args.clamp_min, imin), load_float(dt, args.clamp_max, imax), args.fixed_min, levels);
+    const ActsUlqParams p = init_acts_ulq_params(load_float(dt, args.clamp_min, imin),
+                                                 load_float(dt, args.clamp_max, imax), args.fixed_min, levels);
     const ActsUlqElement e = acts_ulq_element(load_float(dt, args.x, ix), p, levels);
     store_float(dt, args.y, i, e.y);
     store_float(dt, args.clamp_min_mask, i, e.clamp_min_mask);

@@ -18,8 +18,8 @@ void anti_quant(const AntiQuantArgs& a) {
   for (std::int64_t o = 0; o < a.layout.outer; ++o)
     for (std::int64_t c = 0; c < a.layout.channels; ++c)
       for (std::int64_t k = 0; k < a.layout.inner; ++k, ++i) {
-        const int q = int4 ? load_int4(static_cast<const std::int32_t*>(a.x), i)
-                           : static_cast<const std::int8_t*>(a.x)[i];
+        const int q =
+            int4 ? load_int4(static_cast<const std::int32_t*>(a.x), i) : static_cast<const std::int8_t*>(a.x)[i];
         // out = narrow((float(q) + offset) * scale)
         store_float(a.dt, a.out, i, anti_quant_value(static_cast<float>(q), a.params[c]));
       }

@@ -15,7 +15,8 @@ void fake_quant(const FakeQuantArgs& a) {
     for (std::int64_t c = 0; c < channels; ++c) {
       const FakeQuantParams& p = params[c];
       const std::int64_t base = (o * channels + c) * inner;
-      for (std::int64_t i = 0; i < inner; ++i) store_float(dt, a.y, base + i, fake_quant_value(load_float(dt, a.x, base + i), p));
+      for (std::int64_t i = 0; i < inner; ++i)
+        store_float(dt, a.y, base + i, fake_quant_value(load_float(dt, a.x, base + i), p));
     }
 }
 

@@ -45,9 +45,8 @@ void weight_quant_matmul(const WeightQuantMatmulArgs& a) {
     for (std::int64_t n = 0; n < N; ++n) {
       const std::int64_t e = a.transpose_weight ? n * K + k : k * N + n;
       const std::int64_t p = (k / a.group_size) * N + n;
-      w[static_cast<std::size_t>(k * N + n)] =
-          weight_antiquant_value(a.dt, load_q(a.int4, a.weight, e), a.scale[p], a.offset != nullptr,
-                                 a.offset != nullptr ? a.offset[p] : 0.0f);
+      w[static_cast<std::size_t>(k * N + n)] = weight_antiquant_value(
+          a.dt, load_q(a.int4, a.weight, e), a.scale[p], a.offset != nullptr, a.offset != nullptr ? a.offset[p] : 0.0f);
     }
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {

@@ -18,8 +18,8 @@ namespace xquant::detail::ref {
 namespace {
 
 template <typename Int>
-void quantize_typed(DType dt, const void* x, Int* y, std::int64_t outer, std::int64_t channels,
-                    std::int64_t inner, const QuantizeParams* params, bool div_mode) {
+void quantize_typed(DType dt, const void* x, Int* y, std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                    const QuantizeParams* params, bool div_mode) {
   std::int64_t i = 0;  // flat element index
   for (std::int64_t o = 0; o < outer; ++o)
     for (std::int64_t c = 0; c < channels; ++c)

@@ -19,12 +19,13 @@ void tile_quant(const TileQuantArgs& a) {
     if (a.mode == QuantMode::SYM) {
       auto* out = static_cast<std::int8_t*>(a.out) + i * a.out_pitch;
       for (std::int64_t j = 0; j < a.cols; ++j)
-        out[j] = saturate_rounded<std::int8_t>(round_half_even(tile_quant_sym_value(src[j], scale)));  // sat_int8(rint(x * s))
+        out[j] = saturate_rounded<std::int8_t>(
+            round_half_even(tile_quant_sym_value(src[j], scale)));  // sat_int8(rint(x * s))
     } else {
       const TileQuantRowParams p{scale, a.offset[i * a.offset_pitch]};  // scale[i, 0], offset[i, 0]
       auto* out = static_cast<std::uint8_t*>(a.out) + i * a.out_pitch;
       for (std::int64_t j = 0; j < a.cols; ++j) {
-        const float v = tile_quant_asym_value(src[j], p);  // rounded multiply, then rounded add (no FMA)
+        const float v = tile_quant_asym_value(src[j], p);             // rounded multiply, then rounded add (no FMA)
         out[j] = saturate_rounded<std::uint8_t>(round_half_even(v));  // sat_uint8(rint(v))
       }
     }

@@ -27,8 +27,8 @@ int main() {
   // out = clamp(rint(x * 127), -127, 127) / 127. Every product below is exact; ties round to even.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> x = {-2.0f, -1.0f, -0.5f, 0.0f, 0.25f, 0.5f, 1.0f, 3.0f, nan};
-  const std::vector<float> want = {-1.0f, -1.0f, -64.0f / 127.0f, 0.0f, 32.0f / 127.0f,
-                                   64.0f / 127.0f, 1.0f, 1.0f, nan};
+  const std::vector<float> want = {-1.0f, -1.0f, -64.0f / 127.0f, 0.0f, 32.0f / 127.0f, 64.0f / 127.0f, 1.0f,
+                                   1.0f,  nan};
   const float amax_value = 1.0f;
   const xquant::ConstTensorView inputs(x.data(), xquant::DType::float32, {3, 3});
   const xquant::ConstTensorView amax(&amax_value, xquant::DType::float32, {1});
@@ -39,8 +39,9 @@ int main() {
   if (out.numel() == 9) {
     for (std::size_t i = 0; i < want.size(); ++i) {
       const float got = out.data<float>()[i];
-      const bool same = std::isnan(want[i]) ? std::isnan(got)
-                                            : std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want[i]);
+      const bool same = std::isnan(want[i])
+                            ? std::isnan(got)
+                            : std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want[i]);
       if (!same) std::fprintf(stderr, "element %zu: got %.9g, want %.9g\n", i, got, want[i]);
       check(same, "fake_tensor_quant value");
     }

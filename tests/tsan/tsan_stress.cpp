@@ -39,15 +39,29 @@ using xquant::TensorView;
 // Deterministic test data: uniform values in [-range, range] with ties, signed zeros, subnormals, huge
 // values, Inf and NaN mixed in.
 std::vector<float> values(std::size_t n, std::uint32_t seed, float range = 4.f) {
-  static const float kEdges[] = {0.5f, 1.5f, -2.5f, 127.5f, -128.5f, 0.f, -0.f, 1e-40f, 3.4e38f, -3.4e38f,
-                                 std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                                 std::numeric_limits<float>::quiet_NaN(), 7.5f, -8.5f};
+  static const float kEdges[] = {0.5f,
+                                 1.5f,
+                                 -2.5f,
+                                 127.5f,
+                                 -128.5f,
+                                 0.f,
+                                 -0.f,
+                                 1e-40f,
+                                 3.4e38f,
+                                 -3.4e38f,
+                                 std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 7.5f,
+                                 -8.5f};
   std::vector<float> v(n);
   std::uint32_t s = seed * 2654435761u + 1u;
   for (auto& x : v) {
     s = s * 1664525u + 1013904223u;
-    if ((s >> 8) % 11 == 0) x = kEdges[(s >> 12) % (sizeof kEdges / sizeof kEdges[0])];
-    else x = (static_cast<float>(s >> 8) / 16777216.f * 2.f - 1.f) * range;
+    if ((s >> 8) % 11 == 0)
+      x = kEdges[(s >> 12) % (sizeof kEdges / sizeof kEdges[0])];
+    else
+      x = (static_cast<float>(s >> 8) / 16777216.f * 2.f - 1.f) * range;
   }
   return v;
 }
@@ -56,9 +70,12 @@ Tensor floats(DType dt, const Shape& shape, std::uint32_t seed, float range = 4.
   Tensor t(dt, shape);
   const auto v = values(static_cast<std::size_t>(t.numel()), seed, range);
   for (std::size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::float32) t.data<float>()[i] = v[i];
-    else if (dt == DType::float16) t.data<std::uint16_t>()[i] = xquant::float_to_half(v[i]);
-    else t.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(v[i]);
+    if (dt == DType::float32)
+      t.data<float>()[i] = v[i];
+    else if (dt == DType::float16)
+      t.data<std::uint16_t>()[i] = xquant::float_to_half(v[i]);
+    else
+      t.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(v[i]);
   }
   return t;
 }
@@ -69,9 +86,12 @@ Tensor positive(DType dt, const Shape& shape, std::uint32_t seed) {
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     float a = std::fabs(t.data<float>()[i]);
     if (!std::isfinite(a) || a > 100.f) a = 3.f;
-    if (dt == DType::float32) out.data<float>()[i] = a + 0.25f;
-    else if (dt == DType::float16) out.data<std::uint16_t>()[i] = xquant::float_to_half(a + 0.25f);
-    else out.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(a + 0.25f);
+    if (dt == DType::float32)
+      out.data<float>()[i] = a + 0.25f;
+    else if (dt == DType::float16)
+      out.data<std::uint16_t>()[i] = xquant::float_to_half(a + 0.25f);
+    else
+      out.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(a + 0.25f);
   }
   return out;
 }
@@ -82,9 +102,12 @@ Tensor zero_one(DType dt, const Shape& shape, std::uint32_t seed) {
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     s = s * 1664525u + 1013904223u;
     const float v = (s >> 16) & 1 ? 1.f : 0.f;
-    if (dt == DType::float32) t.data<float>()[i] = v;
-    else if (dt == DType::float16) t.data<std::uint16_t>()[i] = xquant::float_to_half(v);
-    else t.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(v);
+    if (dt == DType::float32)
+      t.data<float>()[i] = v;
+    else if (dt == DType::float16)
+      t.data<std::uint16_t>()[i] = xquant::float_to_half(v);
+    else
+      t.data<std::uint16_t>()[i] = xquant::float_to_bfloat16(v);
   }
   return t;
 }
@@ -128,30 +151,37 @@ std::vector<Case> make_cases(Inputs& in) {
       const Tensor& g = in.add(floats(dt, {rows, H}, 5));
       xquant::FakeQuantOptions o;
       o.num_bits = 6;
-      cases.push_back({"fake_tensor_quant_out " + dn + " " + sz, [&x, &amax1, o] {
+      cases.push_back({"fake_tensor_quant_out " + dn + " " + sz,
+                       [&x, &amax1, o] {
                          Tensor y(x.dtype(), x.shape());
                          xquant::fake_tensor_quant_out(y, x, amax1, o);
                          return one(std::move(y));
-                       }, {}});
-      cases.push_back({"fake_tensor_quant_inplace " + dn + " " + sz, [&x, &amax1] {
+                       },
+                       {}});
+      cases.push_back({"fake_tensor_quant_inplace " + dn + " " + sz,
+                       [&x, &amax1] {
                          Tensor y = Tensor::copy_of(x);
                          xquant::fake_tensor_quant_inplace(y, amax1);
                          return one(std::move(y));
-                       }, {}});
-      cases.push_back({"fake_tensor_quant_with_axis(-1) " + dn + " " + sz, [&x, &amaxc] {
-                         return one(xquant::fake_tensor_quant_with_axis(x, amaxc, -1));
-                       }, {}});
-      cases.push_back({"fake_tensor_quant_with_axis(0) " + dn + " " + sz, [&x, &amaxr] {
-                         return one(xquant::fake_tensor_quant_with_axis(x, amaxr, 0));
-                       }, {}});
-      cases.push_back({"fake_tensor_quant_backward per-tensor " + dn + " " + sz, [&x, &amax1, &g] {
+                       },
+                       {}});
+      cases.push_back({"fake_tensor_quant_with_axis(-1) " + dn + " " + sz,
+                       [&x, &amaxc] { return one(xquant::fake_tensor_quant_with_axis(x, amaxc, -1)); },
+                       {}});
+      cases.push_back({"fake_tensor_quant_with_axis(0) " + dn + " " + sz,
+                       [&x, &amaxr] { return one(xquant::fake_tensor_quant_with_axis(x, amaxr, 0)); },
+                       {}});
+      cases.push_back({"fake_tensor_quant_backward per-tensor " + dn + " " + sz,
+                       [&x, &amax1, &g] {
                          auto r = xquant::fake_tensor_quant_backward(g, x, amax1, std::nullopt);
                          std::vector<Tensor> v;
                          v.push_back(std::move(r.grad_inputs));
                          v.push_back(std::move(r.grad_amax));
                          return v;
-                       }, {}});
-      cases.push_back({"fake_tensor_quant_backward_out axis 1 " + dn + " " + sz, [&x, &amaxc, &g] {
+                       },
+                       {}});
+      cases.push_back({"fake_tensor_quant_backward_out axis 1 " + dn + " " + sz,
+                       [&x, &amaxc, &g] {
                          Tensor gi(x.dtype(), x.shape());
                          Tensor ga(amaxc.dtype(), amaxc.shape());
                          xquant::fake_tensor_quant_backward_out(gi, ga.view(), g, x, amaxc, 1);
@@ -159,25 +189,31 @@ std::vector<Case> make_cases(Inputs& in) {
                          v.push_back(std::move(gi));
                          v.push_back(std::move(ga));
                          return v;
-                       }, {}});
-      cases.push_back({"fake_tensor_quant_backward axis 0 " + dn + " " + sz, [&x, &amaxr, &g] {
+                       },
+                       {}});
+      cases.push_back({"fake_tensor_quant_backward axis 0 " + dn + " " + sz,
+                       [&x, &amaxr, &g] {
                          auto r = xquant::fake_tensor_quant_backward(g, x, amaxr, 0);
                          std::vector<Tensor> v;
                          v.push_back(std::move(r.grad_inputs));
                          v.push_back(std::move(r.grad_amax));
                          return v;
-                       }, {}});
+                       },
+                       {}});
       // quantize: div mode per channel with zero points; multiply mode to int4.
       const Tensor& sc = in.add(positive(DType::float32, {H}, 6));
       const Tensor& zp = in.add(floats(DType::float32, {H}, 7, 20.f));
-      cases.push_back({"quantize div qint8 " + dn + " " + sz, [&x, &sc, &zp] {
-                         return one(xquant::quantize(x, sc, ConstTensorView(zp), QuantDType::qint8, -1, true));
-                       }, {}});
-      cases.push_back({"quantize_out mul quint4x2 " + dn + " " + sz, [&x, &sc, &zp] {
+      cases.push_back(
+          {"quantize div qint8 " + dn + " " + sz,
+           [&x, &sc, &zp] { return one(xquant::quantize(x, sc, ConstTensorView(zp), QuantDType::qint8, -1, true)); },
+           {}});
+      cases.push_back({"quantize_out mul quint4x2 " + dn + " " + sz,
+                       [&x, &sc, &zp] {
                          Tensor y(DType::int32, xquant::quantize_output_shape(x.shape(), QuantDType::quint4x2));
                          xquant::quantize_out(y, x, sc, ConstTensorView(zp), QuantDType::quint4x2, -1, false);
                          return one(std::move(y));
-                       }, {}});
+                       },
+                       {}});
       // dynamic quant: per token, int4, and with expert groups.
       const Tensor& smooth = in.add(positive(dt, {2, H}, 8));
       const Tensor& groups = in.add([rows] {
@@ -186,15 +222,18 @@ std::vector<Case> make_cases(Inputs& in) {
         t.data<std::int64_t>()[1] = rows;
         return t;
       }());
-      cases.push_back({"dynamic_quant_asymmetric pertoken " + dn + " " + sz, [&x] {
+      cases.push_back({"dynamic_quant_asymmetric pertoken " + dn + " " + sz,
+                       [&x] {
                          auto r = xquant::dynamic_quant_asymmetric(x);
                          std::vector<Tensor> v;
                          v.push_back(std::move(r.y));
                          v.push_back(std::move(r.scale));
                          v.push_back(std::move(r.offset));
                          return v;
-                       }, {}});
-      cases.push_back({"dynamic_quant_asymmetric_out pertensor int4 " + dn + " " + sz, [&x] {
+                       },
+                       {}});
+      cases.push_back({"dynamic_quant_asymmetric_out pertensor int4 " + dn + " " + sz,
+                       [&x] {
                          Shape ys = x.shape();
                          ys.back() /= 8;
                          Tensor y(DType::int32, ys), s(DType::float32, {1}), o(DType::float32, {1});
@@ -206,23 +245,26 @@ std::vector<Case> make_cases(Inputs& in) {
                          v.push_back(std::move(s));
                          v.push_back(std::move(o));
                          return v;
-                       }, {}});
-      cases.push_back({"dynamic_quant_asymmetric groups " + dn + " " + sz, [&x, &smooth, &groups] {
-                         auto r = xquant::dynamic_quant_asymmetric(x, ConstTensorView(smooth),
-                                                                   ConstTensorView(groups));
+                       },
+                       {}});
+      cases.push_back({"dynamic_quant_asymmetric groups " + dn + " " + sz,
+                       [&x, &smooth, &groups] {
+                         auto r = xquant::dynamic_quant_asymmetric(x, ConstTensorView(smooth), ConstTensorView(groups));
                          std::vector<Tensor> v;
                          v.push_back(std::move(r.y));
                          v.push_back(std::move(r.scale));
                          v.push_back(std::move(r.offset));
                          return v;
-                       }, {}});
+                       },
+                       {}});
       // acts_ulq forward and backward with per-column clamps.
       const Tensor& cmin = in.add(floats(dt, {1, H}, 9, 2.f));
       const Tensor& cmax = in.add(positive(dt, {1, H}, 10));
       const Tensor& m1 = in.add(zero_one(dt, {rows, H}, 11));
       const Tensor& m2 = in.add(zero_one(dt, {rows, H}, 12));
       const Tensor& loss = in.add(floats(dt, {rows, H}, 13, 0.5f));
-      cases.push_back({"acts_ulq " + dn + " " + sz, [&x, &cmin, &cmax] {
+      cases.push_back({"acts_ulq " + dn + " " + sz,
+                       [&x, &cmin, &cmax] {
                          auto r = xquant::acts_ulq(x, cmin, cmax, false, 8);
                          std::vector<Tensor> v;
                          v.push_back(std::move(r.y));
@@ -230,8 +272,10 @@ std::vector<Case> make_cases(Inputs& in) {
                          v.push_back(std::move(r.clamp_max_mask));
                          v.push_back(std::move(r.x_clamped_loss));
                          return v;
-                       }, {}});
-      cases.push_back({"acts_ulq_backward_out " + dn + " " + sz, [&x, &g, &cmin, &cmax, &m1, &m2, &loss] {
+                       },
+                       {}});
+      cases.push_back({"acts_ulq_backward_out " + dn + " " + sz,
+                       [&x, &g, &cmin, &cmax, &m1, &m2, &loss] {
                          Tensor gx(x.dtype(), x.shape()), gmin(x.dtype(), cmin.shape()), gmax(x.dtype(), cmax.shape());
                          xquant::acts_ulq_backward_out(gx, gmin, gmax, g, cmin, cmax, m1, m2, loss, false, 8);
                          std::vector<Tensor> v;
@@ -239,8 +283,10 @@ std::vector<Case> make_cases(Inputs& in) {
                          v.push_back(std::move(gmin));
                          v.push_back(std::move(gmax));
                          return v;
-                       }, {}});
-      cases.push_back({"acts_ulq_backward scalar clamps " + dn + " " + sz, [&x, &g, &m1, &m2, &loss, dt] {
+                       },
+                       {}});
+      cases.push_back({"acts_ulq_backward scalar clamps " + dn + " " + sz,
+                       [&x, &g, &m1, &m2, &loss, dt] {
                          Tensor lo = floats(dt, {1}, 14, 1.f), hi = positive(dt, {1}, 15);
                          auto r = xquant::acts_ulq_backward(g, x.shape(), lo, hi, m1, m2, loss, true, 4);
                          std::vector<Tensor> v;
@@ -248,27 +294,32 @@ std::vector<Case> make_cases(Inputs& in) {
                          v.push_back(std::move(r.clamp_min_grad));
                          v.push_back(std::move(r.clamp_max_grad));
                          return v;
-                       }, {}});
+                       },
+                       {}});
     }
     // tile_quant: float32 only; padded rows (pitch > cols).
     const std::int64_t cols = 1000, pitch = 1024;
     const Tensor& src = in.add(floats(DType::float32, {rows, pitch}, 16, 50.f));
     const Tensor& tsc = in.add(positive(DType::float32, {rows, 1}, 17));
     const Tensor& tof = in.add(floats(DType::float32, {rows, 1}, 18, 100.f));
-    cases.push_back({"tile_quant SYM " + sz, [&src, &tsc, rows] {
+    cases.push_back({"tile_quant SYM " + sz,
+                     [&src, &tsc, rows] {
                        Tensor out(DType::int8, {rows, pitch});
                        std::memset(out.data(), 0x77, out.nbytes());
                        xquant::tile_quant(xquant::TileView{out.data(), DType::int8, rows, cols, pitch},
                                           xquant::ConstTileView(src.data(), DType::float32, rows, cols, pitch),
                                           xquant::ConstTileView(tsc.data(), DType::float32, rows, 1, 1));
                        return one(std::move(out));
-                     }, {}});
-    cases.push_back({"tile_quant ASYM (alloc) " + sz, [&src, &tsc, &tof, rows] {
-                       return one(xquant::tile_quant(xquant::ConstTileView(src.data(), DType::float32, rows, cols, pitch),
-                                                     xquant::ConstTileView(tsc.data(), DType::float32, rows, 1, 1),
-                                                     xquant::QuantMode::ASYM,
-                                                     xquant::ConstTileView(tof.data(), DType::float32, rows, 1, 1)));
-                     }, {}});
+                     },
+                     {}});
+    cases.push_back({"tile_quant ASYM (alloc) " + sz,
+                     [&src, &tsc, &tof, rows] {
+                       return one(xquant::tile_quant(
+                           xquant::ConstTileView(src.data(), DType::float32, rows, cols, pitch),
+                           xquant::ConstTileView(tsc.data(), DType::float32, rows, 1, 1), xquant::QuantMode::ASYM,
+                           xquant::ConstTileView(tof.data(), DType::float32, rows, 1, 1)));
+                     },
+                     {}});
   }
   return cases;
 }
@@ -295,8 +346,8 @@ int main(int argc, char** argv) {
   xquant::set_backend(xquant::Backend::cpu);
   for (auto& c : cases) c.expected = c.run();
   xquant::set_num_threads(0);
-  std::printf("tsan_stress: %zu cases, %d worker threads x %d rounds, settings changing concurrently\n",
-              cases.size(), kWorkers, rounds);
+  std::printf("tsan_stress: %zu cases, %d worker threads x %d rounds, settings changing concurrently\n", cases.size(),
+              kWorkers, rounds);
   std::fflush(stdout);
 
   std::atomic<int> running{kWorkers};
@@ -330,9 +381,15 @@ int main(int argc, char** argv) {
     while (running.load() > 0) {
       s = s * 1664525u + 1013904223u;
       switch ((s >> 16) % 3) {
-        case 0: xquant::set_num_threads(kThreads[(s >> 20) % 5]); break;
-        case 1: xquant::set_backend((s >> 20) % 4 == 0 ? xquant::Backend::reference : xquant::Backend::cpu); break;
-        default: xquant::set_memory_cache_limit(kLimits[(s >> 20) % 4]); break;
+        case 0:
+          xquant::set_num_threads(kThreads[(s >> 20) % 5]);
+          break;
+        case 1:
+          xquant::set_backend((s >> 20) % 4 == 0 ? xquant::Backend::reference : xquant::Backend::cpu);
+          break;
+        default:
+          xquant::set_memory_cache_limit(kLimits[(s >> 20) % 4]);
+          break;
       }
       (void)xquant::get_num_threads();
       (void)xquant::get_backend();

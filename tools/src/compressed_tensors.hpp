@@ -21,31 +21,31 @@
 namespace xqcli {
 
 struct ExportOptions {
-  std::string preset = "W4A16";          // W4A16 | W8A16 | W8A8
-  std::int64_t group_size = 128;         // W4A16 / W8A16; 0: one scale per output channel
+  std::string preset = "W4A16";   // W4A16 | W8A16 | W8A8
+  std::int64_t group_size = 128;  // W4A16 / W8A16; 0: one scale per output channel
   bool group_size_given = false;
-  std::vector<std::string> ignore;       // POSIX ERE on module names: keep dense
-  std::vector<std::string> targets;      // POSIX ERE on module names: quantize only these
+  std::vector<std::string> ignore;              // POSIX ERE on module names: keep dense
+  std::vector<std::string> targets;             // POSIX ERE on module names: quantize only these
   std::optional<std::uint64_t> max_shard_size;  // bytes; nullopt: keep the input's shards, else 5 GB
 };
 
 // A preset as llm-compressor names it.
 struct Preset {
   std::string name;
-  int bits = 4;             // weight bits
-  bool packed = true;       // pack-quantized (int32 words) vs int-quantized (int8 weight)
-  bool act8 = false;        // dynamic per-token int8 input activations (W8A8)
-  std::int64_t group = 128; // 0: per output channel
+  int bits = 4;              // weight bits
+  bool packed = true;        // pack-quantized (int32 words) vs int-quantized (int8 weight)
+  bool act8 = false;         // dynamic per-token int8 input activations (W8A8)
+  std::int64_t group = 128;  // 0: per output channel
 };
 Preset make_preset(const ExportOptions& e);
 
 // What happens to one tensor of the input.
 struct CtDecision {
   bool quantize = false;
-  bool warn = false;      // kept because it cannot be quantized (an error under --strict)
-  bool ignore = false;    // its module goes into the config's ignore list
-  std::string module;     // the name without ".weight" (rank-2 ".weight" tensors only)
-  std::string reason;     // why kept
+  bool warn = false;    // kept because it cannot be quantized (an error under --strict)
+  bool ignore = false;  // its module goes into the config's ignore list
+  std::string module;   // the name without ".weight" (rank-2 ".weight" tensors only)
+  std::string reason;   // why kept
 };
 
 // Module-name classification used by the decision (exposed for the tests).

@@ -180,8 +180,8 @@ ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups,
 
 // The library's quantize on the [groups, G] view of x (aligned) with the widened stored scales sw, the
 // round-trip error against v, then the storage offsets of compressed-tensors.
-ErrorStats quantize_known(const std::byte* x, StDType dt, const float* v, std::int64_t groups, std::int64_t G, const Preset& p,
-                          const float* sw, std::byte* q) {
+ErrorStats quantize_known(const std::byte* x, StDType dt, const float* v, std::int64_t groups, std::int64_t G,
+                          const Preset& p, const float* sw, std::byte* q) {
   const xquant::ConstTensorView xin(x, ct::lib_dtype(dt), {groups, G});
   ErrorStats e;
   if (p.bits == 8) {
@@ -252,7 +252,8 @@ ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t group
   for (std::int64_t g = 0; g < groups; ++g) {
     const float amax = run_amax(v + g * G, G, nonfinite);
     const CtScale s = ct_scale(amax, p.bits, scale_dt);
-    if (!s.ok) bad_input(place(first_group + g, G, groups_per_row) + ": " + ct_scale_problem(amax, p.bits, scale_dt, s));
+    if (!s.ok)
+      bad_input(place(first_group + g, G, groups_per_row) + ": " + ct_scale_problem(amax, p.bits, scale_dt, s));
     std::memcpy(scale + static_cast<std::size_t>(g) * ssize, &s.bits, ssize);  // little endian: the low bytes
     sw[static_cast<std::size_t>(g)] = s.widened;
   }
@@ -268,10 +269,10 @@ namespace {
 
 // One input tensor and where its outputs go.
 struct Item {
-  std::size_t file = 0;     // input file index
+  std::size_t file = 0;  // input file index
   const TensorEntry* t = nullptr;
   CtDecision d;
-  std::size_t out = 0;      // output file index
+  std::size_t out = 0;  // output file index
   std::uint64_t out_bytes = 0;
 };
 
@@ -283,7 +284,8 @@ std::string shard_name(std::size_t i, std::size_t n) {
 
 // Assigns each item (a group of output tensors) to an output file: the input's shards when it was
 // sharded and no --max-shard-size was given, else greedily in input order up to `max` bytes.
-std::vector<std::string> assign_files(std::vector<Item>& items, const ModelDir& m, const std::optional<std::uint64_t>& max) {
+std::vector<std::string> assign_files(std::vector<Item>& items, const ModelDir& m,
+                                      const std::optional<std::uint64_t>& max) {
   std::vector<std::string> names;
   if (m.sharded && !max) {
     for (const auto& f : m.files) names.push_back(f.name);
@@ -370,8 +372,9 @@ struct WeightJob {
       std::byte* sb = sbuf.data();
       parallel_pieces(npieces, t.name, [&](std::int64_t k) {
         const std::int64_t a = g0 + k * gpp, b = std::min(g1, a + gpp);
-        errs[static_cast<std::size_t>(k)] = ct_quantize_groups(src + a * G * esize, t.dtype, b - a, G, p, sdt,
-                                                               qb + (a - g0) * G * p.bits / 8, sb + (a - g0) * ssize, a, gpr);
+        errs[static_cast<std::size_t>(k)] =
+            ct_quantize_groups(src + a * G * esize, t.dtype, b - a, G, p, sdt, qb + (a - g0) * G * p.bits / 8,
+                               sb + (a - g0) * ssize, a, gpr);
       });
       for (const auto& e : errs) err.merge(e);  // piece order: the same for every thread count
       writer.submit(std::move(qbuf), qdst + static_cast<std::uint64_t>(g0 * G * p.bits / 8), out_file);
@@ -405,7 +408,8 @@ struct WeightJob {
         const std::int64_t c1 = std::min(npieces, c0 + ppc);
         parallel_pieces(c1 - c0, t.name, [&](std::int64_t k) {
           const std::int64_t a = (c0 + k) * piece, len = std::min(G, a + piece) - a;
-          amax[static_cast<std::size_t>(c0 + k)] = run_amax(widened(gx + a * esize, t.dtype, len), len, bad[static_cast<std::size_t>(c0 + k)]);
+          amax[static_cast<std::size_t>(c0 + k)] =
+              run_amax(widened(gx + a * esize, t.dtype, len), len, bad[static_cast<std::size_t>(c0 + k)]);
         });
         in.release(goff + static_cast<std::uint64_t>(c0 * piece * esize),
                    static_cast<std::uint64_t>((std::min(G, c1 * piece) - c0 * piece) * esize));
@@ -491,7 +495,8 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
       r.reason = it.d.reason;
       r.warned = it.d.warn;
       if (it.d.quantize) {
-        for (const char* suffix : {".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx"})
+        for (const char* suffix :
+             {".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx"})
           if (names.count(it.d.module + suffix))
             bad_input(o.input + ": tensor '" + it.d.module + suffix + "' already exists, so '" + t.name +
                       "' cannot be quantized (is the model already quantized?)");
@@ -533,13 +538,18 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
     const StDType sdt = model_dt.value_or(it.t->dtype);
     const auto qbytes = static_cast<std::uint64_t>(N * K * p.bits / 8);
     ts.push_back({it.d.module + (p.packed ? ".weight_packed" : ".weight"), r.stored_dtype, r.stored_shape, qbytes, 0});
-    ts.push_back({it.d.module + ".weight_scale", sdt, {N, K / G}, static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt), 0});
+    ts.push_back({it.d.module + ".weight_scale",
+                  sdt,
+                  {N, K / G},
+                  static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt),
+                  0});
     if (p.packed) ts.push_back({it.d.module + ".weight_shape", StDType::I64, {2}, 16, 0});
   }
   ct::check_unique_names(outs, o.input);
   // Metadata of each output file: that of its first input file, with format = pt.
   std::vector<std::map<std::string, std::string>> metas(outs.size());
-  for (std::size_t i = items.size(); i-- > 0;) metas[items[i].out] = ct::out_metadata(m.files[items[i].file].header.metadata);
+  for (std::size_t i = items.size(); i-- > 0;)
+    metas[items[i].out] = ct::out_metadata(m.files[items[i].file].header.metadata);
   for (std::size_t i = 0; i < outs.size(); ++i) {
     if (metas[i].empty()) metas[i] = {{"format", "pt"}};
     outs[i].data_size = layout_tensors(outs[i].tensors);
@@ -547,13 +557,14 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   }
 
   json::Value config = m.config;
-  config.set("quantization_config",
-             json::Value::from_nlohmann(OJ::parse(quantization_config_json(p, std::vector<std::string>(ignore.begin(), ignore.end())))));
+  config.set("quantization_config", json::Value::from_nlohmann(OJ::parse(quantization_config_json(
+                                        p, std::vector<std::string>(ignore.begin(), ignore.end())))));
 
   if (!o.quiet)
     for (const auto& r : result.tensors)
       if (r.warned)
-        std::fprintf(stderr, "xquant: warning: keeping '%s' dense (added to ignore): %s\n", r.name.c_str(), r.reason.c_str());
+        std::fprintf(stderr, "xquant: warning: keeping '%s' dense (added to ignore): %s\n", r.name.c_str(),
+                     r.reason.c_str());
 
   configure_threads(o.threads);
   ensure_open_files(outs.size(), "writing " + std::to_string(outs.size()) + " weight files");
@@ -562,7 +573,8 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   OutputDir out(o.output, o.force);
   for (const auto& f : files_to_copy(m, written, o.quiet)) out.copy_file(m.path + "/" + f, f);
   out.write_file(kConfigFile, config.dump(2) + "\n");
-  if (outs.size() > 1 || m.sharded || file_names[0] != kSingleWeights) out.write_file(kWeightsIndex, ct::index_json(outs));
+  if (outs.size() > 1 || m.sharded || file_names[0] != kSingleWeights)
+    out.write_file(kWeightsIndex, ct::index_json(outs));
 
   std::uint64_t total_bytes = 0;
   for (const auto& f : m.files) total_bytes += f.header.data_size;
@@ -598,8 +610,8 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
       } else {
         const std::uint64_t qdst = offset_of[it.out].at(it.d.module + (p.packed ? ".weight_packed" : ".weight"));
         const std::uint64_t sdst = offset_of[it.out].at(it.d.module + ".weight_scale");
-        WeightJob job{p, *it.t, in, src_off, model_dt.value_or(it.t->dtype), writer, it.out, qdst, sdst, progress, done,
-                      tensors_done};
+        WeightJob job{p,    *it.t,    in,   src_off,     model_dt.value_or(it.t->dtype), writer, it.out, qdst,
+                      sdst, progress, done, tensors_done};
         TensorResult& res = result.tensors[i];
         res.error = job.run();
         if (p.packed) {

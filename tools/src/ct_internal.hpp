@@ -29,9 +29,12 @@ inline constexpr std::uint64_t kDefaultShard = 5'000'000'000ull;  // transformer
 
 inline xquant::DType lib_dtype(StDType dt) {
   switch (dt) {
-    case StDType::F16: return xquant::DType::float16;
-    case StDType::BF16: return xquant::DType::bfloat16;
-    default: return xquant::DType::float32;
+    case StDType::F16:
+      return xquant::DType::float16;
+    case StDType::BF16:
+      return xquant::DType::bfloat16;
+    default:
+      return xquant::DType::float32;
   }
 }
 

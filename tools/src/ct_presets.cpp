@@ -37,14 +37,16 @@ Preset make_preset(const ExportOptions& e) {
     p.packed = false;
     p.act8 = true;
     if (e.group_size_given && e.group_size != 0)
-      bad_input("--group-size: W8A8 has one scale per output channel (int-quantized); got " + std::to_string(e.group_size));
+      bad_input("--group-size: W8A8 has one scale per output channel (int-quantized); got " +
+                std::to_string(e.group_size));
     p.group = 0;
     return p;
   } else {
     bad_input("--preset: unknown preset '" + e.preset + "', expected W4A16, W8A16 or W8A8");
   }
   if (e.group_size < 0 || (e.group_size != 0 && e.group_size % 8 != 0))
-    bad_input("--group-size: expected 0 (per output channel) or a positive multiple of 8, got " + std::to_string(e.group_size));
+    bad_input("--group-size: expected 0 (per output channel) or a positive multiple of 8, got " +
+              std::to_string(e.group_size));
   p.group = e.group_size;
   return p;
 }
@@ -64,8 +66,9 @@ bool is_default_ignored_module(const std::string& module) {
 CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bool tied) {
   CtDecision d;
   if (!ct::ends_with(t.name, ".weight") || t.shape.size() != 2) {
-    d.reason = t.shape.size() != 2 ? "rank " + std::to_string(t.shape.size()) + " (only 2-D Linear weights are quantized)"
-                                   : "not a module's .weight";
+    d.reason = t.shape.size() != 2
+                   ? "rank " + std::to_string(t.shape.size()) + " (only 2-D Linear weights are quantized)"
+                   : "not a module's .weight";
     return d;
   }
   d.module = t.name.substr(0, t.name.size() - 7);
@@ -203,8 +206,10 @@ std::uint32_t encode(float v, StDType dt) {
 CtScale ct_scale(float amax, int num_bits, StDType scale_dt) {
   const float qmax = num_bits == 4 ? 7.0f : 127.0f;
   float s = amax / qmax;
-  if (amax == 0.0f) s = 1.0f;
-  else if (!(s >= FLT_MIN)) s = FLT_MIN;
+  if (amax == 0.0f)
+    s = 1.0f;
+  else if (!(s >= FLT_MIN))
+    s = FLT_MIN;
   CtScale r;
   r.bits = encode(s, scale_dt);
   // Never 0 (so that 1 / s' stays finite): a float16 scale that underflows is the smallest subnormal.
@@ -228,9 +233,10 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
     return std::string(b);
   };
   return "amax " + num(amax) + " / " + std::to_string(qmax) + " gives the scale " + num(s.widened) + " in " + sdt +
-         " and the largest dequantized value " + std::to_string(qmax) + " * scale = " + num(s.largest) + ", which " + sdt +
-         " cannot hold (its largest finite value is " + num(top) +
-         "); refusing to write infinite or NaN weights (the scale dtype is config.json's torch_dtype, else the weight's "
+         " and the largest dequantized value " + std::to_string(qmax) + " * scale = " + num(s.largest) + ", which " +
+         sdt + " cannot hold (its largest finite value is " + num(top) +
+         "); refusing to write infinite or NaN weights (the scale dtype is config.json's torch_dtype, else the "
+         "weight's "
          "dtype)";
 }
 

@@ -37,19 +37,22 @@ struct CtConfig {
 
 CtConfig read_ct_config(const ModelDir& m) {
   const std::string who = m.path + "/config.json: quantization_config";
-  if (!m.config.contains("quantization_config")) bad_input(m.path + "/config.json: no quantization_config (not a quantized model)");
+  if (!m.config.contains("quantization_config"))
+    bad_input(m.path + "/config.json: no quantization_config (not a quantized model)");
   const json::Value& c = m.config["quantization_config"];
   if (!c.is_object()) bad_input(who + ": expected an object, got " + c.type_name());
   // A string member, "" when absent; another type is an error naming the key.
   const auto str = [](const json::Value& obj, const char* key, const std::string& where) -> std::string {
     return obj.contains(key) ? json::get_string(obj[key], where + "." + key) : std::string();
   };
-  if (str(c, "quant_method", who) != "compressed-tensors") bad_input(who + ": quant_method is not \"compressed-tensors\"");
+  if (str(c, "quant_method", who) != "compressed-tensors")
+    bad_input(who + ": quant_method is not \"compressed-tensors\"");
   CtConfig r;
   r.format = str(c, "format", who);
   if (r.format != "pack-quantized" && r.format != "int-quantized")
     bad_input(who + ": format '" + r.format + "' is not read by xquant (pack-quantized or int-quantized)");
-  if (str(c, "quantization_status", who) != "compressed") bad_input(who + ": quantization_status is not \"compressed\"");
+  if (str(c, "quantization_status", who) != "compressed")
+    bad_input(who + ": quantization_status is not \"compressed\"");
   if (!c["config_groups"].is_object() || c["config_groups"].empty()) bad_input(who + ": no config_groups");
   bool first = true;
   for (const auto& [name, g] : c["config_groups"].members()) {
@@ -75,13 +78,14 @@ CtConfig read_ct_config(const ModelDir& m) {
     r = one;
     first = false;
   }
-  if (r.format == "int-quantized" && r.bits != 8) bad_input(who + ": int-quantized with num_bits " + std::to_string(r.bits));
+  if (r.format == "int-quantized" && r.bits != 8)
+    bad_input(who + ": int-quantized with num_bits " + std::to_string(r.bits));
   return r;
 }
 
 // One quantized module of a file.
 struct CtModule {
-  const TensorEntry* q = nullptr;      // weight_packed or weight
+  const TensorEntry* q = nullptr;  // weight_packed or weight
   const TensorEntry* scale = nullptr;
   const TensorEntry* shape = nullptr;  // pack-quantized only
   const TensorEntry* g_idx = nullptr;  // GPTQ activation ordering (weight_g_idx), if present
@@ -114,15 +118,15 @@ std::vector<std::int32_t> read_g_idx(const WeightFile& f, const TensorEntry& t, 
       continue;
     }
     if (v < 0 || v >= groups)
-      bad_input(f.path + ": '" + t.name + "' names group " + std::to_string(v) + " for input column " + std::to_string(j) +
-                ", but the module has " + std::to_string(groups) + " group" + (groups == 1 ? "" : "s") + " per row (0 to " +
-                std::to_string(groups - 1) + ")");
+      bad_input(f.path + ": '" + t.name + "' names group " + std::to_string(v) + " for input column " +
+                std::to_string(j) + ", but the module has " + std::to_string(groups) + " group" +
+                (groups == 1 ? "" : "s") + " per row (0 to " + std::to_string(groups - 1) + ")");
     g[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(v);
   }
   if (unset == K) return {};  // no activation ordering
   if (unset != 0)
-    bad_input(f.path + ": '" + t.name + "' mixes -1 (no ordering) with group indices (" + std::to_string(unset) + " of " +
-              std::to_string(K) + " columns are -1)");
+    bad_input(f.path + ": '" + t.name + "' mixes -1 (no ordering) with group indices (" + std::to_string(unset) +
+              " of " + std::to_string(K) + " columns are -1)");
   return g;
 }
 
@@ -152,15 +156,16 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
         bad_input(f.path + ": '" + cm.shape->name + "' is [" + std::to_string(cm.N) +
                   ", 0]: input width 0 (K = 0), but a quantized Linear module has K >= 1");
       const std::int64_t per = 32 / c.bits;
-      if (cm.N <= 0 || cm.K <= 0 || cm.K % per != 0 || cm.q->dtype != StDType::I32 || cm.q->shape != Dims{cm.N, cm.K / per})
-        bad_input(f.path + ": '" + cm.q->name + "' is " + std::string(st_dtype_name(cm.q->dtype)) + " " + dims_str(cm.q->shape) +
-                  ", which does not hold " + std::to_string(c.bits) + "-bit values of shape [" + std::to_string(cm.N) + ", " +
-                  std::to_string(cm.K) + "] (weight_shape)");
+      if (cm.N <= 0 || cm.K <= 0 || cm.K % per != 0 || cm.q->dtype != StDType::I32 ||
+          cm.q->shape != Dims{cm.N, cm.K / per})
+        bad_input(f.path + ": '" + cm.q->name + "' is " + std::string(st_dtype_name(cm.q->dtype)) + " " +
+                  dims_str(cm.q->shape) + ", which does not hold " + std::to_string(c.bits) + "-bit values of shape [" +
+                  std::to_string(cm.N) + ", " + std::to_string(cm.K) + "] (weight_shape)");
     } else {
       cm.q = need(mod + ".weight");
       if (cm.q->dtype != StDType::I8 || cm.q->shape.size() != 2)
-        bad_input(f.path + ": '" + cm.q->name + "' must be a 2-D I8 tensor, got " + std::string(st_dtype_name(cm.q->dtype)) + " " +
-                  dims_str(cm.q->shape));
+        bad_input(f.path + ": '" + cm.q->name + "' must be a 2-D I8 tensor, got " +
+                  std::string(st_dtype_name(cm.q->dtype)) + " " + dims_str(cm.q->shape));
       cm.N = cm.q->shape[0];
       cm.K = cm.q->shape[1];
       if (cm.K == 0)
@@ -198,8 +203,9 @@ FilePlan plan_dequantize(const WeightFile& f, const CtConfig& c, const std::opti
   for (const auto& [mod, cm] : fp.mods) {
     const std::string dense = mod + ".weight";
     if (f.header.find(dense) && !fp.consumed.count(dense))
-      bad_input(f.path + ": '" + dense + "' is both a dense tensor of the file and the dequantized weight of the compressed module '" +
-                mod + "' ('" + cm.q->name + "'); refusing to write the name twice");
+      bad_input(f.path + ": '" + dense +
+                "' is both a dense tensor of the file and the dequantized weight of the compressed module '" + mod +
+                "' ('" + cm.q->name + "'); refusing to write the name twice");
     const StDType dt = dtype.value_or(cm.scale->dtype);
     fp.tensors.push_back({dense, dt, {cm.N, cm.K}, static_cast<std::uint64_t>(cm.N * cm.K) * st_dtype_size(dt), 0});
   }
@@ -227,8 +233,8 @@ Scratch& scratch() {
 // (int4: two's complement nibbles, word ^ 0x88888888; 8-bit packed: byte ^ 0x80; int-quantized: as
 // they are), and the scale of each element (its group's, from g_idx when present) as anti_quant's
 // per-element scale: out = narrow(q * s'), the float32 product rounded once to dt.
-void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& c, std::int64_t b, std::int64_t len, StDType dt,
-                      std::byte* out) {
+void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& c, std::int64_t b, std::int64_t len,
+                      StDType dt, std::byte* out) {
   const bool packed = c.format == "pack-quantized";
   const std::byte* qp = wf.map->data() + wf.header.data_start + cm.q->begin;
   const std::byte* sp = wf.map->data() + wf.header.data_start + cm.scale->begin;
@@ -269,7 +275,8 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
                                                  : xquant::ConstTensorView(x, xquant::DType::int8, {len});
   const xquant::ConstTensorView sv(s.scale.data(), xquant::DType::float32, {len});
   const xquant::TensorView ov(out, ct::lib_dtype(dt), {len});
-  xquant::anti_quant_out(ov, xv, sv, std::nullopt, c.bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
+  xquant::anti_quant_out(ov, xv, sv, std::nullopt,
+                         c.bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
 }
 
 // Writes the dequantized file: header, kept tensors copied, each module's q * s' narrowed, in chunks of
@@ -304,7 +311,8 @@ void write_dequantized(const WeightFile& wf, const FilePlan& fp, const CtConfig&
       return cm.K <= ct::kPieceElems ? k * piece : k / per_row * cm.K + k % per_row * piece;
     };
     const auto piece_end = [&](std::int64_t k) {
-      return cm.K <= ct::kPieceElems ? std::min(n, (k + 1) * piece) : k / per_row * cm.K + std::min(cm.K, (k % per_row + 1) * piece);
+      return cm.K <= ct::kPieceElems ? std::min(n, (k + 1) * piece)
+                                     : k / per_row * cm.K + std::min(cm.K, (k % per_row + 1) * piece);
     };
     const std::int64_t total_pieces = cm.K <= ct::kPieceElems ? (n + piece - 1) / piece : cm.N * per_row;
     const std::int64_t ppc = chunk / piece;
@@ -352,8 +360,8 @@ std::optional<CtConfig> infer_ct_config(const WeightFile& f) {
       if (K <= 0 || packed->shape[1] <= 0) bad_input(f.path + ": '" + shape->name + "' holds no valid shape");
       c.bits = static_cast<int>(packed->shape[1] * 32 / K);
       if ((c.bits != 4 && c.bits != 8) || packed->shape[1] * 32 != K * c.bits)
-        bad_input(f.path + ": '" + packed->name + "' " + dims_str(packed->shape) + " is neither 4-bit nor 8-bit packing of K = " +
-                  std::to_string(K));
+        bad_input(f.path + ": '" + packed->name + "' " + dims_str(packed->shape) +
+                  " is neither 4-bit nor 8-bit packing of K = " + std::to_string(K));
     } else if (w && w->dtype == StDType::I8 && w->shape.size() == 2) {
       K = w->shape[1];
       c.format = "int-quantized";
@@ -362,7 +370,8 @@ std::optional<CtConfig> infer_ct_config(const WeightFile& f) {
       continue;
     }
     if (t.shape[1] <= 0 || K % t.shape[1] != 0)
-      bad_input(f.path + ": '" + t.name + "' " + dims_str(t.shape) + " does not divide K = " + std::to_string(K) + " into groups");
+      bad_input(f.path + ": '" + t.name + "' " + dims_str(t.shape) + " does not divide K = " + std::to_string(K) +
+                " into groups");
     c.group = t.shape[1] == 1 ? 0 : K / t.shape[1];
     return c;
   }
@@ -384,11 +393,13 @@ void run_dequantize_ct_file(const DequantizeOptions& o) {
   check_can_create(o.output, o.force);
   const WeightFile f = open_weight_file(o.input);
   const std::optional<CtConfig> c = infer_ct_config(f);
-  if (!c) bad_input(o.input + ": no compressed-tensors weights (P.weight_scale with P.weight_packed or an I8 P.weight)");
+  if (!c)
+    bad_input(o.input + ": no compressed-tensors weights (P.weight_scale with P.weight_packed or an I8 P.weight)");
   const FilePlan fp = plan_dequantize(f, *c, o.dtype);
   configure_threads(o.threads);
   AtomicOutput out(o.output, o.force);
-  write_dequantized(f, fp, *c, o.dtype, [&](const void* d, std::size_t n, std::uint64_t off) { out.write_at(d, n, off); });
+  write_dequantized(f, fp, *c, o.dtype,
+                    [&](const void* d, std::size_t n, std::uint64_t off) { out.write_at(d, n, off); });
   out.commit();
 }
 
@@ -489,7 +500,8 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
                m.other_files.size() == 1 ? "" : "s");
   if (c) {
     const auto& qc = m.config["quantization_config"];
-    std::fprintf(out, "compressed-tensors %s: int%d weights, symmetric, %s%s; ignore: %zu module%s\n", c->format.c_str(), c->bits,
+    std::fprintf(out, "compressed-tensors %s: int%d weights, symmetric, %s%s; ignore: %zu module%s\n",
+                 c->format.c_str(), c->bits,
                  c->group == 0 ? "per output channel" : ("groups of " + std::to_string(c->group)).c_str(),
                  c->act8 ? ", int8 dynamic per-token activations" : "",
                  qc.contains("ignore") && qc["ignore"].is_array() ? qc["ignore"].size() : 0,

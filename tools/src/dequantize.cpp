@@ -29,7 +29,8 @@ struct Source {
   const TensorEntry* zero_point = nullptr;
 };
 
-Source find_source(const Header& h, const std::string& name, const QuantizedTensorInfo& qi, const QuantizedFileInfo& info) {
+Source find_source(const Header& h, const std::string& name, const QuantizedTensorInfo& qi,
+                   const QuantizedFileInfo& info) {
   Source s;
   const std::string who = "quantized tensor " + quote_name(name);
   s.data = h.find(name);

@@ -64,11 +64,13 @@ extern "C" void on_fatal_signal(int sig) {
   for (int i = 0; i < kSlots; ++i)
     if (g_used[i].load()) ::unlink(g_paths[i]);
   if (sig == SIGBUS) {
-    write_stderr("\nxquant: error: the input file became unreadable while mapped (truncated or an I/O error); "
-                 "no output written\n");
+    write_stderr(
+        "\nxquant: error: the input file became unreadable while mapped (truncated or an I/O error); "
+        "no output written\n");
     ::_exit(kExitIo);
   }
-  write_stderr(sig == SIGINT ? "\nxquant: interrupted; no output written\n" : "\nxquant: terminated; no output written\n");
+  write_stderr(sig == SIGINT ? "\nxquant: interrupted; no output written\n"
+                             : "\nxquant: terminated; no output written\n");
   ::_exit(128 + sig);
 }
 
@@ -145,8 +147,8 @@ std::string resolve_path(const std::string& path) {
 
 bool path_within(const std::string& inner, const std::string& outer) {
   if (outer == "/") return true;
-  return inner == outer || (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
-                            inner[outer.size()] == '/');
+  return inner == outer ||
+         (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 && inner[outer.size()] == '/');
 }
 
 void check_apart(const std::string& path, const char* option, const std::vector<std::string>& inputs) {
@@ -154,7 +156,10 @@ void check_apart(const std::string& path, const char* option, const std::vector<
   for (const auto& in : inputs) {
     if (in.empty()) continue;
     const std::string rin = resolve_path(in);
-    const char* how = out == rin ? "is" : path_within(out, rin) ? "lies inside" : path_within(rin, out) ? "contains" : nullptr;
+    const char* how = out == rin              ? "is"
+                      : path_within(out, rin) ? "lies inside"
+                      : path_within(rin, out) ? "contains"
+                                              : nullptr;
     if (!how) continue;
     std::string msg = std::string(option) + " " + path + " " + how + " " + in;
     if (out != path || rin != in) msg += " (resolved: " + out + " and " + rin + ")";
@@ -182,9 +187,9 @@ void ensure_open_files(std::size_t needed, const std::string& why) {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
   }
   if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
-    throw CliError(kExitIo, why + " needs " + std::to_string(needed) + " files open at once (+" + std::to_string(kMargin) +
-                                " spare), but the limit of open files is " + std::to_string(rl.rlim_cur) +
-                                " (hard limit " + std::to_string(rl.rlim_max) +
+    throw CliError(kExitIo, why + " needs " + std::to_string(needed) + " files open at once (+" +
+                                std::to_string(kMargin) + " spare), but the limit of open files is " +
+                                std::to_string(rl.rlim_cur) + " (hard limit " + std::to_string(rl.rlim_max) +
                                 "): raise it (ulimit -n) or write fewer, larger shards (--max-shard-size)");
 }
 

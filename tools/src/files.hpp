@@ -95,7 +95,8 @@ void ensure_open_files(std::size_t needed, const std::string& why);
 // Installs the handlers that remove registered temporary files and exit: SIGBUS (exit 2) and the
 // terminating signals SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2, SIGXCPU,
 // SIGVTALRM, SIGPROF (exit 128 + the signal's number), each only while its action is the default: a
-// signal that is ignored (nohup) or already handled (libFuzzer's SIGALRM) is left as it is. SIGXFSZ is ignored, so a file-size limit is a write error (exit 2). Idempotent.
+// signal that is ignored (nohup) or already handled (libFuzzer's SIGALRM) is left as it is. SIGXFSZ is ignored, so a
+// file-size limit is a write error (exit 2). Idempotent.
 void install_signal_cleanup();
 
 }  // namespace xqcli

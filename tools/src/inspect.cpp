@@ -46,11 +46,12 @@ void run_inspect(const InspectOptions& o, std::FILE* out) {
     for (const auto& [k, v] : h.metadata) meta[k] = v;
     j["metadata"] = std::move(meta);
     if (info)
-      j["quantization"] = {{"bits", info->bits},
-                           {"scheme", info->per_channel ? "per-channel" : "per-tensor"},
-                           {"axis", info->axis},
-                           {"mode", info->symmetric ? "symmetric" : "asymmetric"},
-                           {"xquant_version", h.metadata.count("xquant.version") ? h.metadata.at("xquant.version") : ""}};
+      j["quantization"] = {
+          {"bits", info->bits},
+          {"scheme", info->per_channel ? "per-channel" : "per-tensor"},
+          {"axis", info->axis},
+          {"mode", info->symmetric ? "symmetric" : "asymmetric"},
+          {"xquant_version", h.metadata.count("xquant.version") ? h.metadata.at("xquant.version") : ""}};
     else
       j["quantization"] = nullptr;
     J tensors = J::array();
@@ -82,7 +83,8 @@ void run_inspect(const InspectOptions& o, std::FILE* out) {
   for (const auto& t : h.tensors) data_bytes += t.nbytes();
   std::fprintf(out, "%s: %s, %zu tensors, header %llu bytes, data %s\n", utf8_safe(o.path).c_str(),
                Progress::bytes_str(static_cast<double>(in.size())).c_str(), h.tensors.size(),
-               static_cast<unsigned long long>(h.header_len), Progress::bytes_str(static_cast<double>(data_bytes)).c_str());
+               static_cast<unsigned long long>(h.header_len),
+               Progress::bytes_str(static_cast<double>(data_bytes)).c_str());
   if (info)
     std::fprintf(out, "quantized by xquant %s: int%d, %s%s, %s\n",
                  h.metadata.count("xquant.version") ? h.metadata.at("xquant.version").c_str() : "?", info->bits,

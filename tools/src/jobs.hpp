@@ -23,7 +23,7 @@ struct QuantizeOptions {
   bool strict = false;  // a tensor that the options cannot quantize is an error, not a warning
   bool force = false;
   bool quiet = false;
-  int threads = 0;      // 0: OpenMP's default; at most kMaxThreads
+  int threads = 0;  // 0: OpenMP's default; at most kMaxThreads
 };
 
 struct TensorResult {

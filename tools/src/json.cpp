@@ -56,12 +56,18 @@ Value Value::object() {
 
 const char* Value::type_name() const noexcept {
   switch (kind_) {
-    case Kind::Null: return "null";
-    case Kind::Bool: return "boolean";
-    case Kind::Number: return "number";
-    case Kind::String: return "string";
-    case Kind::Array: return "array";
-    case Kind::Object: return "object";
+    case Kind::Null:
+      return "null";
+    case Kind::Bool:
+      return "boolean";
+    case Kind::Number:
+      return "number";
+    case Kind::String:
+      return "string";
+    case Kind::Array:
+      return "array";
+    case Kind::Object:
+      return "object";
   }
   return "?";
 }
@@ -139,21 +145,37 @@ void escape_to(std::string& out, std::string_view s) {
     const char c = s[i];
     // A lone surrogate (decoded from a \u escape as its 3-byte form, which is not UTF-8) goes back out as
     // the escape it came from.
-    if (static_cast<unsigned char>(c) == 0xED && i + 2 < s.size() && (static_cast<unsigned char>(s[i + 1]) & 0xE0) == 0xA0) {
-      const unsigned cp = 0xD000u | ((static_cast<unsigned char>(s[i + 1]) & 0x3Fu) << 6) | (static_cast<unsigned char>(s[i + 2]) & 0x3Fu);
+    if (static_cast<unsigned char>(c) == 0xED && i + 2 < s.size() &&
+        (static_cast<unsigned char>(s[i + 1]) & 0xE0) == 0xA0) {
+      const unsigned cp = 0xD000u | ((static_cast<unsigned char>(s[i + 1]) & 0x3Fu) << 6) |
+                          (static_cast<unsigned char>(s[i + 2]) & 0x3Fu);
       out += "\\u";
       for (int sh = 12; sh >= 0; sh -= 4) out += hex[(cp >> sh) & 15];
       i += 2;
       continue;
     }
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += "\\u00";
@@ -176,12 +198,20 @@ void Value::dump_to(std::string& out, int indent, int level) const {
     out.append(static_cast<std::size_t>(indent) * static_cast<std::size_t>(lvl), ' ');
   };
   switch (kind_) {
-    case Kind::Null: out += "null"; return;
-    case Kind::Bool: out += b_ ? "true" : "false"; return;
-    case Kind::Number: out += text_; return;
+    case Kind::Null:
+      out += "null";
+      return;
+    case Kind::Bool:
+      out += b_ ? "true" : "false";
+      return;
+    case Kind::Number:
+      out += text_;
+      return;
     case Kind::String:
-      if (!raw_.empty()) out += raw_;
-      else escape_to(out, text_);
+      if (!raw_.empty())
+        out += raw_;
+      else
+        escape_to(out, text_);
       return;
     case Kind::Array:
       if (items_.empty()) {
@@ -227,8 +257,10 @@ std::string Value::excerpt(std::size_t max) const { return utf8_safe(clip(dump()
 nlohmann::ordered_json Value::to_nlohmann() const {
   using OJ = nlohmann::ordered_json;
   switch (kind_) {
-    case Kind::Null: return OJ(nullptr);
-    case Kind::Bool: return OJ(b_);
+    case Kind::Null:
+      return OJ(nullptr);
+    case Kind::Bool:
+      return OJ(b_);
     case Kind::Number: {
       if (const auto i = as_int64()) return OJ(*i);
       if (is_integer_text() && text_[0] != '-') {
@@ -240,7 +272,8 @@ nlohmann::ordered_json Value::to_nlohmann() const {
       if (!is_integer_text() && is_finite_number()) return OJ(as_double());
       return OJ(text_);
     }
-    case Kind::String: return OJ(text_);
+    case Kind::String:
+      return OJ(text_);
     case Kind::Array: {
       OJ a = OJ::array();
       for (const auto& v : items_) a.push_back(v.to_nlohmann());
@@ -287,7 +320,8 @@ class Parser {
         ++col;
       }
     }
-    bad_input(what_ + ": malformed JSON at line " + std::to_string(line) + ", column " + std::to_string(col) + ": " + msg);
+    bad_input(what_ + ": malformed JSON at line " + std::to_string(line) + ", column " + std::to_string(col) + ": " +
+              msg);
   }
 
   bool at_end() const noexcept { return p_ >= s_.size(); }
@@ -315,8 +349,10 @@ class Parser {
 
   Value value(std::size_t depth) {
     switch (peek()) {
-      case '{': return object(depth + 1);
-      case '[': return array(depth + 1);
+      case '{':
+        return object(depth + 1);
+      case '[':
+        return array(depth + 1);
       case '"': {
         const std::size_t start = p_;
         Value v = Value::string(string());
@@ -345,8 +381,7 @@ class Parser {
   }
 
   void open(std::size_t depth) {
-    if (depth > kMaxDepth)
-      fail("nested deeper than " + std::to_string(kMaxDepth) + " levels (arrays and objects)");
+    if (depth > kMaxDepth) fail("nested deeper than " + std::to_string(kMaxDepth) + " levels (arrays and objects)");
     ++p_;
     skip_ws();
   }
@@ -444,10 +479,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       const char c = peek();
       unsigned d;
-      if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
-      else fail("expected 4 hexadecimal digits after \\u, got " + got());
+      if (c >= '0' && c <= '9')
+        d = static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        d = static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        d = static_cast<unsigned>(c - 'A' + 10);
+      else
+        fail("expected 4 hexadecimal digits after \\u, got " + got());
       v = v * 16 + d;
       ++p_;
     }
@@ -521,22 +560,40 @@ class Parser {
       const char e = peek();
       ++p_;
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF && s_.substr(p_, 2) == "\\u") {
             const std::size_t save = p_;
             p_ += 2;
             const unsigned lo = hex4();
-            if (lo >= 0xDC00 && lo <= 0xDFFF) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else p_ = save;  // a lone high surrogate; the next escape stands alone
+            if (lo >= 0xDC00 && lo <= 0xDFFF)
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            else
+              p_ = save;  // a lone high surrogate; the next escape stands alone
           }
           put_utf8(out, cp);  // a lone surrogate (Python writes them) as its 3-byte form
           break;

@@ -26,9 +26,10 @@ std::optional<xqcli::StDType> parse_out_dtype(const std::string& s) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"xquant: quantize safetensors checkpoints to int8 / int4 (npu_quantize semantics), dequantize "
-               "them, inspect files.\nExit codes: 0 success, 1 usage error or bad input, 2 I/O error, "
-               "128 + N stopped by signal N (130: Ctrl-C)."};
+  CLI::App app{
+      "xquant: quantize safetensors checkpoints to int8 / int4 (npu_quantize semantics), dequantize "
+      "them, inspect files.\nExit codes: 0 success, 1 usage error or bad input, 2 I/O error, "
+      "128 + N stopped by signal N (130: Ctrl-C)."};
   app.name("xquant");
   app.set_version_flag("--version", std::string("xquant ") + xquant::kVersion);
   app.require_subcommand(1);
@@ -37,8 +38,10 @@ int run(int argc, char** argv) {
   xqcli::QuantizeOptions q;
   std::string scheme = "per-channel";
   auto* qc = app.add_subcommand("quantize", "Quantize the floating tensors of rank >= 2 of a checkpoint");
-  qc->add_option("input", q.input, "Input .safetensors file, or a model directory (compressed-tensors output)")->required();
-  qc->add_option("-o,--output", q.output, "Output .safetensors file or model directory (written atomically)")->required();
+  qc->add_option("input", q.input, "Input .safetensors file, or a model directory (compressed-tensors output)")
+      ->required();
+  qc->add_option("-o,--output", q.output, "Output .safetensors file or model directory (written atomically)")
+      ->required();
   qc->add_option("--bits", q.scheme.bits, "8: int8 (qint8); 4: int4 packed eight per int32 (quint4x2)")
       ->check(CLI::IsMember({8, 4}))
       ->default_val(8);
@@ -52,11 +55,13 @@ int run(int argc, char** argv) {
   bool asymmetric = false;
   qc->add_flag("--asymmetric", asymmetric, "Asymmetric: min / max range with a float32 zero point")->excludes(sym);
   // One value per occurrence, every occurrence kept (a vector option would otherwise swallow the input path).
-  qc->add_option("--include", q.include, "Quantize only tensors whose name matches this POSIX extended regex (repeatable)")
+  qc->add_option("--include", q.include,
+                 "Quantize only tensors whose name matches this POSIX extended regex (repeatable)")
       ->expected(1)
       ->allow_extra_args(false)
       ->take_all();
-  qc->add_option("--exclude", q.exclude, "Keep tensors whose name matches this POSIX extended regex as they are (repeatable)")
+  qc->add_option("--exclude", q.exclude,
+                 "Keep tensors whose name matches this POSIX extended regex as they are (repeatable)")
       ->expected(1)
       ->allow_extra_args(false)
       ->take_all();
@@ -74,18 +79,27 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"compressed-tensors", "xquant"}));
   qc->add_option("--preset", ex.preset, "compressed-tensors preset: W4A16 (default), W8A16 or W8A8")
       ->check(CLI::IsMember({"W4A16", "W8A16", "W8A8"}));
-  qc->add_option("--group-size", ex.group_size, "W4A16 / W8A16: input channels per scale (default 128; 0: per output channel)");
-  qc->add_option("--ignore", ex.ignore, "Keep Linear modules whose name matches this POSIX extended regex dense (repeatable)")
-      ->expected(1)->allow_extra_args(false)->take_all();
-  qc->add_option("--targets", ex.targets, "Quantize only Linear modules whose name matches this POSIX extended regex (repeatable)")
-      ->expected(1)->allow_extra_args(false)->take_all();
-  qc->add_option("--max-shard-size", max_shard, "Split the output weights into shards of at most this size (e.g. 5GB, 500MB)");
+  qc->add_option("--group-size", ex.group_size,
+                 "W4A16 / W8A16: input channels per scale (default 128; 0: per output channel)");
+  qc->add_option("--ignore", ex.ignore,
+                 "Keep Linear modules whose name matches this POSIX extended regex dense (repeatable)")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->take_all();
+  qc->add_option("--targets", ex.targets,
+                 "Quantize only Linear modules whose name matches this POSIX extended regex (repeatable)")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->take_all();
+  qc->add_option("--max-shard-size", max_shard,
+                 "Split the output weights into shards of at most this size (e.g. 5GB, 500MB)");
 
   // ---- dequantize ----
   xqcli::DequantizeOptions d;
   std::string out_dtype = "original";
   auto* dc = app.add_subcommand("dequantize", "Turn a file written by quantize back into floating point");
-  dc->add_option("input", d.input, "Input written by xquant quantize: a .safetensors file or a model directory")->required();
+  dc->add_option("input", d.input, "Input written by xquant quantize: a .safetensors file or a model directory")
+      ->required();
   dc->add_option("-o,--output", d.output, "Output .safetensors file (written atomically)")->required();
   dc->add_option("--dtype", out_dtype, "Output dtype of dequantized tensors (original: as before quantization)")
       ->check(CLI::IsMember({"original", "F32", "F16", "BF16", "float32", "float16", "bfloat16"}))
@@ -121,8 +135,9 @@ int run(int argc, char** argv) {
   if (qc->parsed() && (format == "compressed-tensors" || (format.empty() && xqcli::is_directory(q.input)))) {
     for (const char* opt : {"--bits", "--scheme", "--axis", "--symmetric", "--asymmetric", "--include", "--exclude"})
       if (qc->count(opt) > 0)
-        throw xqcli::CliError(xqcli::kExitBadInput, std::string(opt) + " applies to --format xquant; the compressed-tensors "
-                              "format takes --preset, --group-size, --targets and --ignore");
+        throw xqcli::CliError(xqcli::kExitBadInput, std::string(opt) +
+                                                        " applies to --format xquant; the compressed-tensors "
+                                                        "format takes --preset, --group-size, --targets and --ignore");
     ex.group_size_given = qc->count("--group-size") > 0;
     if (!max_shard.empty()) ex.max_shard_size = xqcli::parse_size(max_shard, "--max-shard-size");
     const auto result = xqcli::run_export(q, ex);
@@ -130,22 +145,31 @@ int run(int argc, char** argv) {
   } else if (qc->parsed()) {
     for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size"})
       if (qc->count(opt) > 0)
-        throw xqcli::CliError(xqcli::kExitBadInput, std::string(opt) + " applies to the compressed-tensors format (a model "
-                              "directory); --format xquant takes --bits, --scheme, --axis, --include and --exclude");
+        throw xqcli::CliError(
+            xqcli::kExitBadInput,
+            std::string(opt) +
+                " applies to the compressed-tensors format (a model "
+                "directory); --format xquant takes --bits, --scheme, --axis, --include and --exclude");
     if (xqcli::is_directory(q.input))
-      throw xqcli::CliError(xqcli::kExitBadInput, q.input + ": --format xquant takes a single .safetensors file, not a model directory");
+      throw xqcli::CliError(xqcli::kExitBadInput,
+                            q.input + ": --format xquant takes a single .safetensors file, not a model directory");
     q.scheme.per_channel = scheme == "per-channel";
     q.scheme.symmetric = !asymmetric;
     const auto result = xqcli::run_quantize(q);
     if (!q.quiet) xqcli::print_report(stdout, q, result);
   } else if (dc->parsed()) {
     d.dtype = parse_out_dtype(out_dtype);
-    if (xqcli::is_directory(d.input)) xqcli::run_dequantize_dir(d);
-    else if (xqcli::is_ct_file(d.input)) xqcli::run_dequantize_ct_file(d);
-    else xqcli::run_dequantize(d);
+    if (xqcli::is_directory(d.input))
+      xqcli::run_dequantize_dir(d);
+    else if (xqcli::is_ct_file(d.input))
+      xqcli::run_dequantize_ct_file(d);
+    else
+      xqcli::run_dequantize(d);
   } else if (ic->parsed()) {
-    if (xqcli::is_directory(in.path)) xqcli::run_inspect_dir(in, stdout);
-    else xqcli::run_inspect(in, stdout);
+    if (xqcli::is_directory(in.path))
+      xqcli::run_inspect_dir(in, stdout);
+    else
+      xqcli::run_inspect(in, stdout);
   }
   return xqcli::kExitOk;
 }

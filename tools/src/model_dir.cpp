@@ -122,7 +122,8 @@ bool is_symlink(const std::string& path) {
 // one of `roots` and entering no directory twice on one path.
 class Lister {
  public:
-  Lister(std::string root, std::vector<std::string> roots, std::vector<std::string>& out, std::vector<std::string>& skipped)
+  Lister(std::string root, std::vector<std::string> roots, std::vector<std::string>& out,
+         std::vector<std::string>& skipped)
       : root_(std::move(root)), roots_(std::move(roots)), out_(out), skipped_(skipped) {}
 
   void run() {
@@ -260,7 +261,8 @@ ModelDir open_model_dir(const std::string& path, bool quiet) {
   if (single && index)
     bad_input(path + ": has both model.safetensors and model.safetensors.index.json; expected one of them");
   if (!single && !index) {
-    const bool bin = exists_regular(join(path, "pytorch_model.bin")) || exists_regular(join(path, "pytorch_model.bin.index.json"));
+    const bool bin =
+        exists_regular(join(path, "pytorch_model.bin")) || exists_regular(join(path, "pytorch_model.bin.index.json"));
     bad_input(path + ": no weights: expected model.safetensors or model.safetensors.index.json" +
               std::string(bin ? " (PyTorch .bin weights are not read; save the model with safe_serialization)" : ""));
   }
@@ -317,7 +319,8 @@ ModelDir open_model_dir(const std::string& path, bool quiet) {
   for (auto& f : all)
     if (f != kConfigFile && f != kWeightsIndex && !weight_names.count(f)) m.other_files.push_back(std::move(f));
   if (!quiet)
-    for (const auto& s : m.not_followed) std::fprintf(stderr, "xquant: warning: %s\n", utf8_safe(join(path, s)).c_str());
+    for (const auto& s : m.not_followed)
+      std::fprintf(stderr, "xquant: warning: %s\n", utf8_safe(join(path, s)).c_str());
   return m;
 }
 
@@ -345,10 +348,17 @@ std::uint64_t parse_size(const std::string& text, const char* option) {
   };
   if (num.empty() || num.size() > 15) return bad();
   std::uint64_t mult = 1;
-  static const std::pair<const char*, std::uint64_t> units[] = {
-      {"", 1},           {"B", 1},
-      {"kB", 1000},      {"KB", 1000},       {"MB", 1000000},      {"GB", 1000000000}, {"TB", 1000000000000},
-      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40}};
+  static const std::pair<const char*, std::uint64_t> units[] = {{"", 1},
+                                                                {"B", 1},
+                                                                {"kB", 1000},
+                                                                {"KB", 1000},
+                                                                {"MB", 1000000},
+                                                                {"GB", 1000000000},
+                                                                {"TB", 1000000000000},
+                                                                {"KiB", 1ull << 10},
+                                                                {"MiB", 1ull << 20},
+                                                                {"GiB", 1ull << 30},
+                                                                {"TiB", 1ull << 40}};
   bool known = false;
   for (const auto& [u, v] : units)
     if (unit == u) {
@@ -378,7 +388,8 @@ std::optional<std::string> why_not_replaceable(const std::string& target) {
     }
   ::closedir(d);
   if (empty) return std::nullopt;
-  return std::string("is a directory that xquant did not write (it has no ") + kOutputMarker + " file) and is not empty";
+  return std::string("is a directory that xquant did not write (it has no ") + kOutputMarker +
+         " file) and is not empty";
 }
 
 void check_can_create_dir(const std::string& target, const std::string& input, bool force) {
@@ -390,7 +401,8 @@ void check_can_create_dir(const std::string& target, const std::string& input, b
   }
   if (!force) bad_input("output " + target + " exists (use --force to replace it)");
   if (const auto why = why_not_replaceable(target))
-    bad_input("output " + target + " " + *why + "; --force replaces only an empty directory or one that xquant wrote: "
+    bad_input("output " + target + " " + *why +
+              "; --force replaces only an empty directory or one that xquant wrote: "
               "remove it yourself or choose another output");
 }
 
@@ -401,7 +413,8 @@ OutputDir::OutputDir(const std::string& target, bool force) : target_(target), f
   if (exists_any(target_)) {
     if (!force) bad_input("output " + target_ + " exists (use --force to replace it)");
     if (const auto why = why_not_replaceable(target_))
-      bad_input("output " + target_ + " " + *why + "; --force replaces only an empty directory or one that xquant wrote");
+      bad_input("output " + target_ + " " + *why +
+                "; --force replaces only an empty directory or one that xquant wrote");
   }
   install_dir_cleanup();
   std::string tmpl = temp_template(target_);
@@ -423,8 +436,9 @@ OutputDir::OutputDir(const std::string& target, bool force) : target_(target), f
   ::umask(um);
   ::chmod(temp_.c_str(), 0777 & ~um);
   try {
-    write_file(kOutputMarker, std::string("This directory was written by xquant ") + xquant::kVersion +
-                                  ". `xquant ... -o DIR --force` replaces a directory holding this file (and no other).\n");
+    write_file(kOutputMarker,
+               std::string("This directory was written by xquant ") + xquant::kVersion +
+                   ". `xquant ... -o DIR --force` replaces a directory holding this file (and no other).\n");
   } catch (...) {
     g_temp_dir_set = 0;
     remove_tree(temp_.c_str());
@@ -443,8 +457,10 @@ int OutputDir::create_file(const std::string& rel) {
   // Parent directories of a nested file.
   for (std::size_t pos = rel.find('/'); pos != std::string::npos; pos = rel.find('/', pos + 1)) {
     const std::string d = join(temp_, rel.substr(0, pos));
-    if (::mkdir(d.c_str(), 0777) == 0) dirs_.push_back(d);
-    else if (errno != EEXIST) io_error("cannot create directory " + d, errno);
+    if (::mkdir(d.c_str(), 0777) == 0)
+      dirs_.push_back(d);
+    else if (errno != EEXIST)
+      io_error("cannot create directory " + d, errno);
   }
   const std::string p = join(temp_, rel);
   const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);

@@ -46,9 +46,12 @@ inline float bf16_to_f32(std::uint16_t h) noexcept {
 
 float load_element(const std::byte* base, StDType dt, std::int64_t i) noexcept {
   switch (dt) {
-    case StDType::F16: return half_table()[ld_u16(base, i)];
-    case StDType::BF16: return bf16_to_f32(ld_u16(base, i));
-    default: return ld_f32(base, i);
+    case StDType::F16:
+      return half_table()[ld_u16(base, i)];
+    case StDType::BF16:
+      return bf16_to_f32(ld_u16(base, i));
+    default:
+      return ld_f32(base, i);
   }
 }
 
@@ -62,9 +65,12 @@ constexpr int kLanes = 16;
 // `ht` is half_table(), fetched once per piece (a function-local static costs a guard check per call).
 template <StDType DT>
 inline float ld(const std::byte* b, std::int64_t i, const float* ht) noexcept {
-  if constexpr (DT == StDType::F32) return ld_f32(b, i);
-  else if constexpr (DT == StDType::BF16) return bf16_to_f32(ld_u16(b, i));
-  else return ht[ld_u16(b, i)];
+  if constexpr (DT == StDType::F32)
+    return ld_f32(b, i);
+  else if constexpr (DT == StDType::BF16)
+    return bf16_to_f32(ld_u16(b, i));
+  else
+    return ht[ld_u16(b, i)];
 }
 
 // min / max / non-finite count of x[first, first + n) (one channel), or, with PER_ELEM, x[first + k]
@@ -185,7 +191,8 @@ inline void error_run(const std::byte* x, const void* q, std::int64_t first, std
   for (; k < n; ++k) {
     const float s = PER_ELEM ? scale[k] : scale[0];
     const float z = PER_ELEM ? zero_point[k] : zero_point[0];
-    a.add(static_cast<int>(k % kLanes), ld<DT>(x, first + k, ht), dequantize_value(stored_value(q, BITS, first + k), s, z));
+    a.add(static_cast<int>(k % kLanes), ld<DT>(x, first + k, ht),
+          dequantize_value(stored_value(q, BITS, first + k), s, z));
   }
   a.into(out);
 }
@@ -219,9 +226,9 @@ void minmax_f16(const std::byte* b, const Piece& p, float* lo, float* hi, std::i
   minmax_piece<StDType::F16>(b, p, lo, hi, n);
 }
 
-#define XQCLI_ERROR_FN(NAME, DT, BITS)                                                                  \
+#define XQCLI_ERROR_FN(NAME, DT, BITS)                                                                          \
   ErrorStats NAME(const std::byte* b, const Piece& p, const void* q, const float* s, const float* z) noexcept { \
-    return error_piece<DT, BITS>(b, p, q, s, z);                                                      \
+    return error_piece<DT, BITS>(b, p, q, s, z);                                                                \
   }
 XQCLI_ERROR_FN(error_f32_8, StDType::F32, 8)
 XQCLI_ERROR_FN(error_f32_4, StDType::F32, 4)
@@ -237,9 +244,15 @@ void piece_minmax(const std::byte* tensor, StDType dt, const Piece& p, float* lo
                   std::int64_t& nonfinite) noexcept {
   const std::byte* base = tensor + p.begin * static_cast<std::int64_t>(st_dtype_size(dt));
   switch (dt) {
-    case StDType::BF16: minmax_bf16(base, p, lo, hi, nonfinite); return;
-    case StDType::F16: minmax_f16(base, p, lo, hi, nonfinite); return;
-    default: minmax_f32(base, p, lo, hi, nonfinite); return;
+    case StDType::BF16:
+      minmax_bf16(base, p, lo, hi, nonfinite);
+      return;
+    case StDType::F16:
+      minmax_f16(base, p, lo, hi, nonfinite);
+      return;
+    default:
+      minmax_f32(base, p, lo, hi, nonfinite);
+      return;
   }
 }
 
@@ -275,9 +288,12 @@ ErrorStats piece_error(const std::byte* tensor, StDType dt, const Piece& p, cons
   const std::byte* base = tensor + p.begin * static_cast<std::int64_t>(st_dtype_size(dt));
   const bool four = bits == 4;
   switch (dt) {
-    case StDType::BF16: return four ? error_bf16_4(base, p, q, scale, zero_point) : error_bf16_8(base, p, q, scale, zero_point);
-    case StDType::F16: return four ? error_f16_4(base, p, q, scale, zero_point) : error_f16_8(base, p, q, scale, zero_point);
-    default: return four ? error_f32_4(base, p, q, scale, zero_point) : error_f32_8(base, p, q, scale, zero_point);
+    case StDType::BF16:
+      return four ? error_bf16_4(base, p, q, scale, zero_point) : error_bf16_8(base, p, q, scale, zero_point);
+    case StDType::F16:
+      return four ? error_f16_4(base, p, q, scale, zero_point) : error_f16_8(base, p, q, scale, zero_point);
+    default:
+      return four ? error_f32_4(base, p, q, scale, zero_point) : error_f32_8(base, p, q, scale, zero_point);
   }
 }
 
@@ -305,7 +321,7 @@ void dequantize_range(const void* q, int bits, const NormalForm& nf, const float
     std::memcpy(staging.data(), src, staging.size());
     src = staging.data();
   }
-  const xquant::DType odt = out_dt == StDType::F16 ? xquant::DType::float16
+  const xquant::DType odt = out_dt == StDType::F16    ? xquant::DType::float16
                             : out_dt == StDType::BF16 ? xquant::DType::bfloat16
                                                       : xquant::DType::float32;
   const xquant::ConstTensorView xv = bits == 4 ? xquant::ConstTensorView(src, xquant::DType::int32, {n / 8})

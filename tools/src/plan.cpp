@@ -22,9 +22,12 @@ Pattern::Pattern(const std::string& text, const char* option) {
 
 Pattern::~Pattern() { ::regfree(&re_); }
 
-bool Pattern::search(const std::string& name) const noexcept { return ::regexec(&re_, name.c_str(), 0, nullptr, 0) == 0; }
+bool Pattern::search(const std::string& name) const noexcept {
+  return ::regexec(&re_, name.c_str(), 0, nullptr, 0) == 0;
+}
 
-std::vector<std::shared_ptr<const Pattern>> compile_patterns(const std::vector<std::string>& patterns, const char* option) {
+std::vector<std::shared_ptr<const Pattern>> compile_patterns(const std::vector<std::string>& patterns,
+                                                             const char* option) {
   std::vector<std::shared_ptr<const Pattern>> out;
   for (const auto& p : patterns) out.push_back(std::make_shared<const Pattern>(p, option));
   return out;
@@ -63,8 +66,8 @@ Decision decide(const TensorEntry& t, const QuantScheme& scheme, const Filters& 
   if (scheme.per_channel) {
     if (scheme.axis < -rank || scheme.axis >= rank) {
       d.warn = true;
-      d.reason = "axis " + std::to_string(scheme.axis) + " is out of range for a rank-" + std::to_string(rank) +
-                 " tensor";
+      d.reason =
+          "axis " + std::to_string(scheme.axis) + " is out of range for a rank-" + std::to_string(rank) + " tensor";
       return d;
     }
     d.channel_dim = scheme.axis < 0 ? scheme.axis + rank : scheme.axis;
@@ -79,8 +82,10 @@ Decision decide(const TensorEntry& t, const QuantScheme& scheme, const Filters& 
     }
     if (scheme.per_channel && d.channel_dim != rank - 2 && d.channel_dim != rank - 1) {
       d.warn = true;
-      d.reason = "int4 (npu_quantize div_mode=false) takes per-channel scales only along the last two dimensions, "
-                 "not dimension " + std::to_string(d.channel_dim) + " of a rank-" + std::to_string(rank) + " tensor";
+      d.reason =
+          "int4 (npu_quantize div_mode=false) takes per-channel scales only along the last two dimensions, "
+          "not dimension " +
+          std::to_string(d.channel_dim) + " of a rank-" + std::to_string(rank) + " tensor";
       return d;
     }
   }
@@ -101,8 +106,10 @@ QParams compute_params(const std::vector<float>& lo, const std::vector<float>& h
     if (symmetric) {
       const float amax = std::max(std::fabs(l), std::fabs(h));
       float s = amax / static_cast<float>(r.qmax);  // s = amax / qmax
-      if (amax == 0.0f) s = 1.0f;                   // all-zero channel: q = 0, dequantizes to 0 exactly
-      else if (!(s >= FLT_MIN)) s = FLT_MIN;        // keep 1 / s finite for tiny channels
+      if (amax == 0.0f)
+        s = 1.0f;  // all-zero channel: q = 0, dequantizes to 0 exactly
+      else if (!(s >= FLT_MIN))
+        s = FLT_MIN;  // keep 1 / s finite for tiny channels
       p.scale[c] = s;
     } else {
       // The range always contains 0 (as PyTorch's observers do): a constant channel stays representable.
@@ -275,7 +282,8 @@ std::optional<QuantizedFileInfo> parse_quant_metadata(const std::map<std::string
   info.symmetric = mode == "symmetric";
   info.axis = get("xquant.axis");
 
-  const nlohmann::json j = parse_json_strict(get("xquant.tensors"), "xquant.tensors", "xquant.tensors is not valid JSON: ");
+  const nlohmann::json j =
+      parse_json_strict(get("xquant.tensors"), "xquant.tensors", "xquant.tensors is not valid JSON: ");
   if (!j.is_object()) bad_input("xquant.tensors must be a JSON object");
   for (const auto& [name, e] : j.items()) {
     const std::string who = "xquant.tensors['" + clip(name) + "']";
@@ -283,7 +291,8 @@ std::optional<QuantizedFileInfo> parse_quant_metadata(const std::map<std::string
       bad_input(who + " must be an object with dtype, shape and axis");
     QuantizedTensorInfo t;
     const auto dt = e["dtype"].is_string() ? parse_st_dtype(e["dtype"].get<std::string>()) : std::nullopt;
-    if (!dt || !st_is_quantizable(*dt)) bad_input(who + ": dtype must be F32, F16 or BF16, got " + json_excerpt(e["dtype"]));
+    if (!dt || !st_is_quantizable(*dt))
+      bad_input(who + ": dtype must be F32, F16 or BF16, got " + json_excerpt(e["dtype"]));
     t.dtype = *dt;
     if (!e["shape"].is_array()) bad_input(who + ": shape must be an array");
     for (const auto& d : e["shape"]) {

@@ -15,9 +15,9 @@
 namespace xqcli {
 
 struct QuantScheme {
-  int bits = 8;               // 8: qint8 (div_mode=true); 4: quint4x2 (div_mode=false)
-  bool per_channel = true;    // false: per-tensor
-  std::int64_t axis = 0;      // the channel axis as given (Python-style negative values wrap)
+  int bits = 8;             // 8: qint8 (div_mode=true); 4: quint4x2 (div_mode=false)
+  bool per_channel = true;  // false: per-tensor
+  std::int64_t axis = 0;    // the channel axis as given (Python-style negative values wrap)
   bool symmetric = true;
 };
 
@@ -41,14 +41,15 @@ struct Filters {
 };
 
 // Compiles --include / --exclude patterns; a bad pattern is a usage error (exit 1).
-std::vector<std::shared_ptr<const Pattern>> compile_patterns(const std::vector<std::string>& patterns, const char* option);
+std::vector<std::shared_ptr<const Pattern>> compile_patterns(const std::vector<std::string>& patterns,
+                                                             const char* option);
 
 struct Decision {
   bool quantize = false;
-  bool warn = false;             // a candidate that the options cannot quantize (an error under --strict)
-  std::string reason;            // why it is kept, when !quantize
-  std::int64_t channel_dim = -1; // the normalized channel dimension; -1 per-tensor
-  std::int64_t channels = 1;     // number of (scale, zero point) pairs
+  bool warn = false;              // a candidate that the options cannot quantize (an error under --strict)
+  std::string reason;             // why it is kept, when !quantize
+  std::int64_t channel_dim = -1;  // the normalized channel dimension; -1 per-tensor
+  std::int64_t channels = 1;      // number of (scale, zero point) pairs
 };
 
 // Tensors of a higher rank are kept (with a warning): NumPy's limit, and it bounds the size of the
@@ -98,8 +99,8 @@ struct Piece {
 };
 
 // Splits a tensor into pieces of at most max(target, one row) elements, in order, covering every
-// element once, in time linear in the rank plus the pieces' size (no recursion). Runs inside one row are cut at multiples of `align` (8 for int4: a packed word never
-// straddles two pieces).
+// element once, in time linear in the rank plus the pieces' size (no recursion). Runs inside one row are cut at
+// multiples of `align` (8 for int4: a packed word never straddles two pieces).
 std::vector<Piece> plan_pieces(const Dims& shape, std::int64_t channel_dim, std::int64_t target, std::int64_t align);
 
 // ---- the quantized file format (docs/cli.md) ----
@@ -108,9 +109,9 @@ inline constexpr const char* kZeroPointSuffix = ".zero_point";
 inline constexpr const char* kFormatVersion = "1";
 
 struct QuantizedTensorInfo {
-  StDType dtype = StDType::F32;  // original dtype
-  Dims shape;                    // original shape
-  std::int64_t channel_dim = -1; // -1: per-tensor
+  StDType dtype = StDType::F32;   // original dtype
+  Dims shape;                     // original shape
+  std::int64_t channel_dim = -1;  // -1: per-tensor
 };
 
 struct QuantizedFileInfo {

@@ -39,9 +39,12 @@ constexpr std::uint64_t kCopyChunk = std::uint64_t{64} << 20;
 
 xquant::DType lib_dtype(StDType dt) {
   switch (dt) {
-    case StDType::F16: return xquant::DType::float16;
-    case StDType::BF16: return xquant::DType::bfloat16;
-    default: return xquant::DType::float32;
+    case StDType::F16:
+      return xquant::DType::float16;
+    case StDType::BF16:
+      return xquant::DType::bfloat16;
+    default:
+      return xquant::DType::float32;
   }
 }
 
@@ -81,7 +84,8 @@ struct Job {
     for (std::size_t first = 0; first < pieces.size();) {
       std::size_t last = first;
       std::int64_t count = 0;
-      while (last < pieces.size() && (last == first || count + pieces[last].count <= kChunkElems)) count += pieces[last++].count;
+      while (last < pieces.size() && (last == first || count + pieces[last].count <= kChunkElems))
+        count += pieces[last++].count;
       chunks.emplace_back(first, last);
       first = last;
     }
@@ -161,7 +165,8 @@ struct Job {
             if (reinterpret_cast<std::uintptr_t>(src) % static_cast<std::uintptr_t>(esize) != 0) {
               // The library reads typed elements: give it an aligned copy of a misaligned run.
               staging.resize(static_cast<std::size_t>(p.count * esize) + 8);
-              auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(staging.data()) + 7) / 8 * 8);
+              auto* aligned =
+                  reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(staging.data()) + 7) / 8 * 8);
               std::memcpy(aligned, src, static_cast<std::size_t>(p.count * esize));
               src = aligned;
             }
@@ -173,8 +178,10 @@ struct Job {
             if (!o.scheme.symmetric)
               zv = xquant::ConstTensorView(params.zero_point.data() + p.ch_begin, xquant::DType::float32, {p.ch_count});
             std::int64_t axis = 0;
-            if (bits == 8) axis = p.ch_dim >= 0 ? p.ch_dim : 0;
-            else axis = (p.ch_count > 1 && p.ch_dim == static_cast<std::int64_t>(p.shape.size()) - 2) ? -2 : -1;
+            if (bits == 8)
+              axis = p.ch_dim >= 0 ? p.ch_dim : 0;
+            else
+              axis = (p.ch_count > 1 && p.ch_dim == static_cast<std::int64_t>(p.shape.size()) - 2) ? -2 : -1;
             xquant::quantize_out(yout, xin, sv, zv, qdtype, axis, div_mode);
             errors[static_cast<std::size_t>(kk)] =
                 piece_error(base, t.dtype, p, dst, bits, params.scale.data(), params.zero_point.data());
@@ -185,7 +192,8 @@ struct Job {
         }
       }
       if (!failure.empty()) bad_input("tensor " + quote_name(t.name) + ": " + failure);
-      out.submit(std::move(buffer), out_data_start + data_off + static_cast<std::uint64_t>(bits == 4 ? chunk_begin / 2 : chunk_begin));
+      out.submit(std::move(buffer),
+                 out_data_start + data_off + static_cast<std::uint64_t>(bits == 4 ? chunk_begin / 2 : chunk_begin));
       bytes_done += static_cast<std::uint64_t>(count * esize);
       progress.update(bytes_done, tensors_done);
       release(first, last);
@@ -239,8 +247,10 @@ void check_threads(int threads, const char* option) {
 
 void configure_threads(int threads) {
   check_threads(threads);
-  if (threads > 0) omp_set_num_threads(threads);
-  else if (omp_get_max_threads() > kMaxThreads) omp_set_num_threads(kMaxThreads);  // a huge OMP_NUM_THREADS
+  if (threads > 0)
+    omp_set_num_threads(threads);
+  else if (omp_get_max_threads() > kMaxThreads)
+    omp_set_num_threads(kMaxThreads);  // a huge OMP_NUM_THREADS
   omp_set_max_active_levels(1);
 }
 
@@ -327,8 +337,9 @@ QuantizeResult run_quantize(const QuantizeOptions& o) {
 
   if (!o.quiet)
     for (const auto& r : result.tensors)
-      if (r.warned) std::fprintf(stderr, "xquant: warning: keeping '%s' as %s: %s\n", r.name.c_str(),
-                                 std::string(st_dtype_name(r.dtype)).c_str(), r.reason.c_str());
+      if (r.warned)
+        std::fprintf(stderr, "xquant: warning: keeping '%s' as %s: %s\n", r.name.c_str(),
+                     std::string(st_dtype_name(r.dtype)).c_str(), r.reason.c_str());
 
   configure_threads(o.threads);
   AtomicOutput out(o.output, o.force);
@@ -449,20 +460,22 @@ std::string report_json(const QuantizeOptions& o, const QuantizeResult& r) {
     tensors.push_back(std::move(e));
   }
   j["tensors"] = std::move(tensors);
-  j["totals"] = {{"tensors", r.tensors.size()},
-                 {"quantized", quantized},
-                 {"kept", r.tensors.size() - quantized},
-                 {"warnings", warned},
-                 {"file_bytes_in", r.file_bytes_in},
-                 {"file_bytes_out", r.file_bytes_out},
-                 {"compression_ratio", r.file_bytes_out ? static_cast<double>(r.file_bytes_in) / static_cast<double>(r.file_bytes_out) : 0.0},
-                 {"quantized_bytes_in", q_in},
-                 {"quantized_bytes_out", q_out},
-                 {"seconds", r.seconds},
-                 {"gb_per_s", r.seconds > 0 ? static_cast<double>(r.file_bytes_in) / r.seconds / 1e9 : 0.0},
-                 {"sqnr_db", number_or_null(r.total.sqnr_db())},
-                 {"round_trip", quantized ? J(r.total.round_trip()) : J(nullptr)},
-                 {"max_abs_error", number_or_null(r.total.max_abs)}};
+  j["totals"] = {
+      {"tensors", r.tensors.size()},
+      {"quantized", quantized},
+      {"kept", r.tensors.size() - quantized},
+      {"warnings", warned},
+      {"file_bytes_in", r.file_bytes_in},
+      {"file_bytes_out", r.file_bytes_out},
+      {"compression_ratio",
+       r.file_bytes_out ? static_cast<double>(r.file_bytes_in) / static_cast<double>(r.file_bytes_out) : 0.0},
+      {"quantized_bytes_in", q_in},
+      {"quantized_bytes_out", q_out},
+      {"seconds", r.seconds},
+      {"gb_per_s", r.seconds > 0 ? static_cast<double>(r.file_bytes_in) / r.seconds / 1e9 : 0.0},
+      {"sqnr_db", number_or_null(r.total.sqnr_db())},
+      {"round_trip", quantized ? J(r.total.round_trip()) : J(nullptr)},
+      {"max_abs_error", number_or_null(r.total.max_abs)}};
   return j.dump(2);
 }
 
@@ -476,15 +489,17 @@ void print_summary(std::FILE* out, const QuantizeResult& r, const char* stored, 
   for (const auto& t : r.tensors) {
     if (t.quantized) {
       if (quantized++ == 0)
-        std::fprintf(out, "\n%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), "tensor", "dtype", "shape", "stored",
-                     "SQNR dB", "max abs err");
+        std::fprintf(out, "\n%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), "tensor", "dtype", "shape",
+                     "stored", "SQNR dB", "max abs err");
       // An exact round trip says "exact", a NaN / overflow "not finite": never "inf".
       const std::string rt = t.error.round_trip();
       const double sq = t.error.sqnr_db();
       std::fprintf(out, "%-*s  %-5s  %-14s %-6s %9s  %12s\n", static_cast<int>(w), t.name.c_str(),
                    std::string(st_dtype_name(t.dtype)).c_str(), dims_str(t.shape).c_str(),
                    stored ? stored : std::string(st_dtype_name(t.stored_dtype)).c_str(),
-                   rt == "exact" ? "exact" : rt == "lossy" && std::isfinite(sq) ? fmt("%.2f", sq).c_str() : "not finite",
+                   rt == "exact"                        ? "exact"
+                   : rt == "lossy" && std::isfinite(sq) ? fmt("%.2f", sq).c_str()
+                                                        : "not finite",
                    fmt("%.3e", t.error.max_abs).c_str());
       if (rt == "non-finite")
         std::fprintf(out, "%-*s  (the round-trip error is not finite: a dequantized value overflowed or is NaN)\n",

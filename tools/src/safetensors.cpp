@@ -24,14 +24,28 @@ struct DTypeInfo {
 
 // `size` in bits, in the order of StDType.
 constexpr std::array<DTypeInfo, 22> kDTypes{{
-    {StDType::BOOL, "BOOL", 8},      {StDType::U8, "U8", 8},   {StDType::I8, "I8", 8},
-    {StDType::F8_E5M2, "F8_E5M2", 8}, {StDType::F8_E4M3, "F8_E4M3", 8}, {StDType::F8_E8M0, "F8_E8M0", 8},
-    {StDType::I16, "I16", 16},       {StDType::U16, "U16", 16}, {StDType::F16, "F16", 16},
-    {StDType::BF16, "BF16", 16},     {StDType::I32, "I32", 32}, {StDType::U32, "U32", 32},
-    {StDType::F32, "F32", 32},       {StDType::F64, "F64", 64}, {StDType::I64, "I64", 64},
-    {StDType::U64, "U64", 64},       {StDType::F4, "F4", 4},    {StDType::F6_E2M3, "F6_E2M3", 6},
-    {StDType::F6_E3M2, "F6_E3M2", 6}, {StDType::F8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
-    {StDType::F8_E5M2FNUZ, "F8_E5M2FNUZ", 8}, {StDType::C64, "C64", 64},
+    {StDType::BOOL, "BOOL", 8},
+    {StDType::U8, "U8", 8},
+    {StDType::I8, "I8", 8},
+    {StDType::F8_E5M2, "F8_E5M2", 8},
+    {StDType::F8_E4M3, "F8_E4M3", 8},
+    {StDType::F8_E8M0, "F8_E8M0", 8},
+    {StDType::I16, "I16", 16},
+    {StDType::U16, "U16", 16},
+    {StDType::F16, "F16", 16},
+    {StDType::BF16, "BF16", 16},
+    {StDType::I32, "I32", 32},
+    {StDType::U32, "U32", 32},
+    {StDType::F32, "F32", 32},
+    {StDType::F64, "F64", 64},
+    {StDType::I64, "I64", 64},
+    {StDType::U64, "U64", 64},
+    {StDType::F4, "F4", 4},
+    {StDType::F6_E2M3, "F6_E2M3", 6},
+    {StDType::F6_E3M2, "F6_E3M2", 6},
+    {StDType::F8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
+    {StDType::F8_E5M2FNUZ, "F8_E5M2FNUZ", 8},
+    {StDType::C64, "C64", 64},
 }};
 
 const DTypeInfo& info(StDType dt) noexcept { return kDTypes[static_cast<std::size_t>(dt)]; }
@@ -72,7 +86,8 @@ TensorEntry parse_entry(const std::string& name, const nlohmann::json& j, std::u
   t.dtype = *parsed;
 
   const auto& shape = j.at("shape");
-  if (!shape.is_array()) bad_input(who + ": \"shape\" must be an array of non-negative integers, got " + json_type(shape));
+  if (!shape.is_array())
+    bad_input(who + ": \"shape\" must be an array of non-negative integers, got " + json_type(shape));
   for (const auto& d : shape) {
     const auto v = as_count(d);
     if (!v) bad_input(who + ": \"shape\" must hold non-negative integers, got " + json_excerpt(d));
@@ -93,8 +108,8 @@ TensorEntry parse_entry(const std::string& name, const nlohmann::json& j, std::u
   const std::string offs = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
   if (t.begin > t.end) bad_input(who + ": data_offsets " + offs + " end before they begin");
   if (t.end > data_size)
-    bad_input(who + ": data_offsets " + offs + " are out of range: the data section has " +
-              std::to_string(data_size) + " bytes (truncated file?)");
+    bad_input(who + ": data_offsets " + offs + " are out of range: the data section has " + std::to_string(data_size) +
+              " bytes (truncated file?)");
 
   const std::uint64_t ebits = info(t.dtype).size;
   const auto n = static_cast<std::uint64_t>(t.numel);
@@ -105,8 +120,8 @@ TensorEntry parse_entry(const std::string& name, const nlohmann::json& j, std::u
               "-bit elements and shape " + clip(dims_str(t.shape)) + " does not fill whole bytes");
   if (n * ebits / 8 != t.nbytes())
     bad_input(who + ": shape/size mismatch: dtype " + std::string(info(t.dtype).name) + " and shape " +
-              clip(dims_str(t.shape)) + " need " + std::to_string(n * ebits / 8) + " bytes but data_offsets " +
-              offs + " span " + std::to_string(t.nbytes()));
+              clip(dims_str(t.shape)) + " need " + std::to_string(n * ebits / 8) + " bytes but data_offsets " + offs +
+              " span " + std::to_string(t.nbytes()));
   return t;
 }
 
@@ -274,8 +289,10 @@ std::string utf8_safe(std::string_view s) {
     const unsigned c = p[i];
     std::size_t len = 0;
     unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c < 0x80) len = 1;
-    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    if (c < 0x80)
+      len = 1;
+    else if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
       len = 3;
       if (c == 0xE0) lo = 0xA0;

@@ -19,8 +19,28 @@ namespace xqcli {
 // The dtypes of the official reader (the Rust `safetensors` crate 0.8). Sub-byte F4 (4 bits) and
 // F6_* (6 bits) are packed: a tensor of them must fill whole bytes.
 enum class StDType : std::uint8_t {
-  BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64,
-  F4, F6_E2M3, F6_E3M2, F8_E4M3FNUZ, F8_E5M2FNUZ, C64,
+  BOOL,
+  U8,
+  I8,
+  F8_E5M2,
+  F8_E4M3,
+  F8_E8M0,
+  I16,
+  U16,
+  F16,
+  BF16,
+  I32,
+  U32,
+  F32,
+  F64,
+  I64,
+  U64,
+  F4,
+  F6_E2M3,
+  F6_E3M2,
+  F8_E4M3FNUZ,
+  F8_E5M2FNUZ,
+  C64,
 };
 
 std::optional<StDType> parse_st_dtype(std::string_view name);

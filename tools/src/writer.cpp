@@ -14,7 +14,7 @@ constexpr std::size_t kMaxSmallJobs = 4096;
 // is queued, or when the producer waits; small writes go in batches.
 constexpr std::size_t kWakeBytes = std::size_t{1} << 20;
 constexpr std::size_t kWakeJobs = 256;
-}
+}  // namespace
 
 AsyncWriter::AsyncWriter(AtomicOutput& out)
     : AsyncWriter([&out](std::size_t, const void* data, std::size_t len, std::uint64_t offset) {

@@ -47,8 +47,8 @@ struct SrcTensor {
   std::string name;
   StDType dtype;
   Dims shape;
-  std::vector<float> values;  // converted to dtype when written (F32 / F16 / BF16), or raw bytes
-  std::vector<std::byte> raw; // used when non-empty
+  std::vector<float> values;   // converted to dtype when written (F32 / F16 / BF16), or raw bytes
+  std::vector<std::byte> raw;  // used when non-empty
 };
 
 std::vector<std::byte> encode(const SrcTensor& t) {
@@ -83,7 +83,8 @@ void write_file(const std::string& path, const std::vector<SrcTensor>& ts, std::
   std::vector<std::byte> file(prefix.size() + size);
   std::memcpy(file.data(), prefix.data(), prefix.size());
   for (const auto& o : outs) std::memcpy(file.data() + prefix.size() + o.offset, data[o.name].data(), o.nbytes);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
 }
 
 struct Loaded {
@@ -134,7 +135,9 @@ double rne(double v) {
   if (d < 0.5) return f;
   return std::fmod(f, 2.0) == 0.0 ? f : f + 1.0;
 }
-int sat(double v, int lo, int hi) { return std::isnan(v) ? 0 : static_cast<int>(std::min<double>(hi, std::max<double>(lo, v))); }
+int sat(double v, int lo, int hi) {
+  return std::isnan(v) ? 0 : static_cast<int>(std::min<double>(hi, std::max<double>(lo, v)));
+}
 
 float widened(StDType dt, float v) {
   if (dt == StDType::F16) return xquant::half_to_float(xquant::float_to_half(v));
@@ -282,7 +285,8 @@ TEST(Quantize, Int4AndAsymmetricSchemes) {
     const Loaded out = load(dir / "out.safetensors");
     for (const auto& s : src) {
       const Decision d = decide(*load(dir / "in.safetensors").h.find(s.name), o.scheme, {});
-      const auto& res = *std::find_if(r.tensors.begin(), r.tensors.end(), [&](const TensorResult& t) { return t.name == s.name; });
+      const auto& res =
+          *std::find_if(r.tensors.begin(), r.tensors.end(), [&](const TensorResult& t) { return t.name == s.name; });
       EXPECT_EQ(res.quantized, d.quantize) << s.name;
       if (!d.quantize) {
         EXPECT_TRUE(res.warned);  // axis 0 of the rank-3 tensor with int4
@@ -428,8 +432,8 @@ TEST(Quantize, RefusesBadOptionsAndInputs) {
   d.output = dir / "d.safetensors";
   expect_cli_error([&] { run_dequantize(d); }, 1, "not quantized by xquant");
   // A name that the scale would take.
-  write_file(dir / "clash.safetensors", {{"w", StDType::F32, {2, 8}, values(16, 52), {}},
-                                         {"w.scale", StDType::F32, {2}, values(2, 53), {}}});
+  write_file(dir / "clash.safetensors",
+             {{"w", StDType::F32, {2, 8}, values(16, 52), {}}, {"w.scale", StDType::F32, {2}, values(2, 53), {}}});
   auto clash = options(dir / "clash.safetensors", dir / "c.safetensors");
   expect_cli_error([&] { run_quantize(clash); }, 1, "tensor 'w.scale' already exists");
   // Input errors: missing (I/O, 2), a directory, an empty file, a truncated file (bad input, 1).
@@ -452,8 +456,8 @@ TEST(Quantize, RefusesBadOptionsAndInputs) {
   re.include = {"[a-"};
   expect_cli_error([&] { run_quantize(re); }, 1, "--include: invalid regular expression");
   // None of the failures left a file behind.
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"clash.safetensors", "empty.safetensors", "in.safetensors",
-                                                     "out.safetensors"}));
+  EXPECT_EQ(dir.entries(),
+            (std::vector<std::string>{"clash.safetensors", "empty.safetensors", "in.safetensors", "out.safetensors"}));
 }
 
 TEST(AtomicOutput, UncommittedOutputLeavesNothing) {
@@ -502,7 +506,8 @@ TEST(Report, JsonHoldsTensorsAndTotals) {
   std::map<std::string, nlohmann::json> by;
   for (const auto& t : j["tensors"]) by[t["name"].get<std::string>()] = t;
   EXPECT_EQ(by["w"]["action"], "quantized");
-  const auto& rw = *std::find_if(r.tensors.begin(), r.tensors.end(), [](const TensorResult& t) { return t.name == "w"; });
+  const auto& rw =
+      *std::find_if(r.tensors.begin(), r.tensors.end(), [](const TensorResult& t) { return t.name == "w"; });
   EXPECT_DOUBLE_EQ(by["w"]["sqnr_db"].get<double>(), rw.error.sqnr_db());
   EXPECT_DOUBLE_EQ(by["w"]["max_abs_error"].get<double>(), rw.error.max_abs);
   EXPECT_TRUE(by["z"]["sqnr_db"].is_null());  // exact round trip of an all-zero tensor
@@ -569,21 +574,30 @@ TEST(Threads, LimitsAndOpenMpEnvironment) {
       ADD_FAILURE() << bad;
     } catch (const CliError& e) {
       EXPECT_EQ(e.exit_code(), 1);
-      EXPECT_NE(std::string(e.what()).find("--threads is " + std::to_string(bad) + " but expected a value in [0, 1024]"),
-                std::string::npos) << e.what();
+      EXPECT_NE(
+          std::string(e.what()).find("--threads is " + std::to_string(bad) + " but expected a value in [0, 1024]"),
+          std::string::npos)
+          << e.what();
     }
   }
   const char* old = std::getenv("OMP_NUM_THREADS");
   const std::string saved = old ? old : "";
-  for (const auto& [in, want] : std::vector<std::pair<std::string, std::string>>{
-           {"2147483647", "1024"}, {"4", "4"}, {"1025", "1024"}, {"1024", "1024"}, {" 99999999999999999999 , 3", "1024, 3"},
-           {"8,2048", "8,1024"}, {"abc", "abc"}}) {
+  for (const auto& [in, want] :
+       std::vector<std::pair<std::string, std::string>>{{"2147483647", "1024"},
+                                                        {"4", "4"},
+                                                        {"1025", "1024"},
+                                                        {"1024", "1024"},
+                                                        {" 99999999999999999999 , 3", "1024, 3"},
+                                                        {"8,2048", "8,1024"},
+                                                        {"abc", "abc"}}) {
     ::setenv("OMP_NUM_THREADS", in.c_str(), 1);
     cap_openmp_environment();
     EXPECT_EQ(std::string(std::getenv("OMP_NUM_THREADS")), want) << in;
   }
-  if (old) ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
-  else ::unsetenv("OMP_NUM_THREADS");
+  if (old)
+    ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else
+    ::unsetenv("OMP_NUM_THREADS");
 }
 
 }  // namespace

@@ -104,7 +104,8 @@ TEST(Json, RefusesWhatPythonRefuses) {
     EXPECT_NE(msg.find(needle), std::string::npos) << "input " << t << ": " << msg;
     EXPECT_EQ(msg.rfind("f.json: ", 0), 0u) << msg;
   }
-  EXPECT_NE(error_of([&] { json::parse("{\n  \"a\": 1,\n  \"b\": x}", "f"); }).find("line 3, column 8"), std::string::npos);
+  EXPECT_NE(error_of([&] { json::parse("{\n  \"a\": 1,\n  \"b\": x}", "f"); }).find("line 3, column 8"),
+            std::string::npos);
 }
 
 TEST(Json, LinearTimeForManyMembers) {
@@ -113,7 +114,11 @@ TEST(Json, LinearTimeForManyMembers) {
   std::string text = "{";
   constexpr int kN = 200000;
   for (int i = 0; i < kN; ++i) {
-    text.append(i ? ",\"t" : "\"t").append(std::to_string(i)).append("\":\"f").append(std::to_string(i % 7)).append("\"");
+    text.append(i ? ",\"t" : "\"t")
+        .append(std::to_string(i))
+        .append("\":\"f")
+        .append(std::to_string(i % 7))
+        .append("\"");
   }
   text += "}";
   const auto t0 = std::chrono::steady_clock::now();
@@ -148,10 +153,13 @@ TEST(Json, TypedAccessNamesTheKeyAndRefusesInexactNumbers) {
   EXPECT_NE(error_of([&] { json::get_int(v["frac"], "k", 4, 8); }).find("got number 4.7"), std::string::npos);
   EXPECT_NE(error_of([&] { json::get_int(v["neg"], "k", 1, 9); }).find("got -3"), std::string::npos);
   EXPECT_EQ(json::get_string(v["s"], "k"), "x");
-  EXPECT_NE(error_of([&] { json::get_string(v["n"], "c.json: q.format"); }).find("c.json: q.format: expected a string, got number 4"),
+  EXPECT_NE(error_of([&] {
+              json::get_string(v["n"], "c.json: q.format");
+            }).find("c.json: q.format: expected a string, got number 4"),
             std::string::npos);
   EXPECT_TRUE(json::get_bool(v["b"], "k"));
-  EXPECT_NE(error_of([&] { json::get_bool(v["s"], "k.sym"); }).find("k.sym: expected true or false"), std::string::npos);
+  EXPECT_NE(error_of([&] { json::get_bool(v["s"], "k.sym"); }).find("k.sym: expected true or false"),
+            std::string::npos);
 }
 
 TEST(Json, ToNlohmannWritesOnlyValidJson) {
@@ -198,10 +206,14 @@ TEST(OutputRule, RefusesOutputsThatAreContainOrLieInsideAnInput) {
   fs::create_directory_symlink(t.p("models"), t.p("link"));
   const std::string in = t.p("models/llama");
   const std::pair<std::string, const char*> refused[] = {
-      {t.p("models"), " contains "},           {t.p("models/llama/.."), " contains "},
-      {t.p("link"), " contains "},             {t.p("models/llama"), " is "},
-      {t.p("link/llama/"), " is "},            {t.p("models/llama/quantized"), " lies inside "},
-      {t.p("models/llama/config.json"), " lies inside "}, {t.root.string(), " contains "},
+      {t.p("models"), " contains "},
+      {t.p("models/llama/.."), " contains "},
+      {t.p("link"), " contains "},
+      {t.p("models/llama"), " is "},
+      {t.p("link/llama/"), " is "},
+      {t.p("models/llama/quantized"), " lies inside "},
+      {t.p("models/llama/config.json"), " lies inside "},
+      {t.root.string(), " contains "},
   };
   for (const auto& c : refused) {  // not a structured binding: clang 14 cannot capture one in a lambda
     const std::string& out = c.first;
@@ -213,7 +225,10 @@ TEST(OutputRule, RefusesOutputsThatAreContainOrLieInsideAnInput) {
   EXPECT_NO_THROW(check_apart(t.p("models/llama2"), "-o", {in}));
   EXPECT_NO_THROW(check_apart(t.p("models/llama-w4a16"), "-o", {in}));
   EXPECT_NO_THROW(check_apart(t.p("link/other/x"), "--report", {in, t.p("out")}));
-  EXPECT_NE(error_of([&] { check_apart(t.p("out/r.json"), "--report", {in, t.p("out")}); }).find("--report "), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              check_apart(t.p("out/r.json"), "--report", {in, t.p("out")});
+            }).find("--report "),
+            std::string::npos);
 }
 
 TEST(OutputRule, TempNamesFitNameMax) {

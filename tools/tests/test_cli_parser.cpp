@@ -114,10 +114,15 @@ TEST(Parser, MalformedJson) {
 }
 
 TEST(Parser, DuplicateNames) {
-  expect_bad(image(R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"I8","shape":[1],"data_offsets":[1,2]}})", 2),
-             "names tensor 'a' twice");
+  expect_bad(
+      image(
+          R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"I8","shape":[1],"data_offsets":[1,2]}})",
+          2),
+      "names tensor 'a' twice");
   // The same key inside different objects is fine.
-  EXPECT_EQ(parse(image(R"({"__metadata__":{"a":"x"},"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", 1)).tensors.size(), 1u);
+  EXPECT_EQ(parse(image(R"({"__metadata__":{"a":"x"},"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", 1))
+                .tensors.size(),
+            1u);
 }
 
 TEST(Parser, BadMetadata) {
@@ -144,7 +149,8 @@ TEST(Parser, BadShapes) {
   expect_bad(image(R"({"a":{"dtype":"I8","shape":[1.0],"data_offsets":[0,1]}})", 1), "non-negative integers");
   expect_bad(image(R"({"a":{"dtype":"I8","shape":["1"],"data_offsets":[0,1]}})", 1), "non-negative integers");
   expect_bad(image(R"({"a":{"dtype":"I8","shape":4,"data_offsets":[0,1]}})", 1), "must be an array");
-  expect_bad(image(R"({"a":{"dtype":"I8","shape":[9223372036854775808],"data_offsets":[0,1]}})", 1), "non-negative integers");
+  expect_bad(image(R"({"a":{"dtype":"I8","shape":[9223372036854775808],"data_offsets":[0,1]}})", 1),
+             "non-negative integers");
   expect_bad(image(R"({"a":{"dtype":"I8","shape":[4294967296,4294967296],"data_offsets":[0,1]}})", 1), "64 bits");
   expect_bad(image(R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,1]}})", 1), "too large");
 }
@@ -154,7 +160,8 @@ TEST(Parser, BadDataOffsets) {
   expect_bad(image(R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1,2]}})", 1), "must be [begin, end]");
   expect_bad(image(R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[-1,0]}})", 1), "two non-negative integers");
   expect_bad(image(R"({"a":{"dtype":"I8","shape":[0],"data_offsets":[1,0]}})", 1), "end before they begin");
-  expect_bad(image(R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[4,5]}})", 4), "out of range: the data section has 4 bytes");
+  expect_bad(image(R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[4,5]}})", 4),
+             "out of range: the data section has 4 bytes");
   expect_bad(image(R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[18446744073709551615,18446744073709551615]}})", 4),
              "two non-negative integers");
 }
@@ -166,29 +173,45 @@ TEST(Parser, ShapeSizeMismatch) {
 }
 
 TEST(Parser, OverlappingData) {
-  expect_bad(image(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16),
-             "tensors 'a' [0, 16) and 'b' [8, 16) overlap");
-  expect_bad(image(R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})", 4),
-             "overlap");
+  expect_bad(
+      image(
+          R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+          16),
+      "tensors 'a' [0, 16) and 'b' [8, 16) overlap");
+  expect_bad(
+      image(
+          R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})",
+          4),
+      "overlap");
   // A tensor inside a larger one that is not its neighbour in order.
-  expect_bad(image(R"({"a":{"dtype":"I8","shape":[10],"data_offsets":[0,10]},"b":{"dtype":"I8","shape":[2],"data_offsets":[2,4]},)"
-                   R"("c":{"dtype":"I8","shape":[2],"data_offsets":[6,8]}})", 10),
-             "overlap");
+  expect_bad(
+      image(
+          R"({"a":{"dtype":"I8","shape":[10],"data_offsets":[0,10]},"b":{"dtype":"I8","shape":[2],"data_offsets":[2,4]},)"
+          R"("c":{"dtype":"I8","shape":[2],"data_offsets":[6,8]}})",
+          10),
+      "overlap");
   // Adjacent is not overlapping.
-  EXPECT_EQ(parse(image(R"({"a":{"dtype":"I8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"I8","shape":[2],"data_offsets":[2,4]}})", 4)).tensors.size(), 2u);
+  EXPECT_EQ(
+      parse(
+          image(
+              R"({"a":{"dtype":"I8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"I8","shape":[2],"data_offsets":[2,4]}})",
+              4))
+          .tensors.size(),
+      2u);
 }
 
 TEST(Parser, EveryDtypeNameAndSize) {
   const std::vector<std::pair<std::string, std::size_t>> all = {
-      {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2},
-      {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8},
-      {"F8_E4M3FNUZ", 1}, {"F8_E5M2FNUZ", 1}, {"C64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},          {"F8_E5M2", 1},     {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2},
+      {"U16", 2},  {"F16", 2}, {"BF16", 2},        {"I32", 4},         {"U32", 4},     {"F32", 4},     {"F64", 8},
+      {"I64", 8},  {"U64", 8}, {"F8_E4M3FNUZ", 1}, {"F8_E5M2FNUZ", 1}, {"C64", 8}};
   for (const auto& [name, size] : all) {
     const auto dt = xqcli::parse_st_dtype(name);
     ASSERT_TRUE(dt.has_value()) << name;
     EXPECT_EQ(xqcli::st_dtype_name(*dt), name);
     EXPECT_EQ(xqcli::st_dtype_size(*dt), size) << name;
-    const std::string j = R"({"t":{"dtype":")" + name + R"(","shape":[3],"data_offsets":[0,)" + std::to_string(3 * size) + "]}}";
+    const std::string j =
+        R"({"t":{"dtype":")" + name + R"(","shape":[3],"data_offsets":[0,)" + std::to_string(3 * size) + "]}}";
     EXPECT_EQ(parse(image(j, 3 * size)).tensors[0].dtype, *dt);
   }
   EXPECT_TRUE(xqcli::st_is_quantizable(StDType::F32));
@@ -205,7 +228,9 @@ const std::string kT = R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})"
 TEST(Strict, ByteOrderMarkNulAndTrailingBytesAfterNulAreRefused) {
   expect_bad(image("\xEF\xBB\xBF{" + kT + "}", 4), "byte-order mark");
   // nlohmann's lexer stops at a NUL: the tensor after it used to be dropped silently.
-  expect_bad(image(std::string("{") + kT + "}" + std::string(1, '\0') + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+  expect_bad(image(std::string("{") + kT + "}" + std::string(1, '\0') +
+                       R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                   8),
              "NUL byte at offset");
   expect_bad(image(std::string("{") + kT + "}" + std::string(3, '\0'), 4), "NUL byte");
 }
@@ -227,32 +252,45 @@ TEST(Strict, DuplicateKeysAnywhereAreRefused) {
 
 TEST(Strict, MetadataNullAndUnknownEntryKeysAreAccepted) {
   EXPECT_TRUE(parse(image(R"({"__metadata__":null,)" + kT + "}", 4)).metadata.empty());
-  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":[1,{"x":2}]}})", 4)).tensors.size(), 1u);
+  EXPECT_EQ(
+      parse(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":[1,{"x":2}]}})", 4)).tensors.size(),
+      1u);
 }
 
 TEST(Strict, DataMustBeContiguousAndFullyCovered) {
   expect_bad(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
              "tensor 'a' begins at data offset 4 but the data section begins at 0");
-  expect_bad(image(R"({"a":{"dtype":"I8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"I8","shape":[2],"data_offsets":[3,5]}})", 5),
-             "tensor 'b' begins at data offset 3 but the previous tensor 'a' ends at 2");
+  expect_bad(
+      image(
+          R"({"a":{"dtype":"I8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"I8","shape":[2],"data_offsets":[3,5]}})",
+          5),
+      "tensor 'b' begins at data offset 3 but the previous tensor 'a' ends at 2");
   expect_bad(image("{" + kT + "}", 5), "the tensors cover 4 bytes of the data section but it has 5");
   expect_bad(image("{}", 1), "cover 0 bytes");
   // An empty tensor must sit where the previous one ends, like any other.
-  expect_bad(image(R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"I8","shape":[0],"data_offsets":[2,2]},)"
-                   R"("b":{"dtype":"I8","shape":[4],"data_offsets":[4,8]}})", 8),
-             "overlap");
-  const Header h = parse(image(R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"I8","shape":[0],"data_offsets":[4,4]},)"
-                               R"("f":{"dtype":"I8","shape":[0],"data_offsets":[8,8]},"b":{"dtype":"I8","shape":[4],"data_offsets":[4,8]}})", 8));
+  expect_bad(
+      image(
+          R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"I8","shape":[0],"data_offsets":[2,2]},)"
+          R"("b":{"dtype":"I8","shape":[4],"data_offsets":[4,8]}})",
+          8),
+      "overlap");
+  const Header h = parse(image(
+      R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"I8","shape":[0],"data_offsets":[4,4]},)"
+      R"("f":{"dtype":"I8","shape":[0],"data_offsets":[8,8]},"b":{"dtype":"I8","shape":[4],"data_offsets":[4,8]}})",
+      8));
   ASSERT_EQ(h.tensors.size(), 4u);
   EXPECT_EQ(h.tensors[1].name, "e");
   EXPECT_EQ(h.tensors[3].name, "f");
 }
 
 TEST(Strict, SubByteDtypesMustFillWholeBytes) {
-  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}})", 3)).tensors[0].dtype, StDType::F4);
-  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}})", 3)).tensors[0].dtype, StDType::F6_E2M3);
+  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}})", 3)).tensors[0].dtype,
+            StDType::F4);
+  EXPECT_EQ(parse(image(R"({"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}})", 3)).tensors[0].dtype,
+            StDType::F6_E2M3);
   EXPECT_EQ(parse(image(R"({"a":{"dtype":"F6_E3M2","shape":[0],"data_offsets":[0,0]}})", 0)).tensors[0].numel, 0);
-  expect_bad(image(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2), "4-bit elements and shape [3] does not fill whole bytes");
+  expect_bad(image(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2),
+             "4-bit elements and shape [3] does not fill whole bytes");
   expect_bad(image(R"({"a":{"dtype":"F6_E2M3","shape":[1],"data_offsets":[0,1]}})", 1), "does not fill whole bytes");
   expect_bad(image(R"({"a":{"dtype":"F4","shape":[4],"data_offsets":[0,4]}})", 4), "need 2 bytes");
   EXPECT_EQ(xqcli::st_dtype_bits(StDType::F4), 4u);
@@ -271,31 +309,33 @@ std::string deep_object(std::size_t depth) {
 
 TEST(Hostile, DeepNestingIsRefusedWithoutRecursion) {
   const std::size_t deep = 100'000;
-  for (const std::string& j :
-       {R"({"a":{"dtype":"F32","shape":)" + nested(deep) + R"(,"data_offsets":[0,4]}})",
-        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":)" + nested(deep) + "}}", "{\"__metadata__\":" + nested(deep) + "}",
-        nested(deep), deep_object(deep)}) {
+  for (const std::string& j : {R"({"a":{"dtype":"F32","shape":)" + nested(deep) + R"(,"data_offsets":[0,4]}})",
+                               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":)" + nested(deep) + "}}",
+                               "{\"__metadata__\":" + nested(deep) + "}", nested(deep), deep_object(deep)}) {
     try {
       parse(image(j, 4));
       ADD_FAILURE() << "accepted";
     } catch (const CliError& e) {
-      EXPECT_NE(std::string(e.what()).find("the JSON header nesting deeper than 16 levels"), std::string::npos) << xqcli::clip(e.what(), 300);
+      EXPECT_NE(std::string(e.what()).find("the JSON header nesting deeper than 16 levels"), std::string::npos)
+          << xqcli::clip(e.what(), 300);
       EXPECT_LT(std::string(e.what()).size(), 200u);
     }
   }
   // 16 levels parse (and then fail validation as a shape).
-  expect_bad(image(R"({"a":{"dtype":"F32","shape":)" + nested(14) + R"(,"data_offsets":[0,4]}})", 4), "non-negative integers, got [[[[");
+  expect_bad(image(R"({"a":{"dtype":"F32","shape":)" + nested(14) + R"(,"data_offsets":[0,4]}})", 4),
+             "non-negative integers, got [[[[");
 }
 
 TEST(Hostile, QuotedValuesAreCut) {
   const std::string big(100'000, 'x');
-  for (const std::string& j : {R"({"a":{"dtype":"F32","shape":[")" + big + R"("],"data_offsets":[0,4]}})",
-                               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[")" + big + R"(",4]}})",
-                               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4,)" + std::string(50'000, '1') + "]}}",
-                               R"({"a":{"dtype":")" + big + R"(","shape":[1],"data_offsets":[0,4]}})",
-                               R"({")" + big + R"(":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
-                               R"({")" + big + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},")" + big + R"(":1})",
-                               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"s":")" + big}) {
+  for (const std::string& j :
+       {R"({"a":{"dtype":"F32","shape":[")" + big + R"("],"data_offsets":[0,4]}})",
+        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[")" + big + R"(",4]}})",
+        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4,)" + std::string(50'000, '1') + "]}}",
+        R"({"a":{"dtype":")" + big + R"(","shape":[1],"data_offsets":[0,4]}})",
+        R"({")" + big + R"(":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
+        R"({")" + big + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},")" + big + R"(":1})",
+        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"s":")" + big}) {
     try {
       parse(image(j, 4));
       ADD_FAILURE() << "accepted";
@@ -312,10 +352,12 @@ TEST(Hostile, ClipAndUtf8Safe) {
   EXPECT_EQ(xqcli::clip("abcd", 3), "abc...");
   EXPECT_EQ(xqcli::clip("ab\xc3\xa9", 3), "ab...");  // never inside a character
   EXPECT_EQ(xqcli::utf8_safe("caf\xc3\xa9"), "caf\xc3\xa9");
-  EXPECT_EQ(xqcli::utf8_safe("a\xff" "b"), "a\\xFFb");
-  EXPECT_EQ(xqcli::utf8_safe("\xc3"), "\\xC3");               // truncated sequence
+  EXPECT_EQ(xqcli::utf8_safe("a\xff"
+                             "b"),
+            "a\\xFFb");
+  EXPECT_EQ(xqcli::utf8_safe("\xc3"), "\\xC3");                    // truncated sequence
   EXPECT_EQ(xqcli::utf8_safe("\xed\xa0\x80"), "\\xED\\xA0\\x80");  // a UTF-16 surrogate
-  EXPECT_EQ(xqcli::utf8_safe("\xc0\xaf"), "\\xC0\\xAF");         // overlong
+  EXPECT_EQ(xqcli::utf8_safe("\xc0\xaf"), "\\xC0\\xAF");           // overlong
   EXPECT_EQ(xqcli::utf8_safe("\xf0\x9f\x98\x80"), "\xf0\x9f\x98\x80");
 }
 
@@ -342,9 +384,8 @@ TEST(Hostile, HundredThousandTensorsParseInLinearTime) {
 
 TEST(Writer, LayoutAlignsAndOrdersLikeTheOfficialWriter) {
   std::vector<xqcli::OutTensor> t = {
-      {"z.small", StDType::I8, {3}, 3, 0},  {"b.half", StDType::F16, {3}, 6, 0},
-      {"a.half", StDType::BF16, {1}, 2, 0}, {"w", StDType::I32, {2, 2}, 16, 0},
-      {"big", StDType::I64, {1}, 8, 0},     {"f", StDType::F32, {3}, 12, 0},
+      {"z.small", StDType::I8, {3}, 3, 0}, {"b.half", StDType::F16, {3}, 6, 0}, {"a.half", StDType::BF16, {1}, 2, 0},
+      {"w", StDType::I32, {2, 2}, 16, 0},  {"big", StDType::I64, {1}, 8, 0},    {"f", StDType::F32, {3}, 12, 0},
   };
   EXPECT_EQ(xqcli::layout_tensors(t), 47u);
   const std::vector<std::string> order = {"big", "f", "w", "a.half", "b.half", "z.small"};

@@ -91,7 +91,7 @@ TEST(Decide, Int4NeedsLastDimDivisibleBy8AndOneOfTheLastTwoAxes) {
   EXPECT_TRUE(d.warn);
   EXPECT_NE(d.reason.find("divisible by 8 (it is 12)"), std::string::npos);
   EXPECT_TRUE(decide(entry("w", StDType::F32, {6, 16}), s, {}).quantize);  // axis 0 == rank - 2
-  d = decide(entry("experts", StDType::F32, {2, 6, 16}), s, {});            // axis 0 of rank 3
+  d = decide(entry("experts", StDType::F32, {2, 6, 16}), s, {});           // axis 0 of rank 3
   EXPECT_FALSE(d.quantize);
   EXPECT_TRUE(d.warn);
   EXPECT_NE(d.reason.find("only along the last two dimensions"), std::string::npos);
@@ -219,14 +219,16 @@ void check_pieces(const Dims& shape, std::int64_t ch, std::int64_t target, std::
 }
 
 TEST(Pieces, CoverEveryElementWithTheRightChannel) {
-  const std::vector<Dims> shapes = {{7, 5}, {3, 4, 8}, {2, 3, 4, 5}, {1, 64}, {64, 1}, {5, 16}, {2, 2, 2, 2, 8}, {0, 8}};
+  const std::vector<Dims> shapes = {{7, 5},  {3, 4, 8}, {2, 3, 4, 5},    {1, 64},
+                                    {64, 1}, {5, 16},   {2, 2, 2, 2, 8}, {0, 8}};
   for (const Dims& s : shapes) {
     for (std::int64_t ch = -1; ch < static_cast<std::int64_t>(s.size()); ++ch)
       for (std::int64_t target : {1, 3, 7, 8, 16, 40, 1000}) check_pieces(s, ch, target, 1);
   }
   // int4: the last dimension is a multiple of 8 and cuts inside a row fall on multiples of 8.
   for (const Dims& s : std::vector<Dims>{{3, 64}, {2, 3, 16}, {1, 128}, {4, 8}})
-    for (std::int64_t ch : {std::int64_t{-1}, static_cast<std::int64_t>(s.size()) - 2, static_cast<std::int64_t>(s.size()) - 1})
+    for (std::int64_t ch :
+         {std::int64_t{-1}, static_cast<std::int64_t>(s.size()) - 2, static_cast<std::int64_t>(s.size()) - 1})
       for (std::int64_t target : {1, 8, 20, 24, 100}) check_pieces(s, ch, target, 8);
 }
 
@@ -279,8 +281,8 @@ TEST(Pieces, HugeRankIsPlannedInLinearTime) {
 }
 
 // The recursive planner that plan_pieces() replaced, kept as the reference for its output.
-void plan_reference(const Dims& shape, std::int64_t begin, std::int64_t ch_dim, std::int64_t ch_begin, std::int64_t ch_count,
-                    std::int64_t target, std::int64_t align, std::vector<Piece>& out) {
+void plan_reference(const Dims& shape, std::int64_t begin, std::int64_t ch_dim, std::int64_t ch_begin,
+                    std::int64_t ch_count, std::int64_t target, std::int64_t align, std::vector<Piece>& out) {
   const std::int64_t n = checked_numel(shape).value_or(0);
   if (n == 0) return;
   if (n <= target) {
@@ -291,8 +293,10 @@ void plan_reference(const Dims& shape, std::int64_t begin, std::int64_t ch_dim, 
     const std::int64_t step = std::max(align, target / align * align);
     for (std::int64_t s = 0; s < n; s += step) {
       const std::int64_t len = std::min(step, n - s);
-      if (ch_dim == 0) out.push_back({begin + s, len, {len}, ch_begin + s, len, 0});
-      else out.push_back({begin + s, len, {len}, ch_begin, ch_count, ch_dim});
+      if (ch_dim == 0)
+        out.push_back({begin + s, len, {len}, ch_begin + s, len, 0});
+      else
+        out.push_back({begin + s, len, {len}, ch_begin, ch_count, ch_dim});
     }
     return;
   }
@@ -304,20 +308,25 @@ void plan_reference(const Dims& shape, std::int64_t begin, std::int64_t ch_dim, 
       const std::int64_t kk = std::min(k, shape[0] - i);
       Dims s = shape;
       s[0] = kk;
-      if (ch_dim == 0) out.push_back({begin + i * slice, kk * slice, s, ch_begin + i, kk, 0});
-      else out.push_back({begin + i * slice, kk * slice, s, ch_begin, ch_count, ch_dim});
+      if (ch_dim == 0)
+        out.push_back({begin + i * slice, kk * slice, s, ch_begin + i, kk, 0});
+      else
+        out.push_back({begin + i * slice, kk * slice, s, ch_begin, ch_count, ch_dim});
     }
     return;
   }
   for (std::int64_t i = 0; i < shape[0]; ++i) {
-    if (ch_dim == 0) plan_reference(rest, begin + i * slice, -1, ch_begin + i, 1, target, align, out);
-    else plan_reference(rest, begin + i * slice, ch_dim < 0 ? -1 : ch_dim - 1, ch_begin, ch_count, target, align, out);
+    if (ch_dim == 0)
+      plan_reference(rest, begin + i * slice, -1, ch_begin + i, 1, target, align, out);
+    else
+      plan_reference(rest, begin + i * slice, ch_dim < 0 ? -1 : ch_dim - 1, ch_begin, ch_count, target, align, out);
   }
 }
 
 TEST(Pieces, SameAsTheRecursivePlanner) {
-  const std::vector<Dims> shapes = {{7, 5},    {3, 4, 8},  {2, 3, 4, 5}, {1, 64},    {64, 1},         {5, 16},
-                                    {2, 2, 2, 2, 8}, {0, 8}, {}, {1, 1, 1, 40}, {3, 1, 5, 1, 7}, {6, 2, 1, 16}};
+  const std::vector<Dims> shapes = {{7, 5},  {3, 4, 8},     {2, 3, 4, 5},    {1, 64},
+                                    {64, 1}, {5, 16},       {2, 2, 2, 2, 8}, {0, 8},
+                                    {},      {1, 1, 1, 40}, {3, 1, 5, 1, 7}, {6, 2, 1, 16}};
   for (const Dims& s : shapes)
     for (std::int64_t ch = -1; ch < static_cast<std::int64_t>(s.size()); ++ch)
       for (std::int64_t target : {1, 2, 3, 7, 8, 16, 40, 1000})

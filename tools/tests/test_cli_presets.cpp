@@ -72,17 +72,21 @@ TEST(Presets, AsCompressedTensorsNamesThem) {
 }
 
 TEST(Presets, BadOptionsNameTheOptionAndTheValue) {
-  EXPECT_NE(error_of([] { make_preset(preset("W4A8")); }).find("--preset: unknown preset 'W4A8', expected W4A16, W8A16 or W8A8"),
+  EXPECT_NE(error_of([] {
+              make_preset(preset("W4A8"));
+            }).find("--preset: unknown preset 'W4A8', expected W4A16, W8A16 or W8A8"),
             std::string::npos);
   for (std::int64_t g : {-8, 12, 1})
-    EXPECT_NE(error_of([&] { make_preset(preset("W4A16", g, true)); }).find("got " + std::to_string(g)), std::string::npos);
+    EXPECT_NE(error_of([&] { make_preset(preset("W4A16", g, true)); }).find("got " + std::to_string(g)),
+              std::string::npos);
   EXPECT_NE(error_of([] { make_preset(preset("W8A8", 64, true)); }).find("W8A8 has one scale per output channel"),
             std::string::npos);
   EXPECT_EQ(make_preset(preset("W8A8", 0, true)).group, 0);
 }
 
 TEST(Presets, ModuleNames) {
-  for (const char* m : {"model.embed_tokens", "bert.embeddings.word_embeddings", "transformer.wte", "transformer.wpe", "shared"})
+  for (const char* m :
+       {"model.embed_tokens", "bert.embeddings.word_embeddings", "transformer.wte", "transformer.wpe", "shared"})
     EXPECT_TRUE(is_embedding_module(m)) << m;
   EXPECT_FALSE(is_embedding_module("gpt_neox.embed_out"));
   EXPECT_FALSE(is_embedding_module("model.layers.0.mlp.up_proj"));
@@ -95,7 +99,8 @@ TEST(Presets, ModuleNames) {
 TEST(Presets, Decisions) {
   const Preset w4 = make_preset(preset("W4A16"));
   const Filters none;
-  const CtDecision up = decide_ct(entry("model.layers.0.mlp.up_proj.weight", StDType::BF16, {512, 256}), w4, none, false);
+  const CtDecision up =
+      decide_ct(entry("model.layers.0.mlp.up_proj.weight", StDType::BF16, {512, 256}), w4, none, false);
   EXPECT_TRUE(up.quantize);
   EXPECT_FALSE(up.ignore);
   EXPECT_EQ(up.module, "model.layers.0.mlp.up_proj");
@@ -121,7 +126,8 @@ TEST(Presets, Decisions) {
   const Filters ign{{}, compile_patterns({"up_proj$"}, "--ignore")};
   EXPECT_EQ(decide_ct(entry("a.up_proj.weight", StDType::F32, {8, 128}), w4, ign, false).reason, "matched by --ignore");
   // K not divisible by the group size, or (per channel) by the values per packed word
-  const CtDecision k100 = decide_ct(entry("a.weight", StDType::F32, {8, 100}), make_preset(preset("W4A16", 0, true)), none, false);
+  const CtDecision k100 =
+      decide_ct(entry("a.weight", StDType::F32, {8, 100}), make_preset(preset("W4A16", 0, true)), none, false);
   EXPECT_TRUE(k100.warn);
   EXPECT_NE(k100.reason.find("not divisible by 8 (values per packed int32)"), std::string::npos);
   EXPECT_TRUE(decide_ct(entry("a.weight", StDType::F32, {8, 100}), make_preset(preset("W8A8")), none, false).quantize);
@@ -132,11 +138,12 @@ TEST(Presets, Decisions) {
 
 TEST(Presets, QuantizationConfigOfW4A16IsTheDocumentedOne) {
   const std::string got = quantization_config_json(make_preset(preset("W4A16")), {"lm_head", "model.embed_tokens"});
-  EXPECT_EQ(got,
-            R"({"quant_method":"compressed-tensors","format":"pack-quantized","quantization_status":"compressed",)"
-            R"("config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","symmetric":true,)"
-            R"("group_size":128,"strategy":"group","dynamic":false},"input_activations":null,"output_activations":null}},)"
-            R"("ignore":["lm_head","model.embed_tokens"],"kv_cache_scheme":null,"global_compression_ratio":null})");
+  EXPECT_EQ(
+      got,
+      R"({"quant_method":"compressed-tensors","format":"pack-quantized","quantization_status":"compressed",)"
+      R"("config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","symmetric":true,)"
+      R"("group_size":128,"strategy":"group","dynamic":false},"input_activations":null,"output_activations":null}},)"
+      R"("ignore":["lm_head","model.embed_tokens"],"kv_cache_scheme":null,"global_compression_ratio":null})");
   const auto a8 = nlohmann::json::parse(quantization_config_json(make_preset(preset("W8A8")), {}));
   EXPECT_EQ(a8["format"], "int-quantized");
   EXPECT_EQ(a8["config_groups"]["group_0"]["weights"]["strategy"], "channel");
@@ -192,12 +199,13 @@ TEST(Scale, RefusedWhenTheScaleDtypeCannotHoldIt) {
 TEST(Groups, W8A16AgainstAnIndependentFormula) {
   // 3 groups of 16 float32 values, bfloat16 scales
   std::vector<float> x(48);
-  for (int i = 0; i < 48; ++i) x[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i / 16));
+  for (int i = 0; i < 48; ++i)
+    x[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i / 16));
   x[20] = std::numeric_limits<float>::quiet_NaN();
   const Preset p = make_preset(preset("W8A16", 16, true));
   std::vector<std::byte> q(48), s(6);
-  const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 3, 16, p, StDType::BF16,
-                                          q.data(), s.data());
+  const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 3, 16, p,
+                                          StDType::BF16, q.data(), s.data());
   EXPECT_EQ(e.nonfinite, 1);
   double sig = 0, noi = 0;
   for (int g = 0; g < 3; ++g) {
@@ -215,7 +223,8 @@ TEST(Groups, W8A16AgainstAnIndependentFormula) {
       const float v = x[static_cast<std::size_t>(g * 16 + i)];
       const float r = std::isnan(v) ? 0.0f : std::nearbyint(v / sw);  // half to even (default rounding mode)
       const int qi = static_cast<int>(std::max(-128.0f, std::min(127.0f, r)));
-      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[static_cast<std::size_t>(g * 16 + i)])), qi + 128) << g << " " << i;
+      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[static_cast<std::size_t>(g * 16 + i)])), qi + 128)
+          << g << " " << i;
       if (std::isfinite(v)) {
         sig += static_cast<double>(v) * v;
         const double d = static_cast<double>(v) - static_cast<double>(static_cast<float>(qi) * sw);
@@ -234,7 +243,8 @@ TEST(Groups, AScaleThatCannotBeStoredThrowsNamingThePlace) {
   const Preset p = make_preset(preset("W4A16", 8, true));
   std::vector<std::byte> q(16), s(8, std::byte{0});
   const std::string msg = error_of([&] {
-    ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 4, 8, p, StDType::F16, q.data(), s.data(), 0, 2);
+    ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 4, 8, p, StDType::F16, q.data(),
+                       s.data(), 0, 2);
   });
   EXPECT_NE(msg.find("row 1, columns [0, 8): amax 2000000 / 7 gives the scale +Inf in F16"), std::string::npos) << msg;
 }
@@ -245,8 +255,8 @@ TEST(Groups, HugeWeightsKeepAFiniteReport) {
   for (int i = 0; i < 16; ++i) x[static_cast<std::size_t>(i)] = (static_cast<float>(i) - 7.5f) * 1e29f;
   const Preset p = make_preset(preset("W8A16", 16, true));
   std::vector<std::byte> q(16), s(2);
-  const ErrorStats e =
-      ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 1, 16, p, StDType::BF16, q.data(), s.data());
+  const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 1, 16, p,
+                                          StDType::BF16, q.data(), s.data());
   EXPECT_TRUE(std::isfinite(e.signal));
   EXPECT_TRUE(std::isfinite(e.noise));
   EXPECT_GT(e.noise, 0.0);
