@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/cuda.hpp"
+#include "kernel_tables.hpp"
 #include "test_util.hpp"
 #include "xquant/runtime.hpp"
 #include "xquant/xquant.hpp"
@@ -113,16 +114,7 @@ class CudaEquivalence : public ::testing::Test {
 TEST(CudaTable, Complete) {
   const xquant::detail::KernelTable& t = xquant::detail::cuda::kernels();
   EXPECT_STREQ(t.name, "cuda");
-  EXPECT_NE(t.fake_quant, nullptr);
-  EXPECT_NE(t.fake_quant_backward, nullptr);
-  EXPECT_NE(t.quantize, nullptr);
-  EXPECT_NE(t.tile_quant, nullptr);
-  EXPECT_NE(t.dynamic_quant, nullptr);
-  EXPECT_NE(t.acts_ulq, nullptr);
-  EXPECT_NE(t.acts_ulq_backward, nullptr);
-  EXPECT_NE(t.anti_quant, nullptr);
-  EXPECT_NE(t.quant_matmul, nullptr);
-  EXPECT_NE(t.weight_quant_matmul, nullptr);
+  xqtest::expect_complete_table(t);
 }
 
 TEST_F(CudaEquivalence, FakeQuantForward) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "backends/registry.hpp"
+#include "kernel_tables.hpp"
 #include "test_util.hpp"
 #include "xquant/runtime.hpp"
 
@@ -208,27 +209,11 @@ TEST(Runtime, LargeAllocationsAreReusedAndZerosStillZero) {
   xquant::set_memory_cache_limit(saved);
 }
 
-// Every backend's kernel table has a kernel for every family: operators call the table's entries without
-// a null check (the old per-call check, require_kernel, was removed as dead code).
-void expect_complete(const xquant::detail::KernelTable& t) {
-  SCOPED_TRACE(t.name);
-  EXPECT_NE(t.fake_quant, nullptr);
-  EXPECT_NE(t.fake_quant_backward, nullptr);
-  EXPECT_NE(t.quantize, nullptr);
-  EXPECT_NE(t.tile_quant, nullptr);
-  EXPECT_NE(t.dynamic_quant, nullptr);
-  EXPECT_NE(t.acts_ulq, nullptr);
-  EXPECT_NE(t.acts_ulq_backward, nullptr);
-  EXPECT_NE(t.anti_quant, nullptr);
-  EXPECT_NE(t.quant_matmul, nullptr);
-  EXPECT_NE(t.weight_quant_matmul, nullptr);
-}
-
 TEST(Runtime, EveryKernelTableIsComplete) {
-  expect_complete(xquant::detail::reference_kernels());
+  xqtest::expect_complete_table(xquant::detail::reference_kernels());
   for (xquant::Backend b : {xquant::Backend::cpu, xquant::Backend::reference}) {
     const xquant::detail::KernelTable* t = xquant::detail::find_kernels(b);
-    if (t != nullptr) expect_complete(*t);  // cpu is absent when built with XQUANT_CPU_SIMD=OFF
+    if (t != nullptr) xqtest::expect_complete_table(*t);  // cpu is absent when built with XQUANT_CPU_SIMD=OFF
   }
   // The CUDA table: tests/test_cuda_equivalence.cpp (CudaTable.Complete, CUDA builds only).
 }
