@@ -1471,6 +1471,18 @@ PyObject* f_tile_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
   });
 }
 
+// The tensor arguments (x, smooth_scales, group_index) of both dynamic quantizations' fast paths, and the call.
+PyObject* dynamic_quant_fast(PyObject* const* args, bool symmetric, QuantDType q, bool per_tensor) {
+  Arg x;
+  std::optional<Arg> sm, gi;
+  bool rg = false;
+  XQ_TRY(targ(args[0], x, rg) && opt_targ(args[1], sm, rg) && opt_targ(args[2], gi, rg) && plain(rg));
+  return run(numel_of(x.v.shape), [&] {
+    auto r = impl_dynamic_quant(symmetric, x, sm, gi, q, per_tensor, kCpu);
+    return [r = std::move(r)] { return wrap_all(r); };
+  });
+}
+
 // f_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode)
 PyObject* f_dynamic_quant_asymmetric(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (!nargs_ok("f_dynamic_quant_asymmetric", n, 5)) return nullptr;
@@ -1484,14 +1496,7 @@ PyObject* f_dynamic_quant_asymmetric(PyObject*, PyObject* const* args, Py_ssize_
     per_tensor = true;
   else
     return none();
-  Arg x;
-  std::optional<Arg> sm, gi;
-  bool rg = false;
-  XQ_TRY(targ(args[0], x, rg) && opt_targ(args[1], sm, rg) && opt_targ(args[2], gi, rg) && plain(rg));
-  return run(numel_of(x.v.shape), [&] {
-    auto r = impl_dynamic_quant(false, x, sm, gi, q, per_tensor, kCpu);
-    return [r = std::move(r)] { return wrap_all(r); };
-  });
+  return dynamic_quant_fast(args, false, q, per_tensor);
 }
 
 // f_dynamic_quant(x, smooth_scales, group_index, dst_type)
@@ -1499,14 +1504,7 @@ PyObject* f_dynamic_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (!nargs_ok("f_dynamic_quant", n, 4)) return nullptr;
   QuantDType q;
   XQ_TRY(py_quant(args[3], q, true));
-  Arg x;
-  std::optional<Arg> sm, gi;
-  bool rg = false;
-  XQ_TRY(targ(args[0], x, rg) && opt_targ(args[1], sm, rg) && opt_targ(args[2], gi, rg) && plain(rg));
-  return run(numel_of(x.v.shape), [&] {
-    auto r = impl_dynamic_quant(true, x, sm, gi, q, false, kCpu);
-    return [r = std::move(r)] { return wrap_all(r); };
-  });
+  return dynamic_quant_fast(args, true, q, false);
 }
 
 // f_anti_quant(x, scale, offset, dst_dtype, src_dtype)
