@@ -15,6 +15,7 @@ run() {  # name object function markers [vectors per iteration]
 FQ='N_AVX3::FwdSpanT<(xquant::DType)0'
 run "fake quant forward f32, divider" fake_quant.cpp.o "$FQ, 0, false, false>" 'vmulps,vrndscale,vmovnt'
 run "fake quant forward f32, FMA (one step)" fake_quant.cpp.o "$FQ, 1, false, false>" 'vmulps,vrndscale,vmovnt'
+run "fake quant forward f16 (float16 arithmetic), divider" fake_quant.cpp.o 'N_AVX3::FwdSpanT<(xquant::DType)1, 0, false, false>' 'vmulps,vrndscale'
 run "fake quant backward f32 + grad_amax terms (streamed)" fake_quant.cpp.o 'N_AVX3::BwdSpan<(xquant::DType)0>' 'vmulps,vmovnt'
 Q='N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)0'
 run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1>" 'vdivps,vmovntdq'
