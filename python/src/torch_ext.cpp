@@ -436,47 +436,34 @@ const char* fq_name(FqForm f) {
                          : "fake_tensor_quant";
 }
 
+// One planning call through _core's function table: the library's validation on dtypes and shapes, its
+// error raised as the eager call raises it, the output shape(s) returned.
+template <class Out, class... Params, class... Args>
+Out plan_call(void (*xquant_py::CoreApi::*entry)(Status&, Out&, Params...), Args&&... args) {
+  Status st;
+  Out out{};
+  (g_api->*entry)(st, out, std::forward<Args>(args)...);
+  check(st);
+  return out;
+}
+
 Shape plan_fq(FqForm form, const TensorSpec& x, const TensorSpec& a, std::int64_t axis,
               const xquant::FakeQuantOptions& o) {
-  Status st;
-  Shape out;
-  g_api->plan_fake_tensor_quant(st, out, form, x, a, axis, o);
-  check(st);
-  return out;
+  return plan_call(&xquant_py::CoreApi::plan_fake_tensor_quant, static_cast<int>(form), x, a, axis, o);
 }
-
 Shape p_quantize(const TensorSpec& x, const TensorSpec& s, const OptSpec& zp, QuantDType q, std::int64_t axis,
                  bool div_mode) {
-  Status st;
-  Shape out;
-  g_api->plan_quantize(st, out, x, s, zp, q, axis, div_mode);
-  check(st);
-  return out;
+  return plan_call(&xquant_py::CoreApi::plan_quantize, x, s, zp, q, axis, div_mode);
 }
-
 xquant::DynamicQuantShapes plan_dynamic(bool symmetric, const TensorSpec& x, const OptSpec& sm, const OptSpec& gi,
                                         QuantDType q, bool per_tensor) {
-  Status st;
-  xquant::DynamicQuantShapes out;
-  g_api->plan_dynamic_quant(st, out, symmetric, x, sm, gi, q, per_tensor);
-  check(st);
-  return out;
+  return plan_call(&xquant_py::CoreApi::plan_dynamic_quant, symmetric, x, sm, gi, q, per_tensor);
 }
-
 Shape p_anti_quant(const TensorSpec& x, const TensorSpec& s, const OptSpec& off, QuantDType q) {
-  Status st;
-  Shape out;
-  g_api->plan_anti_quant(st, out, x, s, off, q);
-  check(st);
-  return out;
+  return plan_call(&xquant_py::CoreApi::plan_anti_quant, x, s, off, q);
 }
-
 Shape p_acts_ulq(const TensorSpec& x, const TensorSpec& lo, const TensorSpec& hi, int num_bits) {
-  Status st;
-  Shape out;
-  g_api->plan_acts_ulq(st, out, x, lo, hi, num_bits);
-  check(st);
-  return out;
+  return plan_call(&xquant_py::CoreApi::plan_acts_ulq, x, lo, hi, num_bits);
 }
 
 // ---- argument conversions shared by the kernels ---------------------------------------------------------
