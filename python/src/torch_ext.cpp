@@ -1140,7 +1140,8 @@ at::Tensor k_trans_quant_param(const at::Tensor& scale, const std::optional<at::
 
 at::Tensor m_trans_quant_param(const at::Tensor& scale, const std::optional<at::Tensor>& offset,
                                std::int64_t round_mode) {
-  return alloc(tqp_call(scale, offset, round_mode).out_shape, DType::int64, scale.device()).t;
+  const TqpCall c = tqp_call(scale, offset, round_mode);  // (before scale.device(): scale may be undefined)
+  return alloc(c.out_shape, DType::int64, scale.device()).t;
 }
 
 template <bool kCuda>

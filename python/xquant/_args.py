@@ -195,7 +195,7 @@ def matmul_out_name(op: str, d: Any) -> str:
         return "int8"
     key = dtype_key(op, "output_dtype", d)
     if key not in MATMUL_OUT_DTYPES:
-        raise fail_value(op, f"output_dtype is {d} but expected None (int8), int8, float16, bfloat16 or int32")
+        raise fail_value(op, f"output_dtype is {key} but expected None (int8), int8, float16, bfloat16 or int32")
     return key
 
 
@@ -208,7 +208,7 @@ def same_dtype(op: str, name: str, d: Any, main: str, main_name: str) -> None:
     key = dtype_key(op, name, d)
     if key == main or (main == "int32" and key == "quint4x2") or (main == "int8" and key == "qint8"):
         return
-    raise fail_value(op, f"{name} is {d} but {main_name} has dtype {main}; xquant reads int8, or int32 words of eight "
+    raise fail_value(op, f"{name} is {key} but {main_name} has dtype {main}; xquant reads int8, or int32 words of eight "
                          f"int4, as stored (expected {name}=None; the float8 / HiFloat8 / MX re-interpretations "
                          "of the Ascend 950 are not implemented)")
 

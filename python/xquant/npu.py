@@ -390,6 +390,8 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
     for name, d, t in (("x1_dtype", x1_dtype, x1), ("x2_dtype", x2_dtype, x2), ("scale_dtype", scale_dtype, scale),
                        ("pertoken_scale_dtype", pertoken_scale_dtype, pertoken_scale)):
         if d is not None:
+            if t is None:
+                raise _args.fail_value(op, f"{name} is {d} but {name[:-6]} is None (expected {name}=None)")
             _args.same_dtype(op, name, d, _args.dtype_key(op, name, t.dtype), name[:-6])
     return b.quant_matmul(op, x1, x2, scale, offset, pertoken_scale, bias, _args.matmul_out_name(op, output_dtype))
 

@@ -77,7 +77,8 @@ def npu_convert_weight_to_int4pack(weight, inner_k_tiles=0):
 
 def npu_format_cast(input, acl_format, customize_dtype=None):
     """torch_npu.npu_format_cast (xquant stand-in): on the NPU a change of internal layout (ND, FRACTAL_NZ, ...)
-    that keeps the values; off the NPU every tensor is dense row-major, so the tensor is returned as it is."""
+    into a new tensor with the same values; off the NPU every tensor is dense row-major, so the new tensor is a
+    copy."""
     return torch.ops.npu.npu_format_cast(input, acl_format, customize_dtype=customize_dtype)
 
 

@@ -40,9 +40,9 @@ SCHEMAS = {
                                     "int inner_precise=0, int? weight_dtype=None) -> Tensor",
     "npu_trans_quant_param": "npu_trans_quant_param(Tensor scale, Tensor? offset=None, int? round_mode=0) -> Tensor",
     "npu_convert_weight_to_int4pack": "npu_convert_weight_to_int4pack(Tensor weight, int inner_k_tiles=0) -> Tensor",
-    # A layout change on the NPU (ND <-> FRACTAL_NZ ...): off the NPU every tensor is dense row-major, so the
-    # values are returned as they are (the same tensor), whatever the format.
-    "npu_format_cast": "npu_format_cast(Tensor(a) self, int acl_format, *, int? customize_dtype=None) -> Tensor(a)",
+    # A layout change on the NPU (ND <-> FRACTAL_NZ ...) into a new tensor: off the NPU every tensor is dense
+    # row-major, so the new tensor holds the same values in the same layout, whatever the format.
+    "npu_format_cast": "npu_format_cast(Tensor self, int acl_format, *, int? customize_dtype=None) -> Tensor",
 }
 
 _QUINT4X2 = getattr(torch, "quint4x2", None)
@@ -242,7 +242,7 @@ def _convert_weight_to_int4pack(weight, inner_k_tiles=0):
 
 
 def _format_cast(self, acl_format, *, customize_dtype=None):
-    return self
+    return self.clone()
 
 
 # The matmuls' fake implementations are the xquant operators themselves on the fake tensors (their Meta
@@ -272,7 +272,7 @@ def _trans_quant_param_fake(scale, offset=None, round_mode=0):
 
 
 def _format_cast_fake(self, acl_format, *, customize_dtype=None):
-    return self
+    return torch.empty_like(self)
 
 
 _KERNELS = {
