@@ -77,17 +77,24 @@ int run(int argc, char** argv) {
   std::string format, max_shard;
   qc->add_option("--format", format, "compressed-tensors (default for a model directory) or xquant (a single file)")
       ->check(CLI::IsMember({"compressed-tensors", "xquant"}));
-  qc->add_option("--preset", ex.preset, "compressed-tensors preset: W4A16 (default), W8A16 or W8A8")
-      ->check(CLI::IsMember({"W4A16", "W8A16", "W8A8"}));
+  qc->add_option("--preset", ex.preset,
+                 "compressed-tensors preset, any case: W4A16 (default), W4A16_ASYM, W8A16 or W8A8");
+  qc->add_option("--scale-rule", ex.scale_rule,
+                 "compressed-tensors (default: its calculate_qparams in float32) or amax-qmax (xquant's rule before "
+                 "issue 19: symmetric amax / qmax)")
+      ->check(CLI::IsMember({"compressed-tensors", "amax-qmax"}));
+  qc->add_flag("--keep-partial-dense", ex.keep_partial_dense,
+               "Keep the Linear layers whose input width the group size does not divide dense (default: an error)");
   qc->add_option("--group-size", ex.group_size,
                  "W4A16 / W8A16: input channels per scale (default 128; 0: per output channel)");
   qc->add_option("--ignore", ex.ignore,
-                 "Keep Linear modules whose name matches this POSIX extended regex dense (repeatable)")
+                 "Keep these modules dense: a class name (Linear), an exact module name, or re:REGEX (Python "
+                 "re.match: from the start of the name); repeatable")
       ->expected(1)
       ->allow_extra_args(false)
       ->take_all();
   qc->add_option("--targets", ex.targets,
-                 "Quantize only Linear modules whose name matches this POSIX extended regex (repeatable)")
+                 "Quantize only these modules: a class name (Linear), an exact module name, or re:REGEX; repeatable")
       ->expected(1)
       ->allow_extra_args(false)
       ->take_all();
@@ -143,7 +150,8 @@ int run(int argc, char** argv) {
     const auto result = xqcli::run_export(q, ex);
     if (!q.quiet) xqcli::print_export_report(stdout, q, ex, result);
   } else if (qc->parsed()) {
-    for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size"})
+    for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size", "--scale-rule",
+                            "--keep-partial-dense"})
       if (qc->count(opt) > 0)
         throw xqcli::CliError(
             xqcli::kExitBadInput,
