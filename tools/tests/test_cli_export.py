@@ -637,9 +637,14 @@ def _ct_reference(x32, preset, group, scale_dtype):
     n, k = x.shape
     g = args.group_size if args.strategy == "group" else k
     xg = x.reshape(n, k // g, g)
-    scale, zp = calculate_qparams(xg.amin(-1), xg.amax(-1), args)  # float32 throughout
+    lo, hi = xg.amin(-1), xg.amax(-1)
+    scale, zp = calculate_qparams(lo, hi, args)  # float32 throughout
+    # Its scale of an all-zero group is the epsilon of the scale's dtype: float32's here, the model
+    # dtype's when compressed-tensors runs on the model (bfloat16: 2^-7), which is what xquant stores.
+    zero = ((lo == 0) & (hi == 0)).reshape(scale.shape)
     scale = scale.to(scale_dtype)
-    scale = torch.where(scale == 0, torch.tensor(torch.finfo(scale_dtype).eps, dtype=scale_dtype), scale)
+    eps = torch.tensor(torch.finfo(scale_dtype).eps, dtype=scale_dtype)
+    scale = torch.where(zero | (scale == 0), eps, scale)
     q = ct_quantize(x, scale.float(), zp if not args.symmetric else None, args, dtype=torch.int8)
     if preset == "W8A8":
         return q, scale, None
