@@ -29,11 +29,12 @@ struct ExportOptions {
   // compressed-tensors' selection syntax (docs/cli.md, "Which modules are quantized"): a module class
   // name (Linear, Embedding, as inferred from the checkpoint), "re:REGEX" (Python's re.match: anchored at
   // the start of the module name only), or an exact module name.
-  std::vector<std::string> ignore;   // keep dense
-  std::vector<std::string> targets;  // quantize only these
-  std::optional<std::uint64_t> max_shard_size;  // bytes; nullopt: keep the input's shards, else 5 GB
+  std::vector<std::string> ignore;                // keep dense
+  std::vector<std::string> targets;               // quantize only these
+  std::optional<std::uint64_t> max_shard_size;    // bytes; nullopt: keep the input's shards, else 5 GB
   std::string scale_rule = "compressed-tensors";  // or "amax-qmax" (xquant's rule before issue 19)
-  bool keep_partial_dense = false;  // a layer whose K the group size does not divide stays dense
+  bool keep_partial_dense = false;                // a layer whose K the group size does not divide stays dense
+  std::string recipe_yaml;                        // --recipe: written into the output as recipe.yaml (recipe.hpp)
 };
 
 // A preset as compressed-tensors names it.
@@ -68,11 +69,11 @@ void check_all_matched(const CtSelection& sel);
 // What happens to one tensor of the input.
 struct CtDecision {
   bool quantize = false;
-  bool warn = false;    // kept because it cannot be quantized (an error under --strict)
-  bool ignore = false;  // its module goes into the config's ignore list
-  std::string module;   // the name without ".weight" (rank-2 ".weight" tensors only)
-  std::string reason;   // why kept
-  bool partial = false; // kept because the group size (or packing) does not divide K
+  bool warn = false;     // kept because it cannot be quantized (an error under --strict)
+  bool ignore = false;   // its module goes into the config's ignore list
+  std::string module;    // the name without ".weight" (rank-2 ".weight" tensors only)
+  std::string reason;    // why kept
+  bool partial = false;  // kept because the group size (or packing) does not divide K
 };
 
 // Module-name classification used by the decision (exposed for the tests).
@@ -125,9 +126,9 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
 // q = rint(x * (1 / s'))) on the [groups, G] view, then stored as compressed-tensors does: int4 nibbles
 // and 8-bit packed bytes offset by 8 / 128 (word ^ 0x88888888 / 0x80808080), int-quantized int8 as is.
 // `q` receives groups * G bytes (8 bits) or groups * G / 2 (4 bits); `scale` `groups` entries of
-// `scale_dt`; `zp` (asymmetric presets) `groups` int8 zero points. `first_group` (the index of the first group in the tensor) and `groups_per_row` (K / G)
-// only name the place of a scale that cannot be stored, in the CliError thrown (exit 1). Returns the
-// round-trip error sums (x against q * s' in float32).
+// `scale_dt`; `zp` (asymmetric presets) `groups` int8 zero points. `first_group` (the index of the first group in the
+// tensor) and `groups_per_row` (K / G) only name the place of a scale that cannot be stored, in the CliError thrown
+// (exit 1). Returns the round-trip error sums (x against q * s' in float32).
 ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t groups, std::int64_t G, const Preset& p,
                               StDType scale_dt, std::byte* q, std::byte* scale, std::int64_t first_group = 0,
                               std::int64_t groups_per_row = 1, std::int8_t* zp = nullptr);

@@ -307,8 +307,7 @@ std::uint64_t zero_point_bytes(std::int64_t N, std::int64_t C, int bits) {
   return static_cast<std::uint64_t>((N * bits + 31) / 32 * C) * 4;
 }
 
-std::vector<std::byte> pack_zero_points(const std::vector<std::int8_t>& zp, std::int64_t N, std::int64_t C,
-                                        int bits) {
+std::vector<std::byte> pack_zero_points(const std::vector<std::int8_t>& zp, std::int64_t N, std::int64_t C, int bits) {
   const std::int64_t W = (N * bits + 31) / 32;
   std::vector<std::uint32_t> words(static_cast<std::size_t>(W * C), 0u);
   for (std::int64_t n = 0; n < N; ++n)
@@ -499,9 +498,8 @@ struct WeightJob {
           const std::int64_t b = (c0 + k) * piece, len = std::min(G, b + piece) - b;
           const std::byte* x = gx + b * esize;
           const float* v = widened(x, t.dtype, len);
-          errs[static_cast<std::size_t>(k)] =
-              quantize_known(aligned_input(x, t.dtype, len), t.dtype, v, 1, len, p, &sw,
-                             p.symmetric ? nullptr : &zw, qb + (b - e0) * p.bits / 8);
+          errs[static_cast<std::size_t>(k)] = quantize_known(aligned_input(x, t.dtype, len), t.dtype, v, 1, len, p, &sw,
+                                                             p.symmetric ? nullptr : &zw, qb + (b - e0) * p.bits / 8);
         });
         for (const auto& e : errs) err.merge(e);
         writer.submit(std::move(qbuf), qdst + static_cast<std::uint64_t>((g * G + e0) * p.bits / 8), out_file);
@@ -660,9 +658,11 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   ensure_open_files(outs.size(), "writing " + std::to_string(outs.size()) + " weight files");
   std::vector<std::string> written = file_names;
   written.insert(written.end(), {kConfigFile, kWeightsIndex});
+  if (!e.recipe_yaml.empty()) written.push_back("recipe.yaml");
   OutputDir out(o.output, o.force);
   for (const auto& f : files_to_copy(m, written, o.quiet)) out.copy_file(m.path + "/" + f, f);
   out.write_file(kConfigFile, config.dump(2) + "\n");
+  if (!e.recipe_yaml.empty()) out.write_file("recipe.yaml", e.recipe_yaml);
   if (outs.size() > 1 || m.sharded || file_names[0] != kSingleWeights)
     out.write_file(kWeightsIndex, ct::index_json(outs));
 
@@ -712,8 +712,8 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
         TensorResult& res = result.tensors[i];
         res.error = job.run();
         if (!p.symmetric)
-          writer.submit(pack_zero_points(zps, N, K / G, p.bits), offset_of[it.out].at(it.d.module + ".weight_zero_point"),
-                        it.out);
+          writer.submit(pack_zero_points(zps, N, K / G, p.bits),
+                        offset_of[it.out].at(it.d.module + ".weight_zero_point"), it.out);
         if (p.packed) {
           const std::int64_t shape[2] = {it.t->shape[0], it.t->shape[1]};
           std::vector<std::byte> sb(sizeof shape);

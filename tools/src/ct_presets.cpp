@@ -106,7 +106,8 @@ void check_all_matched(const CtSelection& sel) {
       if (!bad.empty()) bad += "; ";
       bad += std::string(option) + " '" + s.text + "'";
       const bool looks_regex = !s.re && s.text.find_first_of("^$*+?()[]|\\") != std::string::npos;
-      if (looks_regex) bad += " (a plain entry is an exact module name; write re:" + s.text + " for a regular expression)";
+      if (looks_regex)
+        bad += " (a plain entry is an exact module name; write re:" + s.text + " for a regular expression)";
     }
   };
   collect(sel.targets, "--targets");
@@ -323,9 +324,9 @@ namespace {
 
 // torch.finfo(dtype).eps of the scale dtype: what compressed-tensors stores for a scale of 0.
 float dtype_eps(StDType dt) {
-  if (dt == StDType::BF16) return 0.0078125f;     // 2^-7
-  if (dt == StDType::F16) return 0.0009765625f;   // 2^-10
-  return FLT_EPSILON;                             // 2^-23
+  if (dt == StDType::BF16) return 0.0078125f;    // 2^-7
+  if (dt == StDType::F16) return 0.0009765625f;  // 2^-10
+  return FLT_EPSILON;                            // 2^-23
 }
 
 }  // namespace
@@ -372,8 +373,8 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
     return std::string(b);
   };
   return "amax " + num(amax) + " gives the scale " + num(s.widened) + " in " + sdt +
-         " and the largest dequantized value " + num(s.largest) + ", which " +
-         sdt + " cannot hold (its largest finite value is " + num(top) +
+         " and the largest dequantized value " + num(s.largest) + ", which " + sdt +
+         " cannot hold (its largest finite value is " + num(top) +
          "); refusing to write infinite or NaN weights (the scale dtype is config.json's torch_dtype, else the "
          "weight's "
          "dtype)";

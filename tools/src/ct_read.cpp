@@ -91,8 +91,8 @@ CtConfig read_ct_config(const ModelDir& m) {
 struct CtModule {
   const TensorEntry* q = nullptr;  // weight_packed or weight
   const TensorEntry* scale = nullptr;
-  const TensorEntry* shape = nullptr;  // pack-quantized only
-  const TensorEntry* g_idx = nullptr;  // GPTQ activation ordering (weight_g_idx), if present
+  const TensorEntry* shape = nullptr;       // pack-quantized only
+  const TensorEntry* g_idx = nullptr;       // GPTQ activation ordering (weight_g_idx), if present
   const TensorEntry* zero_point = nullptr;  // asymmetric: weight_zero_point, packed along the rows
   std::vector<float> zp;                    // asymmetric: the zero point of each group, [N, K / G]
   std::int64_t N = 0, K = 0, G = 0;
@@ -198,7 +198,8 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
         for (std::int64_t j = 0; j < C; ++j) {
           std::uint32_t w;
           std::memcpy(&w, zp + ((n * 4 / 32) * C + j) * 4, 4);
-          cm.zp[static_cast<std::size_t>(n * C + j)] = static_cast<float>(static_cast<int>((w >> (n * 4 % 32)) & 0xFu) - 8);
+          cm.zp[static_cast<std::size_t>(n * C + j)] =
+              static_cast<float>(static_cast<int>((w >> (n * 4 % 32)) & 0xFu) - 8);
         }
     }
     cm.g_idx = h.find(mod + ".weight_g_idx");
@@ -312,8 +313,7 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
   const xquant::TensorView ov(out, ct::lib_dtype(dt), {len});
   std::optional<xquant::ConstTensorView> offv;
   if (asym) offv = xquant::ConstTensorView(s.offset.data(), xquant::DType::float32, {len});
-  xquant::anti_quant_out(ov, xv, sv, offv,
-                         c.bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
+  xquant::anti_quant_out(ov, xv, sv, offv, c.bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
 }
 
 // Writes the dequantized file: header, kept tensors copied, each module's q * s' narrowed, in chunks of
@@ -412,7 +412,8 @@ std::optional<CtConfig> infer_ct_config(const WeightFile& f) {
     c.group = t.shape[1] == 1 ? 0 : K / t.shape[1];
     c.symmetric = h.find(mod + ".weight_zero_point") == nullptr;
     if (!c.symmetric && c.format != "pack-quantized")
-      bad_input(f.path + ": '" + mod + ".weight_zero_point': asymmetric weights are read in the pack-quantized format only");
+      bad_input(f.path + ": '" + mod +
+                ".weight_zero_point': asymmetric weights are read in the pack-quantized format only");
     return c;
   }
   return std::nullopt;
@@ -540,8 +541,8 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
                m.other_files.size() == 1 ? "" : "s");
   if (c) {
     const auto& qc = m.config["quantization_config"];
-    std::fprintf(out, "compressed-tensors %s: int%d weights, %s, %s%s; ignore: %zu module%s\n",
-                 c->format.c_str(), c->bits, c->symmetric ? "symmetric" : "asymmetric",
+    std::fprintf(out, "compressed-tensors %s: int%d weights, %s, %s%s; ignore: %zu module%s\n", c->format.c_str(),
+                 c->bits, c->symmetric ? "symmetric" : "asymmetric",
                  c->group == 0 ? "per output channel" : ("groups of " + std::to_string(c->group)).c_str(),
                  c->act8 ? ", int8 dynamic per-token activations" : "",
                  qc.contains("ignore") && qc["ignore"].is_array() ? qc["ignore"].size() : 0,

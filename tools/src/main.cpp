@@ -13,6 +13,7 @@
 #include "files.hpp"
 #include "jobs.hpp"
 #include "model_dir.hpp"
+#include "recipe.hpp"
 #include "xquant/error.hpp"
 #include "xquant/version.hpp"
 
@@ -98,6 +99,10 @@ int run(int argc, char** argv) {
       ->expected(1)
       ->allow_extra_args(false)
       ->take_all();
+  std::string recipe_path;
+  qc->add_option("--recipe", recipe_path,
+                 "An llm-compressor recipe (YAML) with one QuantizationModifier: its scheme, targets and ignore "
+                 "(instead of --preset, --group-size, --targets, --ignore); written to the output as recipe.yaml");
   qc->add_option("--max-shard-size", max_shard,
                  "Split the output weights into shards of at most this size (e.g. 5GB, 500MB)");
 
@@ -146,12 +151,21 @@ int run(int argc, char** argv) {
                                                         " applies to --format xquant; the compressed-tensors "
                                                         "format takes --preset, --group-size, --targets and --ignore");
     ex.group_size_given = qc->count("--group-size") > 0;
+    if (!recipe_path.empty()) {
+      for (const char* opt : {"--preset", "--group-size", "--targets", "--ignore"})
+        if (qc->count(opt) > 0)
+          throw xqcli::CliError(xqcli::kExitBadInput,
+                                std::string(opt) + " and --recipe: the recipe gives the scheme, targets and ignore");
+      const xqcli::Recipe rec = xqcli::read_recipe(recipe_path);
+      xqcli::apply_recipe(rec, ex);
+      ex.recipe_yaml = xqcli::recipe_yaml(rec);
+    }
     if (!max_shard.empty()) ex.max_shard_size = xqcli::parse_size(max_shard, "--max-shard-size");
     const auto result = xqcli::run_export(q, ex);
     if (!q.quiet) xqcli::print_export_report(stdout, q, ex, result);
   } else if (qc->parsed()) {
     for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size", "--scale-rule",
-                            "--keep-partial-dense"})
+                            "--keep-partial-dense", "--recipe"})
       if (qc->count(opt) > 0)
         throw xqcli::CliError(
             xqcli::kExitBadInput,

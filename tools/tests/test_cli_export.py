@@ -471,6 +471,88 @@ def test_selection_matching_nothing_is_an_error(tmp_path, args, needle):
     bad(tmp_path, SAMPLE_MODEL, *args, needle=needle)
 
 
+RECIPE_W4A16 = """\
+default_stage:
+  default_modifiers:
+    QuantizationModifier:
+      targets: [Linear]
+      ignore: [lm_head, 're:.*down_proj$']
+      scheme: w4a16
+"""
+
+
+def test_recipe(tmp_path):
+    """An llm-compressor recipe gives the same output as the equivalent options, and is written into the
+    output as recipe.yaml (which reads back to the same modifier)."""
+    rec = tmp_path / "recipe.yaml"
+    rec.write_text(RECIPE_W4A16)
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", a, "--recipe", rec, "-q")
+    assert r.returncode == 0, r.stderr
+    r = xquant("quantize", SAMPLE_MODEL, "-o", b, "--targets", "Linear", "--ignore", "lm_head",
+               "--ignore", "re:.*down_proj$", "-q")
+    assert r.returncode == 0, r.stderr
+    for f in ("model.safetensors", "config.json"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    assert not (b / "recipe.yaml").exists()
+    # llm-compressor's layout and PyYAML's style (block mappings, flow lists, quotes where needed)
+    assert (a / "recipe.yaml").read_text() == RECIPE_W4A16
+    # the written recipe is a recipe again: the same output
+    c = tmp_path / "c"
+    assert xquant("quantize", SAMPLE_MODEL, "-o", c, "--recipe", a / "recipe.yaml", "-q").returncode == 0
+    assert (c / "model.safetensors").read_bytes() == (a / "model.safetensors").read_bytes()
+
+
+def test_recipe_config_groups_and_scheme_forms(tmp_path):
+    """config_groups (as llm-compressor writes them) and {PRESET: [targets]} select the preset."""
+    rec = tmp_path / "r.yaml"
+    rec.write_text("""\
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      ignore: [lm_head]
+      config_groups:
+        group_0:
+          targets: [Linear]
+          weights: {num_bits: 4, type: int, symmetric: false, strategy: group, group_size: 64}
+          input_activations: null
+""")
+    out = tmp_path / "o"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out, "--recipe", rec, "-q")
+    assert r.returncode == 0, r.stderr
+    qc, quantized = check_output(SAMPLE_MODEL, out, "W4A16_ASYM", group=64)
+    assert len(quantized) == 14
+    rec.write_text("QuantizationModifier:\n  scheme: {W8A8: [Linear]}\n  ignore: [lm_head]\n")
+    out2 = tmp_path / "o2"
+    r = xquant("quantize", SAMPLE_MODEL, "-o", out2, "--recipe", rec, "-q")
+    assert r.returncode == 0, r.stderr
+    check_output(SAMPLE_MODEL, out2, "W8A8")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("s:\n  m:\n    GPTQModifier:\n      scheme: W4A16\n", "GPTQModifier needs calibration data"),
+    ("s:\n  m:\n    SmoothQuantModifier: {smoothing_strength: 0.8}\n    QuantizationModifier: {scheme: W8A8}\n",
+     "SmoothQuantModifier needs calibration data"),
+    ("s:\n  m:\n    AWQModifier: {}\n", "AWQModifier needs calibration data"),
+    ("QuantizationModifier: {scheme: FP8_DYNAMIC}\n", "unknown preset 'FP8_DYNAMIC'"),
+    ("QuantizationModifier: {scheme: W4A16, ignore: [lm_head, 're:.*mlp.gate$']}\n", "--ignore 're:.*mlp.gate$'"),
+    ("QuantizationModifier: {scheme: W4A16, bogus: 1}\n", "unknown argument 'bogus'"),
+    ("QuantizationModifier: {targets: [Linear]}\n", "expected exactly one of scheme and config_groups"),
+    ("a: [unclosed\n", "not valid YAML"),
+    ("x: 1\n", "no modifier found"),
+])
+def test_recipe_refused(tmp_path, text, needle):
+    rec = tmp_path / "r.yaml"
+    rec.write_text(text)
+    bad(tmp_path, SAMPLE_MODEL, "--recipe", rec, needle=needle)
+
+
+def test_recipe_excludes_the_scheme_options(tmp_path):
+    rec = tmp_path / "r.yaml"
+    rec.write_text(RECIPE_W4A16)
+    bad(tmp_path, SAMPLE_MODEL, "--recipe", rec, "--preset", "W8A8", needle="--preset and --recipe")
+
+
 def bad(tmp_path, src, *args, code=1, needle):
     out = tmp_path / "out"
     r = xquant("quantize", src, "-o", out, *args)
@@ -586,13 +668,6 @@ def test_transformers_loads(tmp_path, arch, preset):
     qc, quantized = check_output(src, out, preset)
     assert quantized, "nothing quantized"
     assert xquant("dequantize", out, "-o", back).returncode == 0
-
-    qm = cls.from_pretrained(out)
-    y = forward(qm, arch)
-    # The loader's quantized modules are exactly those the files hold.
-    loaded = {n for n, mod in qm.named_modules() if getattr(mod, "quantization_scheme", None) is not None}
-    assert loaded == quantized
-    # Every quantized module's decompressed weight equals xquant dequantize of the same output, bit for bit.
     deq = {}
     for fn in os.listdir(back):
         if fn.endswith(".safetensors"):
@@ -604,16 +679,35 @@ def test_transformers_loads(tmp_path, arch, preset):
     for fn in os.listdir(out):
         if fn.endswith(".safetensors"):
             stored.update(load_file(os.path.join(out, fn)))
+    # compressed-tensors' own decompressor gives xquant dequantize's weights, bit for bit.
+    keys = ["weight_packed", "weight_scale", "weight_shape"] if qcfg.format == "pack-quantized" else ["weight", "weight_scale"]
+    if preset in ASYMMETRIC:
+        keys.append("weight_zero_point")
+    for name in quantized:
+        ref = deq[name + ".weight"]
+        w2 = ct_decompress(qcfg.format, scheme, {k: stored[f"{name}.{k}"] for k in keys}).to(ref.dtype)
+        assert torch.equal(w2.view(torch.uint8), ref.view(torch.uint8)), name
+
+    if preset in ASYMMETRIC:
+        # transformers 5.24 with compressed-tensors 0.20.1 creates weight_zero_point unpacked ([N, K/G], as
+        # its initialize_module_for_quantization does) but the pack-quantized format (compressed-tensors'
+        # own compressor, vLLM) stores it packed ([N/8, K/G]): it refuses every asymmetric pack-quantized
+        # checkpoint, llm-compressor's too. When a later version loads it, this fails: then test it fully.
+        with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+            cls.from_pretrained(out)
+        print(f"{arch} {preset}: transformers refuses the packed zero points (upstream), as expected")
+        return
+    qm = cls.from_pretrained(out)
+    y = forward(qm, arch)
+    # The loader's quantized modules are exactly those the files hold.
+    loaded = {n for n, mod in qm.named_modules() if getattr(mod, "quantization_scheme", None) is not None}
+    assert loaded == quantized
+    # Every quantized module's decompressed weight equals xquant dequantize of the same output, bit for bit.
     for name in quantized:
         w = qm.get_submodule(name).weight.detach()
         ref = deq[name + ".weight"]
         assert w.dtype == ref.dtype and w.shape == ref.shape, name
         assert torch.equal(w.view(torch.uint8), ref.view(torch.uint8)), name
-        keys = ["weight_packed", "weight_scale", "weight_shape"] if qcfg.format == "pack-quantized" else ["weight", "weight_scale"]
-        if preset in ASYMMETRIC:
-            keys.append("weight_zero_point")
-        w2 = ct_decompress(qcfg.format, scheme, {k: stored[f"{name}.{k}"] for k in keys}).to(ref.dtype)
-        assert torch.equal(w2.view(torch.uint8), ref.view(torch.uint8)), name
     # Outputs close to the float model's: cosine similarity of the flattened logits (BERT: last hidden state).
     x = forward(fm, arch)
     cos = torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0).item()

@@ -131,7 +131,7 @@ TEST(Selection, CompressedTensorsSyntax) {
   EXPECT_FALSE(selector_matches(s.targets[0], "model.layers.0.mlp.down_proj_x", "Linear"));
   EXPECT_TRUE(selector_matches(s.targets[1], "model.layers.0.mlp.down_proj", "Linear"));  // a prefix is enough
   EXPECT_TRUE(selector_matches(s.targets[2], "lm_head", "Linear"));
-  EXPECT_FALSE(selector_matches(s.targets[2], "model.lm_head", "Linear"));  // exact names only
+  EXPECT_FALSE(selector_matches(s.targets[2], "model.lm_head", "Linear"));               // exact names only
   EXPECT_FALSE(selector_matches(s.targets[3], "model.layers.0.mlp.up_proj", "Linear"));  // re.match, not search
   EXPECT_NE(error_of([] { selection({"re:(unclosed"}, {}); }).find("--targets: bad regular expression"),
             std::string::npos);
@@ -251,8 +251,8 @@ TEST(Scale, CompressedTensorsRule) {
   const CtScale a = ct_qparams(-1.0f, 2.0f, a4, StDType::F32);
   EXPECT_EQ(a.widened, 3.0f / 15.0f);
   EXPECT_EQ(a.zero_point, std::nearbyint(-8.0f - (-1.0f / (3.0f / 15.0f))));  // -8 + 5 = -3
-  EXPECT_EQ(ct_qparams(0.25f, 2.0f, a4, StDType::F32).zero_point, -8.0f);  // min clamped to 0
-  EXPECT_EQ(ct_qparams(-2.0f, -0.5f, a4, StDType::F32).zero_point, 7.0f);  // max clamped to 0
+  EXPECT_EQ(ct_qparams(0.25f, 2.0f, a4, StDType::F32).zero_point, -8.0f);     // min clamped to 0
+  EXPECT_EQ(ct_qparams(-2.0f, -0.5f, a4, StDType::F32).zero_point, 7.0f);     // max clamped to 0
   // all-zero groups: the scale dtype's epsilon, zero point 0
   EXPECT_EQ(ct_qparams(0.0f, 0.0f, w4, StDType::F32).widened, FLT_EPSILON);
   EXPECT_EQ(ct_qparams(0.0f, 0.0f, w4, StDType::BF16).widened, 0.0078125f);
@@ -302,39 +302,39 @@ TEST(Groups, W8A16AgainstAnIndependentFormula) {
     x[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i / 16));
   x[20] = std::numeric_limits<float>::quiet_NaN();
   for (const bool old_rule : {false, true}) {
-  const Preset p = make_preset(preset("W8A16", 16, true, old_rule ? "amax-qmax" : "compressed-tensors"));
-  std::vector<std::byte> q(48), s(6);
-  const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 3, 16, p,
-                                          StDType::BF16, q.data(), s.data());
-  EXPECT_EQ(e.nonfinite, 1);
-  double sig = 0, noi = 0;
-  for (int g = 0; g < 3; ++g) {
-    float amax = 0;
-    for (int i = 0; i < 16; ++i) {
-      const float v = x[static_cast<std::size_t>(g * 16 + i)];
-      if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
-    }
-    const std::uint16_t sb = xquant::float_to_bfloat16(amax / (old_rule ? 127.0f : 127.5f));
-    std::uint16_t got;
-    std::memcpy(&got, s.data() + g * 2, 2);
-    EXPECT_EQ(got, sb);
-    const float sw = xquant::bfloat16_to_float(sb);
-    for (int i = 0; i < 16; ++i) {
-      const float v = x[static_cast<std::size_t>(g * 16 + i)];
-      const float r = std::isnan(v) ? 0.0f : std::nearbyint(v / sw);  // half to even (default rounding mode)
-      const int qi = static_cast<int>(std::max(-128.0f, std::min(127.0f, r)));
-      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[static_cast<std::size_t>(g * 16 + i)])), qi + 128)
-          << g << " " << i;
-      if (std::isfinite(v)) {
-        sig += static_cast<double>(v) * v;
-        const double d = static_cast<double>(v) - static_cast<double>(static_cast<float>(qi) * sw);
-        noi += d * d;
+    const Preset p = make_preset(preset("W8A16", 16, true, old_rule ? "amax-qmax" : "compressed-tensors"));
+    std::vector<std::byte> q(48), s(6);
+    const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 3, 16, p,
+                                            StDType::BF16, q.data(), s.data());
+    EXPECT_EQ(e.nonfinite, 1);
+    double sig = 0, noi = 0;
+    for (int g = 0; g < 3; ++g) {
+      float amax = 0;
+      for (int i = 0; i < 16; ++i) {
+        const float v = x[static_cast<std::size_t>(g * 16 + i)];
+        if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
+      }
+      const std::uint16_t sb = xquant::float_to_bfloat16(amax / (old_rule ? 127.0f : 127.5f));
+      std::uint16_t got;
+      std::memcpy(&got, s.data() + g * 2, 2);
+      EXPECT_EQ(got, sb);
+      const float sw = xquant::bfloat16_to_float(sb);
+      for (int i = 0; i < 16; ++i) {
+        const float v = x[static_cast<std::size_t>(g * 16 + i)];
+        const float r = std::isnan(v) ? 0.0f : std::nearbyint(v / sw);  // half to even (default rounding mode)
+        const int qi = static_cast<int>(std::max(-128.0f, std::min(127.0f, r)));
+        EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[static_cast<std::size_t>(g * 16 + i)])), qi + 128)
+            << g << " " << i;
+        if (std::isfinite(v)) {
+          sig += static_cast<double>(v) * v;
+          const double d = static_cast<double>(v) - static_cast<double>(static_cast<float>(qi) * sw);
+          noi += d * d;
+        }
       }
     }
-  }
-  EXPECT_NEAR(e.signal, sig, 1e-5 * sig);
-  EXPECT_NEAR(e.noise, noi, 1e-4 * noi);
-  EXPECT_STREQ(e.round_trip(), "lossy");
+    EXPECT_NEAR(e.signal, sig, 1e-5 * sig);
+    EXPECT_NEAR(e.noise, noi, 1e-4 * noi);
+    EXPECT_STREQ(e.round_trip(), "lossy");
   }
 }
 
