@@ -177,7 +177,18 @@ void emit(const OJ& v, int indent, std::string& out) {
   const std::string pad(static_cast<std::size_t>(indent), ' ');
   for (const auto& [k, x] : v.items()) {
     out += pad + yaml_scalar(k, false) + ":";
-    if (x.is_object() && !x.empty()) {
+    if (x.is_object() && !x.empty() && all_scalars(x)) {  // PyYAML: a collection of scalars in flow style
+      std::string items;
+      for (const auto& [ek, ev] : x.items()) {
+        if (!items.empty()) items += ", ";
+        items += yaml_scalar(ek, true);
+        items += ": ";
+        items += yaml_scalar(ev, true);
+      }
+      out += " {";
+      out += items;
+      out += "}\n";
+    } else if (x.is_object() && !x.empty()) {
       out += "\n";
       emit(x, indent + 2, out);
     } else if (x.is_array() && !x.empty() && !all_scalars(x)) {

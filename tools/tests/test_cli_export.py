@@ -522,6 +522,18 @@ quant_stage:
     assert r.returncode == 0, r.stderr
     qc, quantized = check_output(SAMPLE_MODEL, out, "W4A16_ASYM", group=64)
     assert len(quantized) == 14
+    # written as PyYAML's dump(sort_keys=False, default_flow_style=None) writes llm-compressor's layout
+    assert (out / "recipe.yaml").read_text() == """\
+default_stage:
+  default_modifiers:
+    QuantizationModifier:
+      ignore: [lm_head]
+      config_groups:
+        group_0:
+          targets: [Linear]
+          weights: {num_bits: 4, type: int, symmetric: false, strategy: group, group_size: 64}
+          input_activations: null
+"""
     rec.write_text("QuantizationModifier:\n  scheme: {W8A8: [Linear]}\n  ignore: [lm_head]\n")
     out2 = tmp_path / "o2"
     r = xquant("quantize", SAMPLE_MODEL, "-o", out2, "--recipe", rec, "-q")
