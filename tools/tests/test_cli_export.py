@@ -552,6 +552,9 @@ default_stage:
     ("QuantizationModifier: {targets: [Linear]}\n", "expected exactly one of scheme and config_groups"),
     ("a: [unclosed\n", "not valid YAML"),
     ("x: 1\n", "no modifier found"),
+    # aliases that expand to 10^7 nodes ("billion laughs"): bounded, not a hang or an out-of-memory
+    ("".join([f"{c}: &{c} [" + ", ".join([f"*{p}" if p else "x"] * 10) + "]\n"
+              for p, c in zip([None, "a", "b", "c", "d", "e", "f"], "abcdefg")]), "more than 100000 YAML nodes"),
 ])
 def test_recipe_refused(tmp_path, text, needle):
     rec = tmp_path / "r.yaml"
