@@ -517,6 +517,7 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
           role_of[e.second.scale->name] = {"scale", &e};
           if (e.second.shape) role_of[e.second.shape->name] = {"shape", &e};
           if (e.second.g_idx) role_of[e.second.g_idx->name] = {"g_idx", &e};
+          if (e.second.zero_point) role_of[e.second.zero_point->name] = {"zero_point", &e};
         }
         for (auto& t : fj["tensors"]) {
           const auto it = role_of.find(t["name"].get<std::string>());

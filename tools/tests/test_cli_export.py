@@ -522,6 +522,12 @@ quant_stage:
     assert r.returncode == 0, r.stderr
     qc, quantized = check_output(SAMPLE_MODEL, out, "W4A16_ASYM", group=64)
     assert len(quantized) == 14
+    r = xquant("inspect", out, "--json")
+    assert r.returncode == 0, r.stderr
+    roles = {t["name"]: t["role"] for f in json.loads(r.stdout)["files"] for t in f["tensors"]}
+    assert roles["model.layers.0.mlp.up_proj.weight_zero_point"] == "zero_point"
+    r = xquant("inspect", out)
+    assert "int4 weights, asymmetric, groups of 64" in r.stdout, r.stdout
     # written as PyYAML's dump(sort_keys=False, default_flow_style=None) writes llm-compressor's layout
     assert (out / "recipe.yaml").read_text() == """\
 default_stage:
