@@ -35,6 +35,7 @@ struct ExportOptions {
   std::string scale_rule = "compressed-tensors";  // or "amax-qmax" (xquant's rule before issue 19)
   bool keep_partial_dense = false;                // a layer whose K the group size does not divide stays dense
   std::string recipe_yaml;                        // --recipe: written into the output as recipe.yaml (recipe.hpp)
+  std::string observer = "minmax";                // or "mse": a search of the clipping range per group (ct_mse_range)
 };
 
 // A preset as compressed-tensors names it.
@@ -45,6 +46,7 @@ struct Preset {
   bool act8 = false;         // dynamic per-token int8 input activations (W8A8)
   bool symmetric = true;     // false: a zero point per group (W4A16_ASYM)
   bool amax_qmax = false;    // the old scale rule amax / qmax (--scale-rule amax-qmax)
+  bool mse = false;          // --observer mse
   std::int64_t group = 128;  // 0: per output channel
 };
 Preset make_preset(const ExportOptions& e);
@@ -116,6 +118,14 @@ CtScale ct_scale(float amax, int num_bits, StDType scale_dt);
 // rint(clamp(qmin - lo / s, qmin, qmax)) (0 when it is NaN: an all-zero group); s rounded to nearest even
 // to scale_dt, and a stored 0 replaced by the scale dtype's epsilon. With p.amax_qmax: ct_scale(amax).
 CtScale ct_qparams(float lo, float hi, const Preset& p, StDType scale_dt);
+
+// --observer mse: among the ranges [lo * f, hi * f], f = 1 - i / 100 for i = 0 .. 19 (llm-compressor's
+// MSE observer's grid, maxshrink 0.2, searched to the end for each group), the one whose parameters
+// (ct_qparams, the scale rounded to scale_dt) give the smallest sum of squared errors
+// (x - (q - zp) * s')^2 over the finite values of the group, in float32 arithmetic summed in double;
+// ties keep the larger range, so i = 0 (min-max) is kept unless another is strictly better. Updates lo
+// and hi; returns the factor's index i.
+int ct_mse_range(const float* v, std::int64_t n, float& lo, float& hi, const Preset& p, StDType scale_dt);
 // A message for a group whose scale is not ok: amax, the scale and its dtype, the largest value.
 std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const CtScale& s);
 

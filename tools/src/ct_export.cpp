@@ -278,6 +278,7 @@ ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t group
   for (std::int64_t g = 0; g < groups; ++g) {
     float lo, hi;
     run_minmax(v + g * G, G, lo, hi, nonfinite);
+    if (p.mse) ct_mse_range(v + g * G, G, lo, hi, p, scale_dt);
     const CtScale s = ct_qparams(lo, hi, p, scale_dt);
     if (!s.ok)
       bad_input(place(first_group + g, G, groups_per_row) + ": " +
@@ -477,6 +478,10 @@ struct WeightJob {
         mx = std::max(mx, hi[k]);
         err.nonfinite += bad[k];
       }
+      if (p.mse)
+        bad_input("tensor '" + t.name + "': --observer mse keeps a group in memory; groups longer than " +
+                  std::to_string(ct::kPieceElems) + " elements (here one scale per row of " + std::to_string(G) +
+                  ") are not supported: use a --group-size");
       const CtScale s = ct_qparams(mn, mx, p, sdt);
       if (!s.ok)
         bad_input("tensor '" + t.name + "': " + place(g, G, gpr) + ": " +
@@ -748,6 +753,7 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
                     {"preset", p.name},
                     {"group_size", p.group},
                     {"scale_rule", p.amax_qmax ? "amax-qmax" : "compressed-tensors"},
+                    {"observer", p.mse ? "mse" : "minmax"},
                     {"keep_partial_dense", e.keep_partial_dense},
                     {"targets", e.targets},
                     {"ignore", e.ignore},

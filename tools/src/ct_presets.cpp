@@ -37,6 +37,11 @@ Preset make_preset(const ExportOptions& e) {
     p.amax_qmax = true;
   else if (e.scale_rule != "compressed-tensors")
     bad_input("--scale-rule: expected compressed-tensors or amax-qmax, got '" + e.scale_rule + "'");
+  if (e.observer == "mse")
+    p.mse = true;
+  else if (e.observer != "minmax")
+    bad_input("--observer: expected minmax or mse, got '" + e.observer + "'");
+  if (p.mse && p.amax_qmax) bad_input("--observer mse needs the compressed-tensors scale rule, not amax-qmax");
   if (name == "W4A16") {
     p.bits = 4;
   } else if (name == "W4A16_ASYM") {
@@ -359,6 +364,45 @@ CtScale ct_qparams(float lo, float hi, const Preset& p, StDType scale_dt) {
   r.largest = ct::decode_scale(encode(span * r.widened, scale_dt), scale_dt);
   r.ok = std::isfinite(r.widened) && std::isfinite(r.largest);
   return r;
+}
+
+namespace {
+
+double squared_error(const float* v, std::int64_t n, const CtScale& s, int bits) {
+  const float qmin = -static_cast<float>(1 << (bits - 1)), qmax = static_cast<float>((1 << (bits - 1)) - 1);
+  double sum = 0.0;
+  for (std::int64_t k = 0; k < n; ++k) {
+    const float x = v[k];
+    if (!(std::fabs(x) <= FLT_MAX)) continue;
+    const float t = x / s.widened + s.zero_point;
+    const float q = std::nearbyint(std::clamp(t, qmin, qmax));
+    const float e = x - (q - s.zero_point) * s.widened;
+    sum += static_cast<double>(e) * static_cast<double>(e);
+  }
+  return sum;
+}
+
+}  // namespace
+
+int ct_mse_range(const float* v, std::int64_t n, float& lo, float& hi, const Preset& p, StDType scale_dt) {
+  double best = 0.0;
+  int best_i = -1;
+  const float lo0 = lo, hi0 = hi;
+  for (int i = 0; i < 20; ++i) {
+    const float f = 1.0f - static_cast<float>(i) / 100.0f;
+    const CtScale s = ct_qparams(lo0 * f, hi0 * f, p, scale_dt);
+    if (!s.ok) continue;
+    const double e = squared_error(v, n, s, p.bits);
+    if (best_i < 0 || e < best) {
+      best = e;
+      best_i = i;
+    }
+  }
+  if (best_i <= 0) return 0;  // min-max (also when no candidate can be stored: its refusal follows)
+  const float f = 1.0f - static_cast<float>(best_i) / 100.0f;
+  lo = lo0 * f;
+  hi = hi0 * f;
+  return best_i;
 }
 
 std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const CtScale& s) {

@@ -84,6 +84,10 @@ int run(int argc, char** argv) {
                  "compressed-tensors (default: its calculate_qparams in float32) or amax-qmax (xquant's rule before "
                  "issue 19: symmetric amax / qmax)")
       ->check(CLI::IsMember({"compressed-tensors", "amax-qmax"}));
+  qc->add_option("--observer", ex.observer,
+                 "minmax (default) or mse: search the clipping range of each group that minimises the squared "
+                 "error (llm-compressor's MSE observer grid)")
+      ->check(CLI::IsMember({"minmax", "mse"}));
   qc->add_flag("--keep-partial-dense", ex.keep_partial_dense,
                "Keep the Linear layers whose input width the group size does not divide dense (default: an error)");
   qc->add_option("--group-size", ex.group_size,
@@ -165,7 +169,7 @@ int run(int argc, char** argv) {
     if (!q.quiet) xqcli::print_export_report(stdout, q, ex, result);
   } else if (qc->parsed()) {
     for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size", "--scale-rule",
-                            "--keep-partial-dense", "--recipe"})
+                            "--keep-partial-dense", "--recipe", "--observer"})
       if (qc->count(opt) > 0)
         throw xqcli::CliError(
             xqcli::kExitBadInput,

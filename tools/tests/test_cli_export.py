@@ -471,6 +471,35 @@ def test_selection_matching_nothing_is_an_error(tmp_path, args, needle):
     bad(tmp_path, SAMPLE_MODEL, *args, needle=needle)
 
 
+@pytest.mark.parametrize("preset", ["W4A16", "W4A16_ASYM"])
+def test_mse_observer(tmp_path, preset):
+    """--observer mse: every group's squared error is at most min-max's (checked on the dequantized
+    weights, in float64, to 1e-6 relative: the search compares float32 sums), and the sample model's
+    SQNR goes up."""
+    outs, sqnr = {}, {}
+    for obs in ("minmax", "mse"):
+        q, dq, rep = tmp_path / f"q-{obs}", tmp_path / f"dq-{obs}", tmp_path / f"{obs}.json"
+        r = xquant("quantize", SAMPLE_MODEL, "-o", q, "--preset", preset, "--observer", obs, "--report", rep, "-q")
+        assert r.returncode == 0, r.stderr
+        assert xquant("dequantize", q, "-o", dq, "--dtype", "F32", "-q").returncode == 0
+        outs[obs] = read_official(str(dq / "model.safetensors"))[1]
+        sqnr[obs] = json.loads(rep.read_text())["totals"]["sqnr_db"]
+    src = read_official(os.path.join(SAMPLE_MODEL, "model.safetensors"))[1]
+    better = 0
+    for name, (dt, a) in outs["mse"].items():
+        if not name.endswith("proj.weight"):
+            continue
+        x = src[name][1].astype(np.float64)
+        n, k = x.shape
+        errs = {o: ((outs[o][name][1].astype(np.float64) - x) ** 2).reshape(n, k // 128, 128).sum(-1) for o in outs}
+        assert (errs["mse"] <= errs["minmax"] * (1 + 1e-6) + 1e-30).all(), name
+        better += int((errs["mse"] < errs["minmax"] * (1 - 1e-6)).sum())
+    print(f"{preset}: total SQNR {sqnr['minmax']:.3f} dB (min-max) -> {sqnr['mse']:.3f} dB (mse), "
+          f"{better} groups improved")
+    assert better > 0 and sqnr["mse"] > sqnr["minmax"]
+    bad(tmp_path, SAMPLE_MODEL, "--observer", "mse", "--scale-rule", "amax-qmax", needle="--observer mse")
+
+
 RECIPE_W4A16 = """\
 default_stage:
   default_modifiers:

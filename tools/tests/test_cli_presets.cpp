@@ -369,6 +369,64 @@ TEST(Groups, W4A16AsymAgainstAnIndependentFormula) {
   }
 }
 
+// The squared round-trip error of one group with the parameters of [lo, hi], written here again.
+double group_error(const std::vector<float>& x, float lo, float hi, const Preset& p, StDType sdt) {
+  const CtScale s = ct_qparams(lo, hi, p, sdt);
+  const float qmin = p.bits == 4 ? -8.0f : -128.0f, qmax = p.bits == 4 ? 7.0f : 127.0f;
+  double sum = 0;
+  for (const float v : x) {
+    const float q = std::nearbyint(std::min(qmax, std::max(qmin, v / s.widened + s.zero_point)));
+    const float e = v - (q - s.zero_point) * s.widened;
+    sum += static_cast<double>(e) * e;
+  }
+  return sum;
+}
+
+TEST(Groups, MseObserverNeverWorseThanMinMax) {
+  // 200 groups of 64: Gaussian, some with one outlier (where clipping pays)
+  std::uint32_t seed = 12345;
+  const auto rnd = [&] {
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / 16777216.0f;
+  };
+  for (const char* name : {"W4A16", "W4A16_ASYM", "W8A16"}) {
+    ExportOptions e = preset(name, 64, true);
+    e.observer = "mse";
+    const Preset p = make_preset(e);
+    int improved = 0;
+    for (int g = 0; g < 200; ++g) {
+      std::vector<float> x(64);
+      for (auto& v : x) v = (rnd() + rnd() + rnd() - 1.5f) * 0.05f;
+      if (g % 3 == 0) x[static_cast<std::size_t>(g % 64)] = 0.4f;
+      float lo = 0, hi = 0;
+      for (const float v : x) {
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+      float mlo = lo, mhi = hi;
+      const int i = ct_mse_range(x.data(), 64, mlo, mhi, p, StDType::BF16);
+      ASSERT_GE(i, 0);
+      ASSERT_LT(i, 20);
+      const float f = 1.0f - static_cast<float>(i) / 100.0f;
+      EXPECT_EQ(mlo, lo * f);
+      EXPECT_EQ(mhi, hi * f);
+      const double e_mse = group_error(x, mlo, mhi, p, StDType::BF16);
+      const double e_mm = group_error(x, lo, hi, p, StDType::BF16);
+      EXPECT_LE(e_mse, e_mm) << name << " group " << g;
+      // and no factor of the grid is better than the one chosen
+      for (int j = 0; j < 20; ++j) {
+        const float fj = 1.0f - static_cast<float>(j) / 100.0f;
+        EXPECT_LE(e_mse, group_error(x, lo * fj, hi * fj, p, StDType::BF16)) << name << " " << g << " " << j;
+      }
+      improved += e_mse < e_mm ? 1 : 0;
+    }
+    EXPECT_GE(improved, 10) << name;  // the search does something (measured: 20 to 60 of 200)
+  }
+  ExportOptions bad_rule = preset("W4A16", 128, false, "amax-qmax");
+  bad_rule.observer = "mse";
+  EXPECT_NE(error_of([&] { make_preset(bad_rule); }).find("--observer mse"), std::string::npos);
+}
+
 TEST(Groups, AScaleThatCannotBeStoredThrowsNamingThePlace) {
   std::vector<float> x(32, 0.5f);
   x[21] = 2e6f;  // row 1 (rows of 16: 2 groups of 8), column 5: group 0 of that row
