@@ -98,7 +98,8 @@ std::string partial_groups_message(const Preset& p, const std::vector<std::int64
 // JSON text (an object, keys in compressed-tensors' order).
 std::string quantization_config_json(const Preset& p, const std::vector<std::string>& ignore);
 
-// The stored scale of one group: s = amax / qmax in float32 (amax = 0: s = 1; s below FLT_MIN: FLT_MIN),
+// The stored scale of one group under --scale-rule amax-qmax (xquant's rule before issue 19; the default
+// is ct_qparams below): s = amax / qmax in float32 (amax = 0: s = 1; s below FLT_MIN: FLT_MIN),
 // rounded to nearest even to `scale_dt` (F32, F16 or BF16; a float16 scale that rounds to 0 becomes
 // 2^-24). `bits` are the stored scale's bits (little endian, the low ssize bytes), `widened` the stored
 // scale back in float32 (s'). `ok` is false when the scale dtype cannot hold the group: s' is not
@@ -130,10 +131,11 @@ int ct_mse_range(const float* v, std::int64_t n, float& lo, float& hi, const Pre
 std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const CtScale& s);
 
 // The quantization of `groups` consecutive groups of G elements of a weight (a run of whole groups in
-// row-major order; G = K per channel) at `x`, which need not be aligned: scales as ct_scale() over the
-// finite values of each group, the weight quantized with the widened stored scale by
-// xquant::quantize_out (int8: qint8, div_mode=true, q = rint(x / s'); int4: quint4x2, div_mode=false,
-// q = rint(x * (1 / s'))) on the [groups, G] view, then stored as compressed-tensors does: int4 nibbles
+// row-major order; G = K per channel) at `x`, which need not be aligned: scales and zero points as
+// ct_qparams() over the finite minimum / maximum of each group (after ct_mse_range() with --observer mse),
+// the weight quantized with the widened stored scale by xquant::quantize_out (qint8, div_mode=true,
+// q = sat(rint(x / s' + zp)), clamped to [-8, 7] for int4; with amax-qmax int4 is quint4x2,
+// div_mode=false, q = rint(x * (1 / s'))) on the [groups, G] view, then stored as compressed-tensors does: int4 nibbles
 // and 8-bit packed bytes offset by 8 / 128 (word ^ 0x88888888 / 0x80808080), int-quantized int8 as is.
 // `q` receives groups * G bytes (8 bits) or groups * G / 2 (4 bits); `scale` `groups` entries of
 // `scale_dt`; `zp` (asymmetric presets) `groups` int8 zero points. `first_group` (the index of the first group in the

@@ -420,7 +420,7 @@ TEST(Groups, MseObserverNeverWorseThanMinMax) {
       }
       improved += e_mse < e_mm ? 1 : 0;
     }
-    EXPECT_GE(improved, 10) << name;  // the search does something (measured: 20 to 60 of 200)
+    EXPECT_GE(improved, 10) << name;  // the search does something (W8A16: 20 of 200 improve)
   }
   ExportOptions bad_rule = preset("W4A16", 128, false, "amax-qmax");
   bad_rule.observer = "mse";
