@@ -63,31 +63,30 @@ void widen(const std::byte* x, StDType dt, std::int64_t n, float* out) {
   }
 }
 
-// Largest finite |v| of v[0, n) (max is exact: the eight lanes, there for the compiler's vectorizer, do
-// not change the result); non-finite values are counted.
-float run_amax(const float* v, std::int64_t n, std::int64_t& nonfinite) {
-  float m[8] = {};
+// The smallest and largest finite values of v[0, n), each taken together with 0 (compressed-tensors
+// clamps them to include 0 anyway; min / max are exact: the eight lanes, there for the compiler's
+// vectorizer, do not change the result); non-finite values are counted. max(-lo, hi) is the largest
+// finite |v|.
+void run_minmax(const float* v, std::int64_t n, float& lo, float& hi, std::int64_t& nonfinite) {
+  float mn[8] = {}, mx[8] = {};
   std::int32_t bad[8] = {};
   std::int64_t k = 0;
+  const auto lane = [&](int j, float x) {
+    const bool ok = std::fabs(x) <= FLT_MAX;  // false for NaN and +-Inf
+    mn[j] = ok && x < mn[j] ? x : mn[j];
+    mx[j] = ok && x > mx[j] ? x : mx[j];
+    bad[j] += ok ? 0 : 1;
+  };
   for (; k + 8 <= n; k += 8)
-    for (int j = 0; j < 8; ++j) {
-      const float a = std::fabs(v[k + j]);
-      const bool ok = a <= FLT_MAX;  // false for NaN and +-Inf
-      m[j] = ok && a > m[j] ? a : m[j];
-      bad[j] += ok ? 0 : 1;
-    }
-  for (; k < n; ++k) {
-    const float a = std::fabs(v[k]);
-    const bool ok = a <= FLT_MAX;
-    m[0] = ok && a > m[0] ? a : m[0];
-    bad[0] += ok ? 0 : 1;
-  }
-  float r = 0.0f;
+    for (int j = 0; j < 8; ++j) lane(j, v[k + j]);
+  for (; k < n; ++k) lane(0, v[k]);
+  lo = 0.0f;
+  hi = 0.0f;
   for (int j = 0; j < 8; ++j) {
-    r = std::max(r, m[j]);
+    lo = std::min(lo, mn[j]);
+    hi = std::max(hi, mx[j]);
     nonfinite += bad[j];
   }
-  return r;
 }
 
 // The stored values of the quantize call's output (before the storage offsets) q[b, b + n) as float32:
@@ -121,7 +120,8 @@ std::vector<float>& error_scratch() {
 // leaves a lane as it is. A group whose float32 lanes overflow (|x| above ~1.8e19) is summed again in
 // double, so a large weight never turns the report into Inf / Inf = NaN.
 template <int BITS>
-ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G, const float* sw) {
+ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G, const float* sw,
+                        const float* zw) {
   double sig[8] = {}, noi[8] = {};
   float mx[8] = {};
   double mxd = 0.0;
@@ -129,6 +129,7 @@ ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups,
   if (qf.size() < static_cast<std::size_t>(G)) qf.resize(static_cast<std::size_t>(G));
   for (std::int64_t g = 0; g < groups; ++g) {
     const float s = sw[g];
+    const float z = zw ? zw[g] : 0.0f;  // (q - z) is exact: small integers
     float gs[8] = {}, gn[8] = {}, gm[8] = {};
     const std::int64_t b = g * G;
     const float* x = v + b;
@@ -136,7 +137,7 @@ ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups,
     const float* qv = qf.data();
     const auto lane = [&](int j, std::int64_t k) {
       const bool ok = std::fabs(x[k]) <= FLT_MAX;
-      const float r = qv[k] * s;
+      const float r = (qv[k] - z) * s;
       const float xs = ok ? x[k] : 0.0f;
       const float e = ok ? x[k] - r : 0.0f;
       gs[j] += xs * xs;
@@ -162,7 +163,7 @@ ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups,
       const int j = static_cast<int>(k & 7);
       const double xd = x[k];
       if (!(std::fabs(xd) <= FLT_MAX)) continue;
-      const double e = xd - static_cast<double>(qv[k] * s);
+      const double e = xd - static_cast<double>((qv[k] - z) * s);
       sig[j] += xd * xd;
       noi[j] += e * e;
       mxd = std::max(mxd, std::fabs(e));
@@ -178,24 +179,47 @@ ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups,
   return err;
 }
 
-// The library's quantize on the [groups, G] view of x (aligned) with the widened stored scales sw, the
-// round-trip error against v, then the storage offsets of compressed-tensors.
+// The library's quantize on the [groups, G] view of x (aligned) with the widened stored scales sw (and
+// zero points zw, asymmetric), the round-trip error against v, then the storage offsets of
+// compressed-tensors. The compressed-tensors rule: qint8 with div_mode=True, v = x / s' + zp in float32,
+// rint, saturated (compressed-tensors' round(clamp(x / s + zp, qmin, qmax)): the same, rint and clamping
+// commute on integer bounds), then for 4 bits clamped to [-8, 7] and packed as quint4x2 nibbles. The
+// amax-qmax rule (the tool before issue 19): int8 the same; int4 quint4x2 with div_mode=False,
+// q = rint(x * (1 / s')).
+std::vector<std::int8_t>& int8_scratch() {
+  static thread_local std::vector<std::int8_t> v;
+  return v;
+}
+
 ErrorStats quantize_known(const std::byte* x, StDType dt, const float* v, std::int64_t groups, std::int64_t G,
-                          const Preset& p, const float* sw, std::byte* q) {
+                          const Preset& p, const float* sw, const float* zw, std::byte* q) {
   const xquant::ConstTensorView xin(x, ct::lib_dtype(dt), {groups, G});
+  const xquant::ConstTensorView sv(sw, xquant::DType::float32, {groups});
+  std::optional<xquant::ConstTensorView> zv;
+  if (zw) zv = xquant::ConstTensorView(zw, xquant::DType::float32, {groups});
   ErrorStats e;
   if (p.bits == 8) {
     const xquant::TensorView yout(q, xquant::DType::int8, {groups, G});
-    const xquant::ConstTensorView sv(sw, xquant::DType::float32, {groups});
-    xquant::quantize_out(yout, xin, sv, std::nullopt, xquant::QuantDType::qint8, 0, true);
-    e = error_groups<8>(v, q, groups, G, sw);
+    xquant::quantize_out(yout, xin, sv, zv, xquant::QuantDType::qint8, 0, true);
+    e = error_groups<8>(v, q, groups, G, sw, zw);
+  } else if (!p.amax_qmax) {
+    auto& t = int8_scratch();
+    t.resize(static_cast<std::size_t>(groups * G));
+    const xquant::TensorView yout(t.data(), xquant::DType::int8, {groups, G});
+    xquant::quantize_out(yout, xin, sv, zv, xquant::QuantDType::qint8, 0, true);
+    for (std::int64_t i = 0; i < groups * G; i += 2) {  // G is a multiple of 8
+      const int lo = std::clamp<int>(t[static_cast<std::size_t>(i)], -8, 7);
+      const int hi = std::clamp<int>(t[static_cast<std::size_t>(i + 1)], -8, 7);
+      q[i / 2] = static_cast<std::byte>((lo & 0xF) | ((hi & 0xF) << 4));
+    }
+    e = error_groups<4>(v, q, groups, G, sw, zw);
   } else {
     std::vector<float> mult(static_cast<std::size_t>(groups));
     for (std::size_t g = 0; g < mult.size(); ++g) mult[g] = 1.0f / sw[g];  // quint4x2 multiplies
     const xquant::TensorView yout(q, xquant::DType::int32, {groups, G / 8});
-    const xquant::ConstTensorView sv(mult.data(), xquant::DType::float32, {groups});
-    xquant::quantize_out(yout, xin, sv, std::nullopt, xquant::QuantDType::quint4x2, -2, false);
-    e = error_groups<4>(v, q, groups, G, sw);
+    const xquant::ConstTensorView mv(mult.data(), xquant::DType::float32, {groups});
+    xquant::quantize_out(yout, xin, mv, std::nullopt, xquant::QuantDType::quint4x2, -2, false);
+    e = error_groups<4>(v, q, groups, G, sw, nullptr);
   }
   if (p.packed) {  // unsigned storage: each nibble + 8 (int4), each byte + 128 (8-bit packed words)
     const auto flip = static_cast<std::byte>(p.bits == 4 ? 0x88 : 0x80);
@@ -241,24 +265,33 @@ std::string place(std::int64_t group, std::int64_t G, std::int64_t groups_per_ro
 
 ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t groups, std::int64_t G, const Preset& p,
                               StDType scale_dt, std::byte* q, std::byte* scale, std::int64_t first_group,
-                              std::int64_t groups_per_row) {
+                              std::int64_t groups_per_row, std::int8_t* zp) {
   const std::int64_t n = groups * G;
   const auto ssize = st_dtype_size(scale_dt);
   const std::byte* xa = aligned_input(x, dt, n);
   const float* v = widened(x, dt, n);
-  // 1. Scales: symmetric absmax over the finite values of each group, rounded to the scale dtype.
+  // 1. Scales (and zero points) from the finite minimum and maximum of each group, rounded to the scale
+  //    dtype.
   std::int64_t nonfinite = 0;
   std::vector<float> sw(static_cast<std::size_t>(groups));
+  std::vector<float> zw(p.symmetric ? 0 : static_cast<std::size_t>(groups));
   for (std::int64_t g = 0; g < groups; ++g) {
-    const float amax = run_amax(v + g * G, G, nonfinite);
-    const CtScale s = ct_scale(amax, p.bits, scale_dt);
+    float lo, hi;
+    run_minmax(v + g * G, G, lo, hi, nonfinite);
+    if (p.mse) ct_mse_range(v + g * G, G, lo, hi, p, scale_dt);
+    const CtScale s = ct_qparams(lo, hi, p, scale_dt);
     if (!s.ok)
-      bad_input(place(first_group + g, G, groups_per_row) + ": " + ct_scale_problem(amax, p.bits, scale_dt, s));
+      bad_input(place(first_group + g, G, groups_per_row) + ": " +
+                ct_scale_problem(std::max(-lo, hi), p.bits, scale_dt, s));
     std::memcpy(scale + static_cast<std::size_t>(g) * ssize, &s.bits, ssize);  // little endian: the low bytes
     sw[static_cast<std::size_t>(g)] = s.widened;
+    if (!p.symmetric) {
+      zw[static_cast<std::size_t>(g)] = s.zero_point;
+      if (zp) zp[g] = static_cast<std::int8_t>(s.zero_point);
+    }
   }
   // 2. The library's quantize with the stored scales; the error; the storage offsets.
-  ErrorStats e = quantize_known(xa, dt, v, groups, G, p, sw.data(), q);
+  ErrorStats e = quantize_known(xa, dt, v, groups, G, p, sw.data(), p.symmetric ? nullptr : zw.data(), q);
   e.nonfinite = nonfinite;
   return e;
 }
@@ -266,6 +299,30 @@ ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t group
 // ---- quantize a directory ----
 
 namespace {
+
+// compressed-tensors' pack_to_int32(zp, bits, packed_dim=0) of the [N, C] zero points: along the output
+// channels, each value + 2^(b-1) unsigned, element n of column c at bits [b*n mod 32, ...) of word
+// b*n / 32 of that column (4 bits: never split across words); the last word of a column padded with 0
+// bits. Shape [ceil(N * b / 32), C], little-endian int32 words.
+std::uint64_t zero_point_bytes(std::int64_t N, std::int64_t C, int bits) {
+  return static_cast<std::uint64_t>((N * bits + 31) / 32 * C) * 4;
+}
+
+std::vector<std::byte> pack_zero_points(const std::vector<std::int8_t>& zp, std::int64_t N, std::int64_t C, int bits) {
+  const std::int64_t W = (N * bits + 31) / 32;
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(W * C), 0u);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const auto u = static_cast<std::uint32_t>(zp[static_cast<std::size_t>(n * C + c)] + (1 << (bits - 1)));
+      const std::int64_t bit = n * bits;
+      words[static_cast<std::size_t>(bit / 32 * C + c)] |= u << (bit % 32);
+      if (bit % 32 + bits > 32) words[static_cast<std::size_t>((bit / 32 + 1) * C + c)] |= u >> (32 - bit % 32);
+    }
+  std::vector<std::byte> out(words.size() * 4);
+  for (std::size_t i = 0; i < words.size(); ++i)
+    for (int b = 0; b < 4; ++b) out[i * 4 + static_cast<std::size_t>(b)] = static_cast<std::byte>(words[i] >> (8 * b));
+  return out;
+}
 
 // One input tensor and where its outputs go.
 struct Item {
@@ -343,6 +400,7 @@ struct WeightJob {
   Progress& progress;
   std::uint64_t& done;
   std::size_t tensors_done;
+  std::vector<std::int8_t>* zp = nullptr;  // asymmetric: the zero point of every group, [N, K / G]
 
   ErrorStats run() {
     const std::int64_t N = t.shape[0], K = t.shape[1];
@@ -374,7 +432,7 @@ struct WeightJob {
         const std::int64_t a = g0 + k * gpp, b = std::min(g1, a + gpp);
         errs[static_cast<std::size_t>(k)] =
             ct_quantize_groups(src + a * G * esize, t.dtype, b - a, G, p, sdt, qb + (a - g0) * G * p.bits / 8,
-                               sb + (a - g0) * ssize, a, gpr);
+                               sb + (a - g0) * ssize, a, gpr, zp ? zp->data() + a : nullptr);
       });
       for (const auto& e : errs) err.merge(e);  // piece order: the same for every thread count
       writer.submit(std::move(qbuf), qdst + static_cast<std::uint64_t>(g0 * G * p.bits / 8), out_file);
@@ -402,28 +460,37 @@ struct WeightJob {
     for (std::int64_t g = 0; g < total; ++g) {
       const std::byte* gx = src + g * G * esize;
       const std::uint64_t goff = src_off + static_cast<std::uint64_t>(g * G * esize);
-      std::vector<float> amax(static_cast<std::size_t>(npieces));
+      std::vector<float> lo(static_cast<std::size_t>(npieces)), hi(static_cast<std::size_t>(npieces));
       std::vector<std::int64_t> bad(static_cast<std::size_t>(npieces));
       for (std::int64_t c0 = 0; c0 < npieces; c0 += ppc) {
         const std::int64_t c1 = std::min(npieces, c0 + ppc);
         parallel_pieces(c1 - c0, t.name, [&](std::int64_t k) {
           const std::int64_t a = (c0 + k) * piece, len = std::min(G, a + piece) - a;
-          amax[static_cast<std::size_t>(c0 + k)] =
-              run_amax(widened(gx + a * esize, t.dtype, len), len, bad[static_cast<std::size_t>(c0 + k)]);
+          const auto i = static_cast<std::size_t>(c0 + k);
+          run_minmax(widened(gx + a * esize, t.dtype, len), len, lo[i], hi[i], bad[i]);
         });
         in.release(goff + static_cast<std::uint64_t>(c0 * piece * esize),
                    static_cast<std::uint64_t>((std::min(G, c1 * piece) - c0 * piece) * esize));
       }
-      float a = 0.0f;
-      for (std::size_t k = 0; k < amax.size(); ++k) {
-        a = std::max(a, amax[k]);
+      float mn = 0.0f, mx = 0.0f;
+      for (std::size_t k = 0; k < lo.size(); ++k) {
+        mn = std::min(mn, lo[k]);
+        mx = std::max(mx, hi[k]);
         err.nonfinite += bad[k];
       }
-      const CtScale s = ct_scale(a, p.bits, sdt);
-      if (!s.ok) bad_input("tensor '" + t.name + "': " + place(g, G, gpr) + ": " + ct_scale_problem(a, p.bits, sdt, s));
+      if (p.mse)
+        bad_input("tensor '" + t.name + "': --observer mse keeps a group in memory; groups longer than " +
+                  std::to_string(ct::kPieceElems) + " elements (here one scale per row of " + std::to_string(G) +
+                  ") are not supported: use a --group-size");
+      const CtScale s = ct_qparams(mn, mx, p, sdt);
+      if (!s.ok)
+        bad_input("tensor '" + t.name + "': " + place(g, G, gpr) + ": " +
+                  ct_scale_problem(std::max(-mn, mx), p.bits, sdt, s));
       std::vector<std::byte> sb(static_cast<std::size_t>(ssize));
       std::memcpy(sb.data(), &s.bits, sb.size());
       writer.submit(std::move(sb), sdst + static_cast<std::uint64_t>(g * ssize), out_file);
+      if (zp) (*zp)[static_cast<std::size_t>(g)] = static_cast<std::int8_t>(s.zero_point);
+      const float zw = s.zero_point;
       const float sw = s.widened;
       for (std::int64_t c0 = 0; c0 < npieces; c0 += ppc) {
         const std::int64_t c1 = std::min(npieces, c0 + ppc);
@@ -436,8 +503,8 @@ struct WeightJob {
           const std::int64_t b = (c0 + k) * piece, len = std::min(G, b + piece) - b;
           const std::byte* x = gx + b * esize;
           const float* v = widened(x, t.dtype, len);
-          errs[static_cast<std::size_t>(k)] =
-              quantize_known(aligned_input(x, t.dtype, len), t.dtype, v, 1, len, p, &sw, qb + (b - e0) * p.bits / 8);
+          errs[static_cast<std::size_t>(k)] = quantize_known(aligned_input(x, t.dtype, len), t.dtype, v, 1, len, p, &sw,
+                                                             p.symmetric ? nullptr : &zw, qb + (b - e0) * p.bits / 8);
         });
         for (const auto& e : errs) err.merge(e);
         writer.submit(std::move(qbuf), qdst + static_cast<std::uint64_t>((g * G + e0) * p.bits / 8), out_file);
@@ -456,7 +523,7 @@ struct WeightJob {
 QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   const auto t0 = std::chrono::steady_clock::now();
   const Preset p = make_preset(e);
-  const Filters filters{compile_patterns(e.targets, "--targets"), compile_patterns(e.ignore, "--ignore")};
+  CtSelection sel = compile_selection(e);
   if (!is_directory(o.input))
     bad_input(o.input + ": --format compressed-tensors needs a model directory (config.json and safetensors weights)");
   check_can_create_dir(o.output, o.input, o.force);
@@ -475,16 +542,33 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   std::set<std::string> names;
   for (const auto& f : m.files)
     for (const auto& t : f.header.tensors) names.insert(t.name);
+  // A tied output head has no tensor but is a Linear module of a causal language model (transformers
+  // ties its weight to the embedding): it exists for --targets / --ignore and for the ignore list.
+  bool tied_head = false;
+  if (tied && !names.count("lm_head.weight") && m.config["architectures"].is_array())
+    for (const auto& a : m.config["architectures"].items())
+      if (a.is_string() && (ct::ends_with(a.text(), "ForCausalLM") || ct::ends_with(a.text(), "LMHeadModel") ||
+                            ct::ends_with(a.text(), "ForConditionalGeneration")))
+        tied_head = true;
   QuantizeResult result;
   std::vector<Item> items;
-  std::set<std::string> ignore{"lm_head"};
+  std::set<std::string> ignore;
+  if (tied_head) {
+    ignore.insert("lm_head");
+    for (auto* v : {&sel.targets, &sel.ignore})
+      for (auto& s : *v)
+        if (selector_matches(s, "lm_head", "Linear")) s.matched = true;
+  }
+  std::vector<std::int64_t> partial_k, all_k;
   for (std::size_t fi = 0; fi < m.files.size(); ++fi)
     for (const auto& t : m.files[fi].header.tensors) {
       Item it;
       it.file = fi;
       it.t = &t;
-      it.d = decide_ct(t, p, filters, tied);
-      if (it.d.warn && o.strict)
+      it.d = decide_ct(t, p, sel, tied);
+      if (it.d.quantize || it.d.partial) all_k.push_back(t.shape[1]);
+      if (it.d.partial) partial_k.push_back(t.shape[1]);
+      if (it.d.warn && o.strict && !(it.d.partial && !e.keep_partial_dense))
         bad_input("tensor '" + t.name + "' cannot be quantized with these options (--strict): " + it.d.reason);
       TensorResult r;
       r.name = t.name;
@@ -508,7 +592,8 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
         r.channel_dim = 0;
         r.channels = N * (K / G);
         r.bytes_out = static_cast<std::uint64_t>(N * K * p.bits / 8) +
-                      static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt) + (p.packed ? 16 : 0);
+                      static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt) + (p.packed ? 16 : 0) +
+                      (p.symmetric ? 0 : zero_point_bytes(N, K / G, p.bits));
       } else {
         if (it.d.ignore) ignore.insert(it.d.module);
         r.stored_dtype = t.dtype;
@@ -521,6 +606,8 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
     }
   for (const auto& it : items)
     if (it.d.quantize) ignore.erase(it.d.module);
+  check_all_matched(sel);
+  if (!partial_k.empty() && !e.keep_partial_dense) bad_input(partial_groups_message(p, partial_k, all_k));
 
   const std::vector<std::string> file_names = assign_files(items, m, e.max_shard_size);
   std::vector<ct::OutPlan> outs(file_names.size());
@@ -544,6 +631,12 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
                   static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt),
                   0});
     if (p.packed) ts.push_back({it.d.module + ".weight_shape", StDType::I64, {2}, 16, 0});
+    if (!p.symmetric)
+      ts.push_back({it.d.module + ".weight_zero_point",
+                    StDType::I32,
+                    {(N * p.bits + 31) / 32, K / G},
+                    zero_point_bytes(N, K / G, p.bits),
+                    0});
   }
   ct::check_unique_names(outs, o.input);
   // Metadata of each output file: that of its first input file, with format = pt.
@@ -570,9 +663,11 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   ensure_open_files(outs.size(), "writing " + std::to_string(outs.size()) + " weight files");
   std::vector<std::string> written = file_names;
   written.insert(written.end(), {kConfigFile, kWeightsIndex});
+  if (!e.recipe_yaml.empty()) written.push_back("recipe.yaml");
   OutputDir out(o.output, o.force);
   for (const auto& f : files_to_copy(m, written, o.quiet)) out.copy_file(m.path + "/" + f, f);
   out.write_file(kConfigFile, config.dump(2) + "\n");
+  if (!e.recipe_yaml.empty()) out.write_file("recipe.yaml", e.recipe_yaml);
   if (outs.size() > 1 || m.sharded || file_names[0] != kSingleWeights)
     out.write_file(kWeightsIndex, ct::index_json(outs));
 
@@ -612,8 +707,18 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
         const std::uint64_t sdst = offset_of[it.out].at(it.d.module + ".weight_scale");
         WeightJob job{p,    *it.t,    in,   src_off,     model_dt.value_or(it.t->dtype), writer, it.out, qdst,
                       sdst, progress, done, tensors_done};
+        std::vector<std::int8_t> zps;
+        const std::int64_t N = it.t->shape[0], K = it.t->shape[1];
+        const std::int64_t G = p.group == 0 ? K : p.group;
+        if (!p.symmetric) {
+          zps.resize(static_cast<std::size_t>(N * (K / G)));
+          job.zp = &zps;
+        }
         TensorResult& res = result.tensors[i];
         res.error = job.run();
+        if (!p.symmetric)
+          writer.submit(pack_zero_points(zps, N, K / G, p.bits),
+                        offset_of[it.out].at(it.d.module + ".weight_zero_point"), it.out);
         if (p.packed) {
           const std::int64_t shape[2] = {it.t->shape[0], it.t->shape[1]};
           std::vector<std::byte> sb(sizeof shape);
@@ -647,6 +752,9 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
     j["options"] = {{"format", "compressed-tensors"},
                     {"preset", p.name},
                     {"group_size", p.group},
+                    {"scale_rule", p.amax_qmax ? "amax-qmax" : "compressed-tensors"},
+                    {"observer", p.mse ? "mse" : "minmax"},
+                    {"keep_partial_dense", e.keep_partial_dense},
                     {"targets", e.targets},
                     {"ignore", e.ignore},
                     {"strict", o.strict},
@@ -669,8 +777,9 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
 void print_export_report(std::FILE* out, const QuantizeOptions& o, const ExportOptions& e, const QuantizeResult& r) {
   const Preset p = make_preset(e);
   std::fprintf(out, "xquant %s quantize: %s -> %s\n", xquant::kVersion, o.input.c_str(), o.output.c_str());
-  std::fprintf(out, "format: compressed-tensors %s (%s): int%d weights, symmetric, %s%s\n", p.name.c_str(),
-               p.packed ? "pack-quantized" : "int-quantized", p.bits,
+  std::fprintf(out, "format: compressed-tensors %s (%s): int%d weights, %s (scale rule %s), %s%s\n", p.name.c_str(),
+               p.packed ? "pack-quantized" : "int-quantized", p.bits, p.symmetric ? "symmetric" : "asymmetric",
+               p.amax_qmax ? "amax / qmax" : "compressed-tensors",
                p.group == 0 ? "one scale per output channel" : ("groups of " + std::to_string(p.group)).c_str(),
                p.act8 ? ", dynamic per-token int8 activations" : "");
   print_summary(out, r, p.packed ? (p.bits == 4 ? "int4" : "int8p") : "int8", "kept dense", " of weights");

@@ -2,10 +2,13 @@
 // write, and the stored scale of a group. docs/cli.md, "Model directories and the compressed-tensors
 // format".
 #include <algorithm>
+#include <cctype>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
+#include <set>
 
 #include "compressed_tensors.hpp"
 #include "ct_internal.hpp"
@@ -27,12 +30,27 @@ std::string last_component(const std::string& module) {
 
 Preset make_preset(const ExportOptions& e) {
   Preset p;
-  p.name = e.preset;
-  if (e.preset == "W4A16") {
+  std::string name = e.preset;
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  p.name = name;
+  if (e.scale_rule == "amax-qmax")
+    p.amax_qmax = true;
+  else if (e.scale_rule != "compressed-tensors")
+    bad_input("--scale-rule: expected compressed-tensors or amax-qmax, got '" + e.scale_rule + "'");
+  if (e.observer == "mse")
+    p.mse = true;
+  else if (e.observer != "minmax")
+    bad_input("--observer: expected minmax or mse, got '" + e.observer + "'");
+  if (p.mse && p.amax_qmax) bad_input("--observer mse needs the compressed-tensors scale rule, not amax-qmax");
+  if (name == "W4A16") {
     p.bits = 4;
-  } else if (e.preset == "W8A16") {
+  } else if (name == "W4A16_ASYM") {
+    p.bits = 4;
+    p.symmetric = false;
+    if (p.amax_qmax) bad_input("--scale-rule amax-qmax is symmetric; W4A16_ASYM needs the compressed-tensors rule");
+  } else if (name == "W8A16") {
     p.bits = 8;
-  } else if (e.preset == "W8A8") {
+  } else if (name == "W8A8") {
     p.bits = 8;
     p.packed = false;
     p.act8 = true;
@@ -42,7 +60,9 @@ Preset make_preset(const ExportOptions& e) {
     p.group = 0;
     return p;
   } else {
-    bad_input("--preset: unknown preset '" + e.preset + "', expected W4A16, W8A16 or W8A8");
+    bad_input("--preset: unknown preset '" + e.preset +
+              "', expected W4A16, W4A16_ASYM, W8A16 or W8A8 (any case; FP8_DYNAMIC and NVFP4A16 are not "
+              "implemented yet)");
   }
   if (e.group_size < 0 || (e.group_size != 0 && e.group_size % 8 != 0))
     bad_input("--group-size: expected 0 (per output channel) or a positive multiple of 8, got " +
@@ -50,6 +70,60 @@ Preset make_preset(const ExportOptions& e) {
   p.group = e.group_size;
   return p;
 }
+
+// ---- selection (compressed-tensors' match_name and class match) ----
+
+CtSelection compile_selection(const ExportOptions& e) {
+  CtSelection sel;
+  const auto compile = [](const std::vector<std::string>& in, const char* option) {
+    std::vector<CtSelector> out;
+    for (const auto& text : in) {
+      CtSelector s;
+      s.text = text;
+      if (text.rfind("re:", 0) == 0) {
+        try {
+          s.re = std::make_shared<const std::regex>(text.substr(3), std::regex::ECMAScript);
+        } catch (const std::regex_error& ex) {
+          bad_input(std::string(option) + ": bad regular expression '" + text + "': " + ex.what());
+        }
+      } else if (text.empty()) {
+        bad_input(std::string(option) + ": an empty entry (expected a module name, a class name or re:REGEX)");
+      }
+      out.push_back(std::move(s));
+    }
+    return out;
+  };
+  sel.targets = compile(e.targets, "--targets");
+  sel.ignore = compile(e.ignore, "--ignore");
+  return sel;
+}
+
+bool selector_matches(const CtSelector& s, const std::string& module, const std::string& cls) {
+  if (s.re) return std::regex_search(module, *s.re, std::regex_constants::match_continuous);
+  return s.text == module || s.text == cls;
+}
+
+void check_all_matched(const CtSelection& sel) {
+  std::string bad;
+  const auto collect = [&](const std::vector<CtSelector>& v, const char* option) {
+    for (const auto& s : v) {
+      if (s.matched) continue;
+      if (!bad.empty()) bad += "; ";
+      bad += std::string(option) + " '" + s.text + "'";
+      const bool looks_regex = !s.re && s.text.find_first_of("^$*+?()[]|\\") != std::string::npos;
+      if (looks_regex)
+        bad += " (a plain entry is an exact module name; write re:" + s.text + " for a regular expression)";
+    }
+  };
+  collect(sel.targets, "--targets");
+  collect(sel.ignore, "--ignore");
+  if (!bad.empty())
+    bad_input("matches no module of the model: " + bad +
+              " (entries are module class names (Linear), exact module names, or re:REGEX matched from the start "
+              "of the module name)");
+}
+
+std::string inferred_class(const std::string& module) { return is_embedding_module(module) ? "Embedding" : "Linear"; }
 
 bool is_embedding_module(const std::string& module) {
   const std::string c = last_component(module);
@@ -63,7 +137,7 @@ bool is_default_ignored_module(const std::string& module) {
          c == "shared_expert_gate";
 }
 
-CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bool tied) {
+CtDecision decide_ct(const TensorEntry& t, const Preset& p, CtSelection& sel, bool tied) {
   CtDecision d;
   if (!ct::ends_with(t.name, ".weight") || t.shape.size() != 2) {
     d.reason = t.shape.size() != 2
@@ -73,19 +147,26 @@ CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bo
   }
   d.module = t.name.substr(0, t.name.size() - 7);
   d.ignore = true;  // every 2-D .weight left dense is listed
-  const auto matches = [&](const std::vector<std::shared_ptr<const Pattern>>& ps) {
-    return std::any_of(ps.begin(), ps.end(), [&](const auto& pat) { return pat->search(d.module); });
+  const std::string cls = inferred_class(d.module);
+  // Every entry is tried (not only up to the first match) so that each one's `matched` is known.
+  const auto matches = [&](std::vector<CtSelector>& v) {
+    bool any = false;
+    for (auto& s : v)
+      if (selector_matches(s, d.module, cls)) any = s.matched = true;
+    return any;
   };
+  const bool targeted = matches(sel.targets);
+  const bool ignored = matches(sel.ignore);
   if (!st_is_quantizable(t.dtype)) {
     d.reason = "dtype " + std::string(st_dtype_name(t.dtype)) + " is not F32, F16 or BF16";
     return d;
   }
-  if (is_embedding_module(d.module)) {
+  if (cls == "Embedding") {
     d.reason = "embedding (not a Linear layer)";
     return d;
   }
-  if (!f.include.empty()) {
-    if (!matches(f.include)) {
+  if (!sel.targets.empty()) {
+    if (!targeted) {
       d.reason = "not matched by --targets";
       return d;
     }
@@ -93,12 +174,12 @@ CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bo
     d.reason = "output head or MoE router (dense by default)";
     return d;
   }
-  if (matches(f.exclude)) {
+  if (ignored) {
     d.reason = "matched by --ignore";
     return d;
   }
   if (tied && last_component(d.module) == "lm_head") {
-    d.warn = !f.include.empty();
+    d.warn = !sel.targets.empty();
     d.reason = "tied to the input embedding (tie_word_embeddings)";
     return d;
   }
@@ -110,12 +191,12 @@ CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bo
   const std::int64_t G = p.group == 0 ? K : p.group;
   const std::int64_t pack = p.packed ? 32 / p.bits : 1;
   if (K % G != 0) {
-    d.warn = true;
+    d.warn = d.partial = true;
     d.reason = "input dimension " + std::to_string(K) + " is not divisible by the group size " + std::to_string(G);
     return d;
   }
   if (K % pack != 0) {
-    d.warn = true;
+    d.warn = d.partial = true;
     d.reason = "input dimension " + std::to_string(K) + " is not divisible by " + std::to_string(pack) +
                " (values per packed int32)";
     return d;
@@ -123,6 +204,29 @@ CtDecision decide_ct(const TensorEntry& t, const Preset& p, const Filters& f, bo
   d.quantize = true;
   d.ignore = false;
   return d;
+}
+
+std::string partial_groups_message(const Preset& p, const std::vector<std::int64_t>& partial_k,
+                                   const std::vector<std::int64_t>& all_k) {
+  std::int64_t g = 0;
+  for (const std::int64_t k : all_k) g = std::gcd(g, k);
+  std::string fits;
+  if (g > 0)
+    for (std::int64_t c = g; c >= 8; --c)
+      if (g % c == 0 && c % 8 == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(c);
+  const std::int64_t pack = p.packed ? 32 / p.bits : 1;
+  bool per_channel = true;
+  for (const std::int64_t k : all_k) per_channel = per_channel && k % pack == 0;
+  if (per_channel) fits += std::string(fits.empty() ? "" : ", ") + "0 (one scale per output channel)";
+  std::set<std::int64_t> ks(partial_k.begin(), partial_k.end());
+  std::string kl;
+  for (const std::int64_t k : ks) kl += (kl.empty() ? "" : ", ") + std::to_string(k);
+  return std::to_string(partial_k.size()) + " of " + std::to_string(all_k.size()) +
+         " targeted Linear layers have an input width (" + kl + ") that " +
+         (p.group == 0 ? "the packing of " + std::to_string(pack) + " values per int32"
+                       : "the group size " + std::to_string(p.group)) +
+         " does not divide; --group-size values that divide every layer: " + (fits.empty() ? "none" : fits) +
+         " (or --keep-partial-dense to keep those layers dense)";
 }
 
 // ---- the config ----
@@ -133,7 +237,7 @@ ct::OJ weights_args(const Preset& p) {
   ct::OJ w = ct::OJ::object();
   w["num_bits"] = p.bits;
   w["type"] = "int";
-  w["symmetric"] = true;
+  w["symmetric"] = p.symmetric;
   w["group_size"] = p.group == 0 ? ct::OJ(nullptr) : ct::OJ(p.group);
   w["strategy"] = p.group == 0 ? "channel" : "group";
   w["dynamic"] = false;
@@ -221,8 +325,88 @@ CtScale ct_scale(float amax, int num_bits, StDType scale_dt) {
   return r;
 }
 
+namespace {
+
+// torch.finfo(dtype).eps of the scale dtype: what compressed-tensors stores for a scale of 0.
+float dtype_eps(StDType dt) {
+  if (dt == StDType::BF16) return 0.0078125f;    // 2^-7
+  if (dt == StDType::F16) return 0.0009765625f;  // 2^-10
+  return FLT_EPSILON;                            // 2^-23
+}
+
+}  // namespace
+
+CtScale ct_qparams(float lo, float hi, const Preset& p, StDType scale_dt) {
+  if (p.amax_qmax) return ct_scale(std::max(-lo, hi), p.bits, scale_dt);
+  lo = std::min(lo, 0.0f);
+  hi = std::max(hi, 0.0f);
+  const float qmin = -static_cast<float>(1 << (p.bits - 1));
+  const float qmax = static_cast<float>((1 << (p.bits - 1)) - 1);
+  const float range = qmax - qmin;  // 15 or 255
+  float s, zp = 0.0f;
+  if (p.symmetric) {
+    s = std::max(-lo, hi) / (range / 2.0f);
+  } else {
+    s = (hi - lo) / range;
+    const float z = qmin - lo / s;  // NaN for an all-zero group (0 / 0)
+    zp = std::isnan(z) ? 0.0f : std::nearbyint(std::clamp(z, qmin, qmax));
+  }
+  CtScale r;
+  r.bits = encode(s, scale_dt);
+  r.widened = ct::decode_scale(r.bits, scale_dt);
+  if (r.widened == 0.0f) {  // an all-zero group, or a scale that underflowed in the scale dtype
+    r.bits = encode(dtype_eps(scale_dt), scale_dt);
+    r.widened = ct::decode_scale(r.bits, scale_dt);
+  }
+  r.zero_point = zp;
+  // The loader's (q - zp) * s' in the scale dtype: |q - zp| is at most 2^(b-1) symmetric, 2^b - 1 asymmetric.
+  const float span = p.symmetric ? -qmin : range;
+  r.largest = ct::decode_scale(encode(span * r.widened, scale_dt), scale_dt);
+  r.ok = std::isfinite(r.widened) && std::isfinite(r.largest);
+  return r;
+}
+
+namespace {
+
+double squared_error(const float* v, std::int64_t n, const CtScale& s, int bits) {
+  const float qmin = -static_cast<float>(1 << (bits - 1)), qmax = static_cast<float>((1 << (bits - 1)) - 1);
+  double sum = 0.0;
+  for (std::int64_t k = 0; k < n; ++k) {
+    const float x = v[k];
+    if (!(std::fabs(x) <= FLT_MAX)) continue;
+    const float t = x / s.widened + s.zero_point;
+    const float q = std::nearbyint(std::clamp(t, qmin, qmax));
+    const float e = x - (q - s.zero_point) * s.widened;
+    sum += static_cast<double>(e) * static_cast<double>(e);
+  }
+  return sum;
+}
+
+}  // namespace
+
+int ct_mse_range(const float* v, std::int64_t n, float& lo, float& hi, const Preset& p, StDType scale_dt) {
+  double best = 0.0;
+  int best_i = -1;
+  const float lo0 = lo, hi0 = hi;
+  for (int i = 0; i < 20; ++i) {
+    const float f = 1.0f - static_cast<float>(i) / 100.0f;
+    const CtScale s = ct_qparams(lo0 * f, hi0 * f, p, scale_dt);
+    if (!s.ok) continue;
+    const double e = squared_error(v, n, s, p.bits);
+    if (best_i < 0 || e < best) {
+      best = e;
+      best_i = i;
+    }
+  }
+  if (best_i <= 0) return 0;  // min-max (also when no candidate can be stored: its refusal follows)
+  const float f = 1.0f - static_cast<float>(best_i) / 100.0f;
+  lo = lo0 * f;
+  hi = hi0 * f;
+  return best_i;
+}
+
 std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const CtScale& s) {
-  const int qmax = num_bits == 4 ? 7 : 127;
+  (void)num_bits;
   const double top = scale_dt == StDType::F16 ? 65504.0 : scale_dt == StDType::BF16 ? 3.3895313892515355e38 : FLT_MAX;
   const std::string sdt(st_dtype_name(scale_dt));
   const auto num = [](double v) {
@@ -232,9 +416,9 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
     std::snprintf(b, sizeof b, "%.9g", v);
     return std::string(b);
   };
-  return "amax " + num(amax) + " / " + std::to_string(qmax) + " gives the scale " + num(s.widened) + " in " + sdt +
-         " and the largest dequantized value " + std::to_string(qmax) + " * scale = " + num(s.largest) + ", which " +
-         sdt + " cannot hold (its largest finite value is " + num(top) +
+  return "amax " + num(amax) + " gives the scale " + num(s.widened) + " in " + sdt +
+         " and the largest dequantized value " + num(s.largest) + ", which " + sdt +
+         " cannot hold (its largest finite value is " + num(top) +
          "); refusing to write infinite or NaN weights (the scale dtype is config.json's torch_dtype, else the "
          "weight's "
          "dtype)";

@@ -33,6 +33,7 @@ struct CtConfig {
   int bits = 4;
   std::int64_t group = 0;  // 0: channel
   bool act8 = false;
+  bool symmetric = true;  // false: weight_zero_point (pack-quantized only)
 };
 
 CtConfig read_ct_config(const ModelDir& m) {
@@ -60,10 +61,13 @@ CtConfig read_ct_config(const ModelDir& m) {
     if (!g.is_object() || !g["weights"].is_object()) bad_input(gw + ": no weights");
     const json::Value& w = g["weights"];
     const std::string ww = gw + ".weights";
-    const bool symmetric = w.contains("symmetric") && json::get_bool(w["symmetric"], ww + ".symmetric");
-    if (str(w, "type", ww) != "int" || !symmetric) bad_input(ww + ": only symmetric int weights are read by xquant");
+    const bool symmetric = !w.contains("symmetric") || json::get_bool(w["symmetric"], ww + ".symmetric");
+    if (str(w, "type", ww) != "int") bad_input(ww + ": only int weights are read by xquant");
+    if (!symmetric && r.format != "pack-quantized")
+      bad_input(ww + ": asymmetric weights are read by xquant in the pack-quantized format only");
     const std::string strategy = str(w, "strategy", ww);
     CtConfig one = r;
+    one.symmetric = symmetric;
     one.bits = w.contains("num_bits") ? static_cast<int>(json::get_int(w["num_bits"], ww + ".num_bits", 4, 8)) : 0;
     if (one.bits != 4 && one.bits != 8) bad_input(ww + ": num_bits must be 4 or 8");
     if (strategy == "group") {
@@ -73,7 +77,7 @@ CtConfig read_ct_config(const ModelDir& m) {
       bad_input(ww + ": strategy '" + strategy + "' is not read by xquant (group or channel)");
     }
     one.act8 = g["input_activations"].is_object();
-    if (!first && (one.bits != r.bits || one.group != r.group))
+    if (!first && (one.bits != r.bits || one.group != r.group || one.symmetric != r.symmetric))
       bad_input(who + ": config groups with different weight quantizations are not read by xquant");
     r = one;
     first = false;
@@ -87,8 +91,10 @@ CtConfig read_ct_config(const ModelDir& m) {
 struct CtModule {
   const TensorEntry* q = nullptr;  // weight_packed or weight
   const TensorEntry* scale = nullptr;
-  const TensorEntry* shape = nullptr;  // pack-quantized only
-  const TensorEntry* g_idx = nullptr;  // GPTQ activation ordering (weight_g_idx), if present
+  const TensorEntry* shape = nullptr;       // pack-quantized only
+  const TensorEntry* g_idx = nullptr;       // GPTQ activation ordering (weight_g_idx), if present
+  const TensorEntry* zero_point = nullptr;  // asymmetric: weight_zero_point, packed along the rows
+  std::vector<float> zp;                    // asymmetric: the zero point of each group, [N, K / G]
   std::int64_t N = 0, K = 0, G = 0;
   // The group of each input column when g_idx orders them (empty: column order, group = column / G).
   std::vector<std::int32_t> group_of;
@@ -177,6 +183,25 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
       bad_input(f.path + ": '" + cm.scale->name + "' is " + std::string(st_dtype_name(cm.scale->dtype)) + " " +
                 dims_str(cm.scale->shape) + ", expected a float [" + std::to_string(cm.N) + ", " +
                 std::to_string(cm.K % cm.G == 0 ? cm.K / cm.G : 0) + "]");
+    if (!c.symmetric) {
+      // pack_to_int32(zp, bits, packed_dim=0): [ceil(N * b / 32), K / G] int32, value + 2^(b-1) unsigned,
+      // element n of a column at bits [b * n mod 32, ...) of word b * n / 32 (4 bits: never split).
+      cm.zero_point = need(mod + ".weight_zero_point");
+      const std::int64_t C = cm.K / cm.G, W = (cm.N * c.bits + 31) / 32;
+      if (cm.zero_point->dtype != StDType::I32 || cm.zero_point->shape != Dims{W, C} || c.bits != 4)
+        bad_input(f.path + ": '" + cm.zero_point->name + "' is " + std::string(st_dtype_name(cm.zero_point->dtype)) +
+                  " " + dims_str(cm.zero_point->shape) + ", expected I32 [" + std::to_string(W) + ", " +
+                  std::to_string(C) + "] (4-bit zero points packed along the output channels)");
+      const std::byte* zp = f.map->data() + h.data_start + cm.zero_point->begin;
+      cm.zp.resize(static_cast<std::size_t>(cm.N * C));
+      for (std::int64_t n = 0; n < cm.N; ++n)
+        for (std::int64_t j = 0; j < C; ++j) {
+          std::uint32_t w;
+          std::memcpy(&w, zp + ((n * 4 / 32) * C + j) * 4, 4);
+          cm.zp[static_cast<std::size_t>(n * C + j)] =
+              static_cast<float>(static_cast<int>((w >> (n * 4 % 32)) & 0xFu) - 8);
+        }
+    }
     cm.g_idx = h.find(mod + ".weight_g_idx");
     if (cm.g_idx) cm.group_of = read_g_idx(f, *cm.g_idx, cm.K, cm.G);
     mods[mod] = std::move(cm);
@@ -199,6 +224,7 @@ FilePlan plan_dequantize(const WeightFile& f, const CtConfig& c, const std::opti
     fp.consumed.insert(cm.scale->name);
     if (cm.shape) fp.consumed.insert(cm.shape->name);
     if (cm.g_idx) fp.consumed.insert(cm.g_idx->name);
+    if (cm.zero_point) fp.consumed.insert(cm.zero_point->name);
   }
   for (const auto& [mod, cm] : fp.mods) {
     const std::string dense = mod + ".weight";
@@ -221,6 +247,7 @@ using WriteFn = std::function<void(const void*, std::size_t, std::uint64_t)>;
 // Per-thread buffers of one piece: the scale of each element, the stored values in the library's form.
 struct Scratch {
   std::vector<float> scale;
+  std::vector<float> offset;  // -zero point of each element (asymmetric)
   std::vector<std::byte> q;
 };
 Scratch& scratch() {
@@ -242,6 +269,8 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
   const std::int64_t gpr = cm.K / cm.G;
   Scratch& s = scratch();
   s.scale.resize(static_cast<std::size_t>(len));
+  const bool asym = !cm.zp.empty();
+  if (asym) s.offset.resize(static_cast<std::size_t>(len));
   for (std::int64_t i = 0; i < len;) {
     const std::int64_t r = (b + i) / cm.K, col = (b + i) % cm.K;
     const std::int64_t run = std::min(len - i, cm.K - col);  // the rest of this row within the piece
@@ -251,12 +280,19 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
       return ct::decode_scale(bits, cm.scale->dtype);
     };
     float* dst = s.scale.data() + i;
+    float* off = asym ? s.offset.data() + i : nullptr;
+    const auto offset_at = [&](std::int64_t g) { return -cm.zp[static_cast<std::size_t>(r * gpr + g)]; };
     if (!cm.group_of.empty()) {
-      for (std::int64_t k = 0; k < run; ++k) dst[k] = scale_at(cm.group_of[static_cast<std::size_t>(col + k)]);
+      for (std::int64_t k = 0; k < run; ++k) {
+        const std::int64_t g = cm.group_of[static_cast<std::size_t>(col + k)];
+        dst[k] = scale_at(g);
+        if (asym) off[k] = offset_at(g);
+      }
     } else {
       for (std::int64_t k = 0; k < run;) {  // runs of one group: decoded once
         const std::int64_t g = (col + k) / cm.G, end = std::min(run, (g + 1) * cm.G - col);
         std::fill(dst + k, dst + end, scale_at(g));
+        if (asym) std::fill(off + k, off + end, offset_at(g));
         k = end;
       }
     }
@@ -275,8 +311,9 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
                                                  : xquant::ConstTensorView(x, xquant::DType::int8, {len});
   const xquant::ConstTensorView sv(s.scale.data(), xquant::DType::float32, {len});
   const xquant::TensorView ov(out, ct::lib_dtype(dt), {len});
-  xquant::anti_quant_out(ov, xv, sv, std::nullopt,
-                         c.bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
+  std::optional<xquant::ConstTensorView> offv;
+  if (asym) offv = xquant::ConstTensorView(s.offset.data(), xquant::DType::float32, {len});
+  xquant::anti_quant_out(ov, xv, sv, offv, c.bits == 4 ? xquant::QuantDType::quint4x2 : xquant::QuantDType::qint8);
 }
 
 // Writes the dequantized file: header, kept tensors copied, each module's q * s' narrowed, in chunks of
@@ -373,6 +410,10 @@ std::optional<CtConfig> infer_ct_config(const WeightFile& f) {
       bad_input(f.path + ": '" + t.name + "' " + dims_str(t.shape) + " does not divide K = " + std::to_string(K) +
                 " into groups");
     c.group = t.shape[1] == 1 ? 0 : K / t.shape[1];
+    c.symmetric = h.find(mod + ".weight_zero_point") == nullptr;
+    if (!c.symmetric && c.format != "pack-quantized")
+      bad_input(f.path + ": '" + mod +
+                ".weight_zero_point': asymmetric weights are read in the pack-quantized format only");
     return c;
   }
   return std::nullopt;
@@ -476,6 +517,7 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
           role_of[e.second.scale->name] = {"scale", &e};
           if (e.second.shape) role_of[e.second.shape->name] = {"shape", &e};
           if (e.second.g_idx) role_of[e.second.g_idx->name] = {"g_idx", &e};
+          if (e.second.zero_point) role_of[e.second.zero_point->name] = {"zero_point", &e};
         }
         for (auto& t : fj["tensors"]) {
           const auto it = role_of.find(t["name"].get<std::string>());
@@ -500,8 +542,8 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
                m.other_files.size() == 1 ? "" : "s");
   if (c) {
     const auto& qc = m.config["quantization_config"];
-    std::fprintf(out, "compressed-tensors %s: int%d weights, symmetric, %s%s; ignore: %zu module%s\n",
-                 c->format.c_str(), c->bits,
+    std::fprintf(out, "compressed-tensors %s: int%d weights, %s, %s%s; ignore: %zu module%s\n", c->format.c_str(),
+                 c->bits, c->symmetric ? "symmetric" : "asymmetric",
                  c->group == 0 ? "per output channel" : ("groups of " + std::to_string(c->group)).c_str(),
                  c->act8 ? ", int8 dynamic per-token activations" : "",
                  qc.contains("ignore") && qc["ignore"].is_array() ? qc["ignore"].size() : 0,

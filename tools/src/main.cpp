@@ -13,6 +13,7 @@
 #include "files.hpp"
 #include "jobs.hpp"
 #include "model_dir.hpp"
+#include "recipe.hpp"
 #include "xquant/error.hpp"
 #include "xquant/version.hpp"
 
@@ -77,20 +78,35 @@ int run(int argc, char** argv) {
   std::string format, max_shard;
   qc->add_option("--format", format, "compressed-tensors (default for a model directory) or xquant (a single file)")
       ->check(CLI::IsMember({"compressed-tensors", "xquant"}));
-  qc->add_option("--preset", ex.preset, "compressed-tensors preset: W4A16 (default), W8A16 or W8A8")
-      ->check(CLI::IsMember({"W4A16", "W8A16", "W8A8"}));
+  qc->add_option("--preset", ex.preset,
+                 "compressed-tensors preset, any case: W4A16 (default), W4A16_ASYM, W8A16 or W8A8");
+  qc->add_option("--scale-rule", ex.scale_rule,
+                 "compressed-tensors (default: its calculate_qparams in float32) or amax-qmax (xquant's rule before "
+                 "issue 19: symmetric amax / qmax)")
+      ->check(CLI::IsMember({"compressed-tensors", "amax-qmax"}));
+  qc->add_option("--observer", ex.observer,
+                 "minmax (default) or mse: search the clipping range of each group that minimises the squared "
+                 "error (llm-compressor's MSE observer grid)")
+      ->check(CLI::IsMember({"minmax", "mse"}));
+  qc->add_flag("--keep-partial-dense", ex.keep_partial_dense,
+               "Keep the Linear layers whose input width the group size does not divide dense (default: an error)");
   qc->add_option("--group-size", ex.group_size,
                  "W4A16 / W8A16: input channels per scale (default 128; 0: per output channel)");
   qc->add_option("--ignore", ex.ignore,
-                 "Keep Linear modules whose name matches this POSIX extended regex dense (repeatable)")
+                 "Keep these modules dense: a class name (Linear), an exact module name, or re:REGEX (Python "
+                 "re.match: from the start of the name); repeatable")
       ->expected(1)
       ->allow_extra_args(false)
       ->take_all();
   qc->add_option("--targets", ex.targets,
-                 "Quantize only Linear modules whose name matches this POSIX extended regex (repeatable)")
+                 "Quantize only these modules: a class name (Linear), an exact module name, or re:REGEX; repeatable")
       ->expected(1)
       ->allow_extra_args(false)
       ->take_all();
+  std::string recipe_path;
+  qc->add_option("--recipe", recipe_path,
+                 "An llm-compressor recipe (YAML) with one QuantizationModifier: its scheme, targets and ignore "
+                 "(instead of --preset, --group-size, --targets, --ignore); written to the output as recipe.yaml");
   qc->add_option("--max-shard-size", max_shard,
                  "Split the output weights into shards of at most this size (e.g. 5GB, 500MB)");
 
@@ -139,11 +155,21 @@ int run(int argc, char** argv) {
                                                         " applies to --format xquant; the compressed-tensors "
                                                         "format takes --preset, --group-size, --targets and --ignore");
     ex.group_size_given = qc->count("--group-size") > 0;
+    if (!recipe_path.empty()) {
+      for (const char* opt : {"--preset", "--group-size", "--targets", "--ignore"})
+        if (qc->count(opt) > 0)
+          throw xqcli::CliError(xqcli::kExitBadInput,
+                                std::string(opt) + " and --recipe: the recipe gives the scheme, targets and ignore");
+      const xqcli::Recipe rec = xqcli::read_recipe(recipe_path);
+      xqcli::apply_recipe(rec, ex);
+      ex.recipe_yaml = xqcli::recipe_yaml(rec);
+    }
     if (!max_shard.empty()) ex.max_shard_size = xqcli::parse_size(max_shard, "--max-shard-size");
     const auto result = xqcli::run_export(q, ex);
     if (!q.quiet) xqcli::print_export_report(stdout, q, ex, result);
   } else if (qc->parsed()) {
-    for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size"})
+    for (const char* opt : {"--preset", "--group-size", "--ignore", "--targets", "--max-shard-size", "--scale-rule",
+                            "--keep-partial-dense", "--recipe", "--observer"})
       if (qc->count(opt) > 0)
         throw xqcli::CliError(
             xqcli::kExitBadInput,

@@ -33,12 +33,21 @@ TensorEntry entry(const std::string& name, StDType dt, Dims shape) {
   return t;
 }
 
-ExportOptions preset(const std::string& name, std::int64_t group = 128, bool given = false) {
+ExportOptions preset(const std::string& name, std::int64_t group = 128, bool given = false,
+                     const char* rule = "compressed-tensors") {
   ExportOptions e;
   e.preset = name;
   e.group_size = group;
   e.group_size_given = given;
+  e.scale_rule = rule;
   return e;
+}
+
+CtSelection selection(std::vector<std::string> targets, std::vector<std::string> ignore) {
+  ExportOptions e;
+  e.targets = std::move(targets);
+  e.ignore = std::move(ignore);
+  return compile_selection(e);
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -74,7 +83,7 @@ TEST(Presets, AsCompressedTensorsNamesThem) {
 TEST(Presets, BadOptionsNameTheOptionAndTheValue) {
   EXPECT_NE(error_of([] {
               make_preset(preset("W4A8"));
-            }).find("--preset: unknown preset 'W4A8', expected W4A16, W8A16 or W8A8"),
+            }).find("--preset: unknown preset 'W4A8', expected W4A16, W4A16_ASYM, W8A16 or W8A8"),
             std::string::npos);
   for (std::int64_t g : {-8, 12, 1})
     EXPECT_NE(error_of([&] { make_preset(preset("W4A16", g, true)); }).find("got " + std::to_string(g)),
@@ -96,9 +105,48 @@ TEST(Presets, ModuleNames) {
   EXPECT_FALSE(is_default_ignored_module("model.layers.0.mlp.gate_proj"));
 }
 
+TEST(Presets, NamesAreCaseInsensitive) {
+  EXPECT_EQ(make_preset(preset("w4a16")).name, "W4A16");
+  const Preset a = make_preset(preset("w4a16_asym"));
+  EXPECT_EQ(a.name, "W4A16_ASYM");
+  EXPECT_FALSE(a.symmetric);
+  EXPECT_EQ(a.group, 128);
+  EXPECT_TRUE(make_preset(preset("w8A8")).act8);
+  const auto cfg = nlohmann::json::parse(quantization_config_json(a, {}));
+  EXPECT_EQ(cfg["config_groups"]["group_0"]["weights"]["symmetric"], false);
+  EXPECT_EQ(cfg["format"], "pack-quantized");
+  EXPECT_NE(error_of([] { make_preset(preset("W4A16_ASYM", 128, false, "amax-qmax")); }).find("symmetric"),
+            std::string::npos);
+}
+
+TEST(Selection, CompressedTensorsSyntax) {
+  // class names (inferred), exact names, re: anchored at the start only (Python's re.match)
+  const CtSelector lin{"Linear", nullptr};
+  EXPECT_TRUE(selector_matches(lin, "model.layers.0.mlp.down_proj", "Linear"));
+  EXPECT_FALSE(selector_matches(lin, "model.embed_tokens", "Embedding"));
+  EXPECT_EQ(inferred_class("model.embed_tokens"), "Embedding");
+  EXPECT_EQ(inferred_class("lm_head"), "Linear");
+  CtSelection s = selection({"re:.*down_proj$", "re:model", "lm_head", "re:mlp"}, {});
+  EXPECT_TRUE(selector_matches(s.targets[0], "model.layers.0.mlp.down_proj", "Linear"));
+  EXPECT_FALSE(selector_matches(s.targets[0], "model.layers.0.mlp.down_proj_x", "Linear"));
+  EXPECT_TRUE(selector_matches(s.targets[1], "model.layers.0.mlp.down_proj", "Linear"));  // a prefix is enough
+  EXPECT_TRUE(selector_matches(s.targets[2], "lm_head", "Linear"));
+  EXPECT_FALSE(selector_matches(s.targets[2], "model.lm_head", "Linear"));               // exact names only
+  EXPECT_FALSE(selector_matches(s.targets[3], "model.layers.0.mlp.up_proj", "Linear"));  // re.match, not search
+  EXPECT_NE(error_of([] { selection({"re:(unclosed"}, {}); }).find("--targets: bad regular expression"),
+            std::string::npos);
+  // entries that match nothing are one error naming each, with a hint for a plain regex
+  CtSelection none = selection({"Linear"}, {"proj$"});
+  none.targets[0].matched = true;
+  const std::string msg = error_of([&] { check_all_matched(none); });
+  EXPECT_NE(msg.find("--ignore 'proj$'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("write re:proj$"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("--targets"), std::string::npos) << msg;  // the matched entry is not named
+}
+
 TEST(Presets, Decisions) {
   const Preset w4 = make_preset(preset("W4A16"));
-  const Filters none;
+  CtSelection none;
   const CtDecision up =
       decide_ct(entry("model.layers.0.mlp.up_proj.weight", StDType::BF16, {512, 256}), w4, none, false);
   EXPECT_TRUE(up.quantize);
@@ -118,22 +166,38 @@ TEST(Presets, Decisions) {
   EXPECT_FALSE(i8.quantize);
   EXPECT_TRUE(i8.ignore);
   // --targets replaces the default dense set; a tied lm_head stays dense with a warning
-  const Filters heads{compile_patterns({"lm_head"}, "--targets"), {}};
+  CtSelection heads = selection({"lm_head"}, {});
   EXPECT_TRUE(decide_ct(entry("lm_head.weight", StDType::F32, {512, 256}), w4, heads, false).quantize);
   const CtDecision tied = decide_ct(entry("lm_head.weight", StDType::F32, {512, 256}), w4, heads, true);
   EXPECT_FALSE(tied.quantize);
   EXPECT_TRUE(tied.warn);
-  const Filters ign{{}, compile_patterns({"up_proj$"}, "--ignore")};
+  CtSelection ign = selection({}, {"re:.*up_proj$"});
   EXPECT_EQ(decide_ct(entry("a.up_proj.weight", StDType::F32, {8, 128}), w4, ign, false).reason, "matched by --ignore");
+  EXPECT_TRUE(ign.ignore[0].matched);
+  // --targets Linear: every Linear, output heads included (as compressed-tensors); embeddings never
+  CtSelection lin = selection({"Linear"}, {});
+  EXPECT_TRUE(decide_ct(entry("lm_head.weight", StDType::F32, {512, 256}), w4, lin, false).quantize);
+  EXPECT_FALSE(decide_ct(entry("model.embed_tokens.weight", StDType::F32, {512, 256}), w4, lin, false).quantize);
   // K not divisible by the group size, or (per channel) by the values per packed word
   const CtDecision k100 =
       decide_ct(entry("a.weight", StDType::F32, {8, 100}), make_preset(preset("W4A16", 0, true)), none, false);
   EXPECT_TRUE(k100.warn);
+  EXPECT_TRUE(k100.partial);
   EXPECT_NE(k100.reason.find("not divisible by 8 (values per packed int32)"), std::string::npos);
   EXPECT_TRUE(decide_ct(entry("a.weight", StDType::F32, {8, 100}), make_preset(preset("W8A8")), none, false).quantize);
   const CtDecision g = decide_ct(entry("a.weight", StDType::F32, {8, 64}), w4, none, false);
   EXPECT_TRUE(g.warn);
   EXPECT_EQ(g.reason, "input dimension 64 is not divisible by the group size 128");
+  EXPECT_TRUE(g.partial);
+}
+
+TEST(Presets, PartialGroupsMessage) {
+  // SmolLM2: hidden 576, MLP 1536: 128 divides 1536 but not 576
+  const std::string m = partial_groups_message(make_preset(preset("W4A16")), {576, 576}, {576, 576, 1536});
+  EXPECT_EQ(m,
+            "2 of 3 targeted Linear layers have an input width (576) that the group size 128 does not divide; "
+            "--group-size values that divide every layer: 192, 96, 64, 48, 32, 24, 16, 8, 0 (one scale per output "
+            "channel) (or --keep-partial-dense to keep those layers dense)");
 }
 
 TEST(Presets, QuantizationConfigOfW4A16IsTheDocumentedOne) {
@@ -173,6 +237,41 @@ TEST(Scale, RoundedToTheScaleDtypeWithGuards) {
   EXPECT_TRUE(u.ok);
 }
 
+TEST(Scale, CompressedTensorsRule) {
+  const Preset w4 = make_preset(preset("W4A16")), w8 = make_preset(preset("W8A16"));
+  const Preset a4 = make_preset(preset("W4A16_ASYM"));
+  // symmetric: max(|min|, |max|) / ((qmax - qmin) / 2)
+  EXPECT_EQ(ct_qparams(-3.0f, 1.0f, w4, StDType::F32).widened, 3.0f / 7.5f);
+  EXPECT_EQ(ct_qparams(-1.0f, 3.0f, w8, StDType::F32).widened, 3.0f / 127.5f);
+  EXPECT_EQ(ct_qparams(0.5f, 3.0f, w8, StDType::F32).widened, 3.0f / 127.5f);  // min clamped to 0
+  const CtScale b = ct_qparams(-1.0f, 1.0f, w4, StDType::BF16);
+  EXPECT_EQ(b.bits, xquant::float_to_bfloat16(1.0f / 7.5f));
+  EXPECT_EQ(b.zero_point, 0.0f);
+  // asymmetric: (max - min) / 15, zp = rint(clamp(-8 - min / s, -8, 7))
+  const CtScale a = ct_qparams(-1.0f, 2.0f, a4, StDType::F32);
+  EXPECT_EQ(a.widened, 3.0f / 15.0f);
+  EXPECT_EQ(a.zero_point, std::nearbyint(-8.0f - (-1.0f / (3.0f / 15.0f))));  // -8 + 5 = -3
+  EXPECT_EQ(ct_qparams(0.25f, 2.0f, a4, StDType::F32).zero_point, -8.0f);     // min clamped to 0
+  EXPECT_EQ(ct_qparams(-2.0f, -0.5f, a4, StDType::F32).zero_point, 7.0f);     // max clamped to 0
+  // all-zero groups: the scale dtype's epsilon, zero point 0
+  EXPECT_EQ(ct_qparams(0.0f, 0.0f, w4, StDType::F32).widened, FLT_EPSILON);
+  EXPECT_EQ(ct_qparams(0.0f, 0.0f, w4, StDType::BF16).widened, 0.0078125f);
+  EXPECT_EQ(ct_qparams(0.0f, 0.0f, w8, StDType::F16).widened, 0.0009765625f);
+  const CtScale z = ct_qparams(0.0f, 0.0f, a4, StDType::F32);
+  EXPECT_EQ(z.widened, FLT_EPSILON);
+  EXPECT_EQ(z.zero_point, 0.0f);
+  // a float16 scale that underflows to 0 is the epsilon too; a float32 subnormal scale is kept
+  EXPECT_EQ(ct_qparams(0.0f, 1e-9f, w8, StDType::F16).widened, 0.0009765625f);
+  EXPECT_EQ(ct_qparams(0.0f, 1e-38f, w8, StDType::F32).widened, 1e-38f / 127.5f);
+  EXPECT_GT(1e-38f / 127.5f, 0.0f);
+  // the old rule under the option
+  EXPECT_EQ(ct_qparams(-3.0f, 1.0f, make_preset(preset("W4A16", 128, false, "amax-qmax")), StDType::F32).widened,
+            3.0f / 7.0f);
+  // overflow: 8 * s' is what the loader computes for q = -8
+  EXPECT_FALSE(ct_qparams(-65000.0f, 0.0f, w4, StDType::F16).ok);
+  EXPECT_TRUE(ct_qparams(-60000.0f, 0.0f, w4, StDType::F16).ok);
+}
+
 TEST(Scale, RefusedWhenTheScaleDtypeCannotHoldIt) {
   // amax / 7 rounds to +Inf in float16 (issue 17: +Inf scales and NaN weights were written)
   const CtScale inf = ct_scale(1e6f, 4, StDType::F16);
@@ -202,39 +301,130 @@ TEST(Groups, W8A16AgainstAnIndependentFormula) {
   for (int i = 0; i < 48; ++i)
     x[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i / 16));
   x[20] = std::numeric_limits<float>::quiet_NaN();
-  const Preset p = make_preset(preset("W8A16", 16, true));
-  std::vector<std::byte> q(48), s(6);
-  const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 3, 16, p,
-                                          StDType::BF16, q.data(), s.data());
-  EXPECT_EQ(e.nonfinite, 1);
-  double sig = 0, noi = 0;
-  for (int g = 0; g < 3; ++g) {
-    float amax = 0;
-    for (int i = 0; i < 16; ++i) {
-      const float v = x[static_cast<std::size_t>(g * 16 + i)];
-      if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
-    }
-    const std::uint16_t sb = xquant::float_to_bfloat16(amax / 127.0f);
-    std::uint16_t got;
-    std::memcpy(&got, s.data() + g * 2, 2);
-    EXPECT_EQ(got, sb);
-    const float sw = xquant::bfloat16_to_float(sb);
-    for (int i = 0; i < 16; ++i) {
-      const float v = x[static_cast<std::size_t>(g * 16 + i)];
-      const float r = std::isnan(v) ? 0.0f : std::nearbyint(v / sw);  // half to even (default rounding mode)
-      const int qi = static_cast<int>(std::max(-128.0f, std::min(127.0f, r)));
-      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[static_cast<std::size_t>(g * 16 + i)])), qi + 128)
-          << g << " " << i;
-      if (std::isfinite(v)) {
-        sig += static_cast<double>(v) * v;
-        const double d = static_cast<double>(v) - static_cast<double>(static_cast<float>(qi) * sw);
-        noi += d * d;
+  for (const bool old_rule : {false, true}) {
+    const Preset p = make_preset(preset("W8A16", 16, true, old_rule ? "amax-qmax" : "compressed-tensors"));
+    std::vector<std::byte> q(48), s(6);
+    const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 3, 16, p,
+                                            StDType::BF16, q.data(), s.data());
+    EXPECT_EQ(e.nonfinite, 1);
+    double sig = 0, noi = 0;
+    for (int g = 0; g < 3; ++g) {
+      float amax = 0;
+      for (int i = 0; i < 16; ++i) {
+        const float v = x[static_cast<std::size_t>(g * 16 + i)];
+        if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
+      }
+      const std::uint16_t sb = xquant::float_to_bfloat16(amax / (old_rule ? 127.0f : 127.5f));
+      std::uint16_t got;
+      std::memcpy(&got, s.data() + g * 2, 2);
+      EXPECT_EQ(got, sb);
+      const float sw = xquant::bfloat16_to_float(sb);
+      for (int i = 0; i < 16; ++i) {
+        const float v = x[static_cast<std::size_t>(g * 16 + i)];
+        const float r = std::isnan(v) ? 0.0f : std::nearbyint(v / sw);  // half to even (default rounding mode)
+        const int qi = static_cast<int>(std::max(-128.0f, std::min(127.0f, r)));
+        EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[static_cast<std::size_t>(g * 16 + i)])), qi + 128)
+            << g << " " << i;
+        if (std::isfinite(v)) {
+          sig += static_cast<double>(v) * v;
+          const double d = static_cast<double>(v) - static_cast<double>(static_cast<float>(qi) * sw);
+          noi += d * d;
+        }
       }
     }
+    EXPECT_NEAR(e.signal, sig, 1e-5 * sig);
+    EXPECT_NEAR(e.noise, noi, 1e-4 * noi);
+    EXPECT_STREQ(e.round_trip(), "lossy");
   }
-  EXPECT_NEAR(e.signal, sig, 1e-5 * sig);
-  EXPECT_NEAR(e.noise, noi, 1e-4 * noi);
-  EXPECT_STREQ(e.round_trip(), "lossy");
+}
+
+TEST(Groups, W4A16AsymAgainstAnIndependentFormula) {
+  // 2 groups of 8 float32 values with float32 scales: q = rint(clamp(x / s + zp, -8, 7)), stored + 8
+  const std::vector<float> x = {-1.0f, -0.5f, 0.0f, 0.3f, 0.7f, 1.1f, 1.6f, 2.0f,
+                                0.1f,  0.2f,  0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
+  const Preset p = make_preset(preset("W4A16_ASYM", 8, true));
+  std::vector<std::byte> q(8), s(8);
+  std::vector<std::int8_t> zp(2);
+  ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 2, 8, p, StDType::F32, q.data(),
+                     s.data(), 0, 1, zp.data());
+  for (int g = 0; g < 2; ++g) {
+    float lo = 0, hi = 0;
+    for (int i = 0; i < 8; ++i) {
+      lo = std::min(lo, x[static_cast<std::size_t>(g * 8 + i)]);
+      hi = std::max(hi, x[static_cast<std::size_t>(g * 8 + i)]);
+    }
+    const float sc = (hi - lo) / 15.0f;
+    const float z = std::nearbyint(std::max(-8.0f, std::min(7.0f, -8.0f - lo / sc)));
+    float got;
+    std::memcpy(&got, s.data() + g * 4, 4);
+    EXPECT_EQ(got, sc);
+    EXPECT_EQ(zp[static_cast<std::size_t>(g)], static_cast<int>(z));
+    for (int i = 0; i < 8; ++i) {
+      const float v = x[static_cast<std::size_t>(g * 8 + i)] / sc + z;
+      const int qi = static_cast<int>(std::nearbyint(std::max(-8.0f, std::min(7.0f, v))));
+      const int k = g * 8 + i;
+      const int nib = (static_cast<int>(q[static_cast<std::size_t>(k / 2)]) >> (4 * (k % 2))) & 0xF;
+      EXPECT_EQ(nib, qi + 8) << g << " " << i;
+    }
+  }
+}
+
+// The squared round-trip error of one group with the parameters of [lo, hi], written here again.
+double group_error(const std::vector<float>& x, float lo, float hi, const Preset& p, StDType sdt) {
+  const CtScale s = ct_qparams(lo, hi, p, sdt);
+  const float qmin = p.bits == 4 ? -8.0f : -128.0f, qmax = p.bits == 4 ? 7.0f : 127.0f;
+  double sum = 0;
+  for (const float v : x) {
+    const float q = std::nearbyint(std::min(qmax, std::max(qmin, v / s.widened + s.zero_point)));
+    const float e = v - (q - s.zero_point) * s.widened;
+    sum += static_cast<double>(e) * e;
+  }
+  return sum;
+}
+
+TEST(Groups, MseObserverNeverWorseThanMinMax) {
+  // 200 groups of 64: Gaussian, some with one outlier (where clipping pays)
+  std::uint32_t seed = 12345;
+  const auto rnd = [&] {
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / 16777216.0f;
+  };
+  for (const char* name : {"W4A16", "W4A16_ASYM", "W8A16"}) {
+    ExportOptions e = preset(name, 64, true);
+    e.observer = "mse";
+    const Preset p = make_preset(e);
+    int improved = 0;
+    for (int g = 0; g < 200; ++g) {
+      std::vector<float> x(64);
+      for (auto& v : x) v = (rnd() + rnd() + rnd() - 1.5f) * 0.05f;
+      if (g % 3 == 0) x[static_cast<std::size_t>(g % 64)] = 0.4f;
+      float lo = 0, hi = 0;
+      for (const float v : x) {
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+      float mlo = lo, mhi = hi;
+      const int i = ct_mse_range(x.data(), 64, mlo, mhi, p, StDType::BF16);
+      ASSERT_GE(i, 0);
+      ASSERT_LT(i, 20);
+      const float f = 1.0f - static_cast<float>(i) / 100.0f;
+      EXPECT_EQ(mlo, lo * f);
+      EXPECT_EQ(mhi, hi * f);
+      const double e_mse = group_error(x, mlo, mhi, p, StDType::BF16);
+      const double e_mm = group_error(x, lo, hi, p, StDType::BF16);
+      EXPECT_LE(e_mse, e_mm) << name << " group " << g;
+      // and no factor of the grid is better than the one chosen
+      for (int j = 0; j < 20; ++j) {
+        const float fj = 1.0f - static_cast<float>(j) / 100.0f;
+        EXPECT_LE(e_mse, group_error(x, lo * fj, hi * fj, p, StDType::BF16)) << name << " " << g << " " << j;
+      }
+      improved += e_mse < e_mm ? 1 : 0;
+    }
+    EXPECT_GE(improved, 10) << name;  // the search does something (W8A16: 20 of 200 improve)
+  }
+  ExportOptions bad_rule = preset("W4A16", 128, false, "amax-qmax");
+  bad_rule.observer = "mse";
+  EXPECT_NE(error_of([&] { make_preset(bad_rule); }).find("--observer mse"), std::string::npos);
 }
 
 TEST(Groups, AScaleThatCannotBeStoredThrowsNamingThePlace) {
@@ -246,7 +436,7 @@ TEST(Groups, AScaleThatCannotBeStoredThrowsNamingThePlace) {
     ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 4, 8, p, StDType::F16, q.data(),
                        s.data(), 0, 2);
   });
-  EXPECT_NE(msg.find("row 1, columns [0, 8): amax 2000000 / 7 gives the scale +Inf in F16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("row 1, columns [0, 8): amax 2000000 gives the scale +Inf in F16"), std::string::npos) << msg;
 }
 
 TEST(Groups, HugeWeightsKeepAFiniteReport) {
