@@ -171,7 +171,7 @@ void BM_tile_quant(benchmark::State& st) {
 }
 
 // ---- small calls: [8, 128] float32, per-tensor against per-channel (the per-call setup cost) ----
-// Each operator's per-tensor case is its reference: docs/performance.md, "Small per-channel calls".
+// Each operator's per-tensor case is its reference: docs/performance.md, "Small calls".
 constexpr std::int64_t kSmallRows = 8, kSmallCols = 128;
 
 // axis < 0: per-tensor; otherwise per-channel on that axis.
