@@ -19,7 +19,7 @@ namespace xq = xquant;
 
 namespace {
 
-xq::Tensor random_tensor(xq::DType dt, xq::Shape shape, float range = 4.f) {
+xq::Tensor random_tensor(xq::DType dt, const xq::Shape& shape, float range = 4.f) {
   xq::Tensor f(xq::DType::float32, shape);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-range, range);
@@ -33,7 +33,7 @@ xq::Tensor random_tensor(xq::DType dt, xq::Shape shape, float range = 4.f) {
   return t;
 }
 
-xq::Tensor filled(xq::Shape shape, float v) {
+xq::Tensor filled(const xq::Shape& shape, float v) {
   xq::Tensor t(xq::DType::float32, shape);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = v;
   return t;
@@ -427,7 +427,7 @@ int run_ratios(const char* json_path, const char* filter) {
 // Args: {M, K, N}. Decode M = 1..16, prefill M = 2048; K = N = 4096 (a Llama-7B projection).
 namespace mm {
 
-xq::Tensor random_int8(xq::Shape shape, int lo = -128, int span = 256) {
+xq::Tensor random_int8(const xq::Shape& shape, int lo = -128, int span = 256) {
   xq::Tensor t(xq::DType::int8, shape);
   std::mt19937 rng(7);
   for (std::int64_t i = 0; i < t.numel(); ++i)

@@ -199,8 +199,10 @@ TEST(Scale, RefusedWhenTheScaleDtypeCannotHoldIt) {
 TEST(Groups, W8A16AgainstAnIndependentFormula) {
   // 3 groups of 16 float32 values, bfloat16 scales
   std::vector<float> x(48);
-  for (int i = 0; i < 48; ++i)
-    x[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i / 16));
+  for (std::size_t i = 0; i < 48; ++i) {
+    const std::size_t group = i / 16;
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(group));
+  }
   x[20] = std::numeric_limits<float>::quiet_NaN();
   const Preset p = make_preset(preset("W8A16", 16, true));
   std::vector<std::byte> q(48), s(6);
@@ -208,10 +210,10 @@ TEST(Groups, W8A16AgainstAnIndependentFormula) {
                                           StDType::BF16, q.data(), s.data());
   EXPECT_EQ(e.nonfinite, 1);
   double sig = 0, noi = 0;
-  for (int g = 0; g < 3; ++g) {
+  for (std::size_t g = 0; g < 3; ++g) {
     float amax = 0;
-    for (int i = 0; i < 16; ++i) {
-      const float v = x[static_cast<std::size_t>(g * 16 + i)];
+    for (std::size_t i = 0; i < 16; ++i) {
+      const float v = x[g * 16 + i];
       if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
     }
     const std::uint16_t sb = xquant::float_to_bfloat16(amax / 127.0f);
@@ -219,11 +221,11 @@ TEST(Groups, W8A16AgainstAnIndependentFormula) {
     std::memcpy(&got, s.data() + g * 2, 2);
     EXPECT_EQ(got, sb);
     const float sw = xquant::bfloat16_to_float(sb);
-    for (int i = 0; i < 16; ++i) {
-      const float v = x[static_cast<std::size_t>(g * 16 + i)];
+    for (std::size_t i = 0; i < 16; ++i) {
+      const float v = x[g * 16 + i];
       const float r = std::isnan(v) ? 0.0f : std::nearbyint(v / sw);  // half to even (default rounding mode)
       const int qi = static_cast<int>(std::max(-128.0f, std::min(127.0f, r)));
-      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[static_cast<std::size_t>(g * 16 + i)])), qi + 128)
+      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[g * 16 + i])), qi + 128)
           << g << " " << i;
       if (std::isfinite(v)) {
         sig += static_cast<double>(v) * v;
