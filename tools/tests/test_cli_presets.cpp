@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compressed_tensors.hpp"
+#include "entry.hpp"
 #include "errors.hpp"
 #include "passes.hpp"
 #include "xquant/half.hpp"
@@ -22,16 +23,7 @@
 namespace {
 
 using namespace xqcli;
-
-TensorEntry entry(const std::string& name, StDType dt, Dims shape) {
-  TensorEntry t;
-  t.name = name;
-  t.dtype = dt;
-  t.shape = std::move(shape);
-  t.numel = checked_numel(t.shape).value();
-  t.end = static_cast<std::uint64_t>(t.numel) * st_dtype_size(dt);
-  return t;
-}
+using xqcli::test_support::entry;
 
 ExportOptions preset(const std::string& name, std::int64_t group = 128, bool given = false) {
   ExportOptions e;
@@ -225,8 +217,7 @@ TEST(Groups, W8A16AgainstAnIndependentFormula) {
       const float v = x[g * 16 + i];
       const float r = std::isnan(v) ? 0.0f : std::nearbyint(v / sw);  // half to even (default rounding mode)
       const int qi = static_cast<int>(std::max(-128.0f, std::min(127.0f, r)));
-      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[g * 16 + i])), qi + 128)
-          << g << " " << i;
+      EXPECT_EQ(static_cast<int>(static_cast<std::uint8_t>(q[g * 16 + i])), qi + 128) << g << " " << i;
       if (std::isfinite(v)) {
         sig += static_cast<double>(v) * v;
         const double d = static_cast<double>(v) - static_cast<double>(static_cast<float>(qi) * sw);
