@@ -213,7 +213,6 @@ void quantize_out(TensorView out, ConstTensorView input, ConstTensorView scales,
   run(dev, plan, out.data, input, scales, zero_points, dtype, div_mode);
 }
 
-// NOLINTNEXTLINE(performance-unnecessary-value-param): optional views by value, as every operator's API.
 Tensor quantize(ConstTensorView input, ConstTensorView scales, std::optional<ConstTensorView> zero_points,
                 QuantDType dtype, std::int64_t axis, bool div_mode) {
   const Device dev = call_device(input.device, input, scales, zero_points);
