@@ -484,7 +484,8 @@ void BM_weight_quant_matmul(benchmark::State& st) {
   xq::Tensor w4;
   if (int4) {
     xq::Tensor wi(xq::DType::int32, {K, N});
-    for (std::int64_t i = 0; i < wi.numel(); ++i) wi.data<std::int32_t>()[i] = w8.data<std::int8_t>()[i];
+    const std::int8_t* w = w8.data<std::int8_t>();
+    for (std::int64_t i = 0; i < wi.numel(); ++i) wi.data<std::int32_t>()[i] = w[i];
     w4 = xq::convert_weight_to_int4pack(wi);
   }
   const xq::ConstTensorView w = int4 ? xq::ConstTensorView(w4) : xq::ConstTensorView(w8);
