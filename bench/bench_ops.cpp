@@ -19,7 +19,7 @@ namespace xq = xquant;
 
 namespace {
 
-xq::Tensor random_tensor(xq::DType dt, xq::Shape shape, float range = 4.f) {
+xq::Tensor random_tensor(xq::DType dt, const xq::Shape& shape, float range = 4.f) {
   xq::Tensor f(xq::DType::float32, shape);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-range, range);
@@ -33,7 +33,7 @@ xq::Tensor random_tensor(xq::DType dt, xq::Shape shape, float range = 4.f) {
   return t;
 }
 
-xq::Tensor filled(xq::Shape shape, float v) {
+xq::Tensor filled(const xq::Shape& shape, float v) {
   xq::Tensor t(xq::DType::float32, shape);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = v;
   return t;
@@ -171,7 +171,7 @@ void BM_tile_quant(benchmark::State& st) {
 }
 
 // ---- small calls: [8, 128] float32, per-tensor against per-channel (the per-call setup cost) ----
-// Each operator's per-tensor case is its reference: docs/performance.md, "Small per-channel calls".
+// Each operator's per-tensor case is its reference: docs/performance.md, "Small calls".
 constexpr std::int64_t kSmallRows = 8, kSmallCols = 128;
 
 // axis < 0: per-tensor; otherwise per-channel on that axis.
@@ -427,7 +427,7 @@ int run_ratios(const char* json_path, const char* filter) {
 // Args: {M, K, N}. Decode M = 1..16, prefill M = 2048; K = N = 4096 (a Llama-7B projection).
 namespace mm {
 
-xq::Tensor random_int8(xq::Shape shape, int lo = -128, int span = 256) {
+xq::Tensor random_int8(const xq::Shape& shape, int lo = -128, int span = 256) {
   xq::Tensor t(xq::DType::int8, shape);
   std::mt19937 rng(7);
   for (std::int64_t i = 0; i < t.numel(); ++i)
@@ -484,7 +484,8 @@ void BM_weight_quant_matmul(benchmark::State& st) {
   xq::Tensor w4;
   if (int4) {
     xq::Tensor wi(xq::DType::int32, {K, N});
-    for (std::int64_t i = 0; i < wi.numel(); ++i) wi.data<std::int32_t>()[i] = w8.data<std::int8_t>()[i];
+    const std::int8_t* w = w8.data<std::int8_t>();
+    for (std::int64_t i = 0; i < wi.numel(); ++i) wi.data<std::int32_t>()[i] = w[i];
     w4 = xq::convert_weight_to_int4pack(wi);
   }
   const xq::ConstTensorView w = int4 ? xq::ConstTensorView(w4) : xq::ConstTensorView(w8);

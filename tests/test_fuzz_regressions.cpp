@@ -4,7 +4,7 @@
 //     own checks (the harness source is compiled into this test; under the asan preset its sanitizer
 //     findings reproduce too).
 #define XQUANT_FUZZ_OPS_NO_ENTRY
-#include "../fuzz/fuzz_ops.cpp"
+#include "../fuzz/fuzz_ops.cpp"  // NOLINT(bugprone-suspicious-include): the harness is compiled in, on purpose
 
 #include <gtest/gtest.h>
 

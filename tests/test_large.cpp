@@ -19,7 +19,8 @@ TEST(Large, FakeQuantInplaceFloat16BeyondTwoToThe31) {
   // float16 arithmetic (SPEC 1): scale = f16(127 / 3), t = f16(x * scale), out = f16(q / scale).
   const float scale = xquant::half_to_float(xquant::float_to_half(127.0f / amax));
   for (std::int64_t k = 0; k < kPeriod; ++k) {
-    const float v = static_cast<float>(k - kPeriod / 2) / 100.0f;  // [-5.1, 5.1]: some saturate
+    const std::int64_t centered = k - kPeriod / 2;
+    const float v = static_cast<float>(centered) / 100.0f;  // [-5.1, 5.1]: some saturate
     table_in[k] = xquant::float_to_half(v);
     const float t = xquant::half_to_float(xquant::float_to_half(xquant::half_to_float(table_in[k]) * scale));
     float q = std::nearbyint(t);

@@ -7,11 +7,9 @@ std::size_t dtype_size(DType dt) noexcept {
     case DType::float32:
       return 4;
     case DType::float16:
-      return 2;
     case DType::bfloat16:
       return 2;
     case DType::int8:
-      return 1;
     case DType::uint8:
       return 1;
     case DType::int32:
@@ -63,8 +61,7 @@ DType storage_dtype(QuantDType q) noexcept {
     case QuantDType::quint8:
       return DType::uint8;
     case QuantDType::qint32:
-      return DType::int32;
-    case QuantDType::quint4x2:
+    case QuantDType::quint4x2:  // eight int4 per int32
       return DType::int32;
   }
   return DType::int8;

@@ -158,12 +158,14 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
     const std::size_t total = rounded + kHugePage;
     void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) throw_oom(nbytes_, shape_);
-    const auto base = reinterpret_cast<std::uintptr_t>(p);
-    const std::uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-    if (aligned > base) munmap(p, aligned - base);
-    const std::uintptr_t end = base + total;
-    if (end > aligned + rounded) munmap(reinterpret_cast<void*>(aligned + rounded), end - (aligned + rounded));
-    data_ = reinterpret_cast<void*>(aligned);
+    // Keep the kHugePage-aligned `rounded` bytes inside the mapping; unmap the head before and the tail after.
+    auto* const base = static_cast<char*>(p);
+    const std::size_t head = (kHugePage - reinterpret_cast<std::uintptr_t>(base) % kHugePage) % kHugePage;
+    char* const aligned = base + head;
+    if (head > 0) munmap(base, head);
+    const std::size_t tail = total - head - rounded;
+    if (tail > 0) munmap(aligned + rounded, tail);
+    data_ = aligned;
     mapped_bytes_ = rounded;
     madvise(data_, rounded, MADV_HUGEPAGE);  // advisory: failure (no THP) only costs speed
   } else {

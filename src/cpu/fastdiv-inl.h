@@ -165,46 +165,43 @@ inline bool cpu_vendor_is_intel() {
   return false;
 #endif
 }
+// The process's defaults, read once: XQUANT_FAST_DIV (0 or 1 when set to exactly that, else -1) and the
+// CPU vendor.
+inline int fast_div_env() {
+  static const int env = [] {
+    const char* e = std::getenv("XQUANT_FAST_DIV");
+    return e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
+  }();
+  return env;
+}
+inline bool cpu_is_intel() {
+  static const bool intel = cpu_vendor_is_intel();
+  return intel;
+}
 // Only when asked for (XQUANT_FAST_DIV=1 or set_fast_div_mode(1)), not by default on any CPU: for
 // kernels where the models show no gain (ActsULQ forward: memory-bound, and its two quotients need
 // a per-vector domain check and ten FMA-class instructions against two divisions).
 inline bool fast_div_forced() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  if (m >= 0) return m >= 1;
-  static const bool forced = [] {
-    const char* e = std::getenv("XQUANT_FAST_DIV");
-    return e != nullptr && e[0] == '1' && e[1] == '\0';
-  }();
-  return forced;
+  return m >= 0 ? m >= 1 : fast_div_env() == 1;
 }
 // The rounding check (rint_check) is used by default on every CPU and target, and when the mode is
 // forced to 2; mode 0 (divider only) and mode 1 (FMA division only) turn it off, so tests reach every path.
 inline bool rint_check_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  if (m >= 0) return m == 2;
-  static const bool by_default = [] {
-    const char* e = std::getenv("XQUANT_FAST_DIV");
-    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
-  }();
-  return by_default;
+  return m >= 0 ? m == 2 : fast_div_env() != 0;
 }
 // Dynamic quantization's int4 packing on AVX-512 (StoreInt4Words<true>, the Intel models' choice) on
 // Intel CPUs, and also in mode 2 so that tests reach it on any CPU; the other packing elsewhere.
 inline bool int4_narrow_first() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  if (m >= 0) return m == 2;
-  static const bool intel = cpu_vendor_is_intel();
-  return intel;
+  return m >= 0 ? m == 2 : cpu_is_intel();
 }
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   if (m >= 0) return m >= 1;
-  static const bool by_default = [] {
-    const char* e = std::getenv("XQUANT_FAST_DIV");
-    if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';
-    return cpu_vendor_is_intel();
-  }();
-  return by_default;
+  const int env = fast_div_env();
+  return env >= 0 ? env == 1 : cpu_is_intel();
 }
 
 }  // namespace xquant::detail

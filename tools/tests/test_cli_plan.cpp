@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "entry.hpp"
 #include "errors.hpp"
 #include "passes.hpp"
 #include "plan.hpp"
@@ -18,16 +19,7 @@
 namespace {
 
 using namespace xqcli;
-
-TensorEntry entry(const std::string& name, StDType dt, Dims shape) {
-  TensorEntry t;
-  t.name = name;
-  t.dtype = dt;
-  t.shape = std::move(shape);
-  t.numel = checked_numel(t.shape).value();
-  t.end = static_cast<std::uint64_t>(t.numel) * st_dtype_size(dt);
-  return t;
-}
+using xqcli::test_support::entry;
 
 bool same_bits(float a, float b) {
   std::uint32_t x, y;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compressed_tensors.hpp"
+#include "entry.hpp"
 #include "errors.hpp"
 #include "passes.hpp"
 #include "xquant/half.hpp"
@@ -22,16 +23,7 @@
 namespace {
 
 using namespace xqcli;
-
-TensorEntry entry(const std::string& name, StDType dt, Dims shape) {
-  TensorEntry t;
-  t.name = name;
-  t.dtype = dt;
-  t.shape = std::move(shape);
-  t.numel = checked_numel(t.shape).value();
-  t.end = static_cast<std::uint64_t>(t.numel) * st_dtype_size(dt);
-  return t;
-}
+using xqcli::test_support::entry;
 
 ExportOptions preset(const std::string& name, std::int64_t group = 128, bool given = false,
                      const char* rule = "compressed-tensors") {
@@ -298,8 +290,10 @@ TEST(Scale, RefusedWhenTheScaleDtypeCannotHoldIt) {
 TEST(Groups, W8A16AgainstAnIndependentFormula) {
   // 3 groups of 16 float32 values, bfloat16 scales
   std::vector<float> x(48);
-  for (int i = 0; i < 48; ++i)
-    x[static_cast<std::size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i / 16));
+  for (std::size_t i = 0; i < 48; ++i) {
+    const std::size_t group = i / 16;
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(group));
+  }
   x[20] = std::numeric_limits<float>::quiet_NaN();
   for (const bool old_rule : {false, true}) {
     const Preset p = make_preset(preset("W8A16", 16, true, old_rule ? "amax-qmax" : "compressed-tensors"));
