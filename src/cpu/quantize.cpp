@@ -79,7 +79,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   void* const y = j.y;
   const bool has_zero_point = j.has_zero_point;
   // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded.
-  auto value = [=](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp, const float* rp)
+  auto value = [XQUANT_BY_VALUE](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp, const float* rp)
                    XQUANT_LAMBDA_INLINE {
                      const VF xv = LoadF<DT>(xb, xi);
                      const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
