@@ -53,8 +53,9 @@ namespace xquant::detail::HWY_NAMESPACE {
 
 // A panel row's buffers: kPanel columns rounded up to two vectors (more than kPanel only for SVE vectors
 // wider than 1024 bits).
-inline constexpr std::int64_t kPanelBuf =
-    kPanel > 2 * static_cast<std::int64_t>(kMaxLanes) ? kPanel : 2 * static_cast<std::int64_t>(kMaxLanes);
+inline constexpr std::int64_t kPanelBuf = kPanel > 2 * static_cast<std::int64_t>(kMaxLanes)
+                                              ? kPanel
+                                              : 2 * static_cast<std::int64_t>(kMaxLanes);
 static_assert(kPanelBuf <= kPanelAlloc, "the panel allocation is too narrow for this target");
 
 using D16 = hn::ScalableTag<std::int16_t>;
