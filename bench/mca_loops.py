@@ -18,6 +18,9 @@ import sys
 
 LINE = re.compile(r"^\s*([0-9a-f]+):\s+(\S.*)$")
 BRANCH = re.compile(r"^(j[a-z]+)\s+([0-9a-f]+)\b")
+# aarch64 (--arch aarch64): b, b.cond, cbz / cbnz REG, tbz / tbnz REG, #BIT, each with the target last.
+BRANCH_A64 = re.compile(r"^(b|b\.[a-z]+|cbn?z|tbn?z)\s+(?:\S+,\s*)*([0-9a-f]+)$")
+ARCH = {"branch": BRANCH, "jump": "jmp", "comment": "#", "call": ("ret", "call")}
 
 
 def functions(obj, name, objdump):
@@ -34,7 +37,7 @@ def functions(obj, name, objdump):
         m = LINE.match(line) if insns is not None else None
         if not m:
             continue
-        text = m.group(2).split("#")[0].split("<")[0].strip()
+        text = m.group(2).split(ARCH["comment"])[0].split("<")[0].strip()
         if text.startswith("nop") or text.startswith("data16") or text.startswith("cs nop") or not text:
             continue
         insns.append((int(m.group(1), 16), text))
@@ -55,10 +58,10 @@ def walk(insns, start, taken, not_taken, limit=4000):
             return path[seen[a]:]
         seen[a] = len(path)
         path.append((a, t))
-        m = BRANCH.match(t)
+        m = ARCH["branch"].match(t)
         if m:
             op, target = m.group(1), int(m.group(2), 16)
-            if op == "jmp":
+            if op == ARCH["jump"]:
                 go = True
             elif a in taken:
                 go = True
@@ -71,7 +74,7 @@ def walk(insns, start, taken, not_taken, limit=4000):
                     return None  # leaves the function
                 i = index[target]
                 continue
-        if t.startswith("ret") or t.startswith("call"):
+        if t.split()[0] in ("ret", "call", "bl", "blr", "callq"):
             return None
         i += 1
         if i >= len(insns):
@@ -83,7 +86,7 @@ def all_loops(insns, marker, taken, not_taken):
     """Distinct loops (by their set of addresses) containing the marker, smallest first."""
     loops, seen = [], set()
     for a, t in insns:
-        m = BRANCH.match(t)
+        m = ARCH["branch"].match(t)
         if not m or int(m.group(2), 16) > a:
             continue
         loop = walk(insns, int(m.group(2), 16), taken, not_taken)
@@ -107,8 +110,12 @@ def find_loop(insns, marker, start, taken, not_taken, pick=0):
 
 
 def mca(path, cpu, tool):
-    body = [".Ltop:"] + [BRANCH.sub(lambda m: f"{m.group(1)} .Ltop", t) for _, t in path]
-    res = subprocess.run([tool, f"-mcpu={cpu}", "-iterations=200"], input="\n".join(body) + "\n",
+    def to_top(t):  # the loop's branches jump to its top
+        m = ARCH["branch"].match(t)
+        return t[:m.start(2)] + ".Ltop" + t[m.end(2):] if m else t
+    body = [".Ltop:"] + [to_top(t) for _, t in path]
+    res = subprocess.run([tool, f"-mcpu={cpu}", "-iterations=200"] + ARCH.get("mca_args", []),
+                         input="\n".join(body) + "\n",
                          capture_output=True, text=True)
     if res.returncode != 0:
         return None, res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "llvm-mca failed"
@@ -128,13 +135,19 @@ def main():
     ap.add_argument("--not-taken", default="", help="comma-separated hex offsets of branches not to take")
     ap.add_argument("--mcpu", default="sapphirerapids,znver4")
     ap.add_argument("--mca", default="llvm-mca-19")
-    ap.add_argument("--objdump", default="objdump")
+    ap.add_argument("--objdump", default=None, help="default: objdump (x86-64), aarch64-linux-gnu-objdump (aarch64)")
+    ap.add_argument("--arch", choices=["x86-64", "aarch64"], default="x86-64",
+                    help="the object's architecture (aarch64: the cross build's objects, SVE2 enabled in llvm-mca)")
     ap.add_argument("--quiet", action="store_true", help="print only the figures")
     ap.add_argument("--list", action="store_true", help="list every loop containing the marker (start, size)")
     ap.add_argument("--pick", type=int, default=0, help="the n-th smallest such loop (default 0)")
     ap.add_argument("--full", action="store_true", help="print llvm-mca's whole report")
     ap.add_argument("--vectors", type=int, default=1, help="vectors per loop iteration (figures are divided by it)")
     a = ap.parse_args()
+    if a.arch == "aarch64":
+        ARCH.update(branch=BRANCH_A64, jump="b", comment="//",
+                    mca_args=["-mtriple=aarch64-linux-gnu", "-mattr=+sve2"])
+    a.objdump = a.objdump or ("aarch64-linux-gnu-objdump" if a.arch == "aarch64" else "objdump")
     hexes = lambda s: {int(x, 16) for x in s.split(",") if x}
     loop = None
     for insns in functions(a.obj, a.function, a.objdump):

@@ -145,20 +145,30 @@ TEST(FakeQuant, Bfloat16NarrowsOnceFromFloat32) {
 // float16 inputs follow the Ascend kernel's float16 arithmetic (SPEC 1), stated here with the compiler's
 // own _Float16 arithmetic (g++ on x86-64: each operation rounded once to float16), independent of the
 // library's conversions: scale = M / amax, t = x * scale, out = clamp(rint(t), m, M) / scale, all in half.
-#if defined(__FLT16_MAX__)
+// The compiler's float16 type: _Float16 (g++ 12 on x86-64); g++ 12 for aarch64 has _Float16 in C only,
+// so there __fp16 (IEEE format): conversions from float round to nearest even in hardware, and each
+// operation on two float16 values is computed in float and rounded to float16 when stored, which gives
+// the correctly rounded float16 result for + - * / (float's 24 bits >= 2 * 11 + 2: no double rounding).
+#if defined(__FLT16_MAX__) && !(defined(__aarch64__) && !defined(__clang__) && defined(__GNUC__) && __GNUC__ < 13)
+#define XQ_TEST_HALF_TYPE _Float16
+#elif defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)
+#define XQ_TEST_HALF_TYPE __fp16
+#endif
+#if defined(XQ_TEST_HALF_TYPE)
+using TestHalf = XQ_TEST_HALF_TYPE;
 namespace {
-float half_expect(_Float16 x, _Float16 amax, int nb, bool uns, bool narrow) {
+float half_expect(TestHalf x, TestHalf amax, int nb, bool uns, bool narrow) {
   const std::int64_t bound = (std::int64_t{1} << (nb - 1 + (uns ? 1 : 0))) - 1;
-  const auto M = static_cast<_Float16>(static_cast<float>(bound));
-  const auto m = static_cast<_Float16>(static_cast<float>(-(bound + (narrow ? 0 : 1))));
-  const _Float16 scale = M / amax;
+  const auto M = static_cast<TestHalf>(static_cast<float>(bound));
+  const auto m = static_cast<TestHalf>(static_cast<float>(-(bound + (narrow ? 0 : 1))));
+  const TestHalf scale = M / amax;
   if (x != x) return static_cast<float>(x);
-  if (!std::isfinite(static_cast<float>(scale)) || scale == static_cast<_Float16>(0.f)) return 0.f;
-  const _Float16 t = x * scale;
-  _Float16 q = static_cast<_Float16>(std::nearbyint(static_cast<float>(t)));
+  if (!std::isfinite(static_cast<float>(scale)) || scale == static_cast<TestHalf>(0.f)) return 0.f;
+  const TestHalf t = x * scale;
+  TestHalf q = static_cast<TestHalf>(std::nearbyint(static_cast<float>(t)));
   if (q > M) q = M;
   if (q < m) q = m;
-  return static_cast<float>(static_cast<_Float16>(q / scale));
+  return static_cast<float>(static_cast<TestHalf>(q / scale));
 }
 }  // namespace
 
@@ -175,11 +185,11 @@ TEST(FakeQuant, Float16FollowsTheKernelsHalfArithmetic) {
     for (bool uns : {false, true})
       for (bool narrow : {false, true})
         for (float amax : {5.f, 1.5f, 0.0999755859375f /* exact half */, 0.f, 6e-8f /* half subnormal */}) {
-          const auto a16 = static_cast<_Float16>(amax);
+          const auto a16 = static_cast<TestHalf>(amax);
           Tensor a = make_float(DType::float16, {1}, {amax});
           Tensor out = xquant::fake_tensor_quant(in, a, {nb, uns, narrow});
           std::vector<float> want;
-          for (float v : xw) want.push_back(half_expect(static_cast<_Float16>(v), a16, nb, uns, narrow));
+          for (float v : xw) want.push_back(half_expect(static_cast<TestHalf>(v), a16, nb, uns, narrow));
           const std::string what = "nb=" + std::to_string(nb) + " uns=" + std::to_string(uns) +
                                    " narrow=" + std::to_string(narrow) + " amax=" + std::to_string(amax);
           expect_floats_bitexact(to_floats(out), want, what);

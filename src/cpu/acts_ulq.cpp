@@ -63,7 +63,13 @@ namespace xquant::detail::HWY_NAMESPACE {
 
 // The fast path's per-call values (kFast): 1 / LEVELS and the domain.
 struct UlqFast {
-  VF rlevels;
+#if XQUANT_SIZELESS_VECTORS
+  float rlevels_s;  // SVE: no vector members (and no fast division on Arm: never read)
+  HWY_INLINE VF rlevels() const { return hn::Set(DF(), rlevels_s); }
+#else
+  VF rlevels_v;
+  HWY_INLINE VF rlevels() const { return rlevels_v; }
+#endif
   DivDomainV<DF> dom;
 };
 
@@ -80,7 +86,7 @@ HWY_INLINE void UlqStep(const void* x, std::int64_t xi, void* const out[4], std:
   if (kFast && HWY_LIKELY(hn::AllTrue(df, InDivDomain(df, xc, f.dom)))) {
     raw = DivCore(xc, s, rs);
     rx = RoundEven(raw);
-    loss = DivCore(hn::Sub(rx, raw), levels, f.rlevels);
+    loss = DivCore(hn::Sub(rx, raw), levels, f.rlevels());
   } else
 #endif
   {
@@ -103,7 +109,11 @@ template <DType DT, bool kFast>
 void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* const* pa, const ActsUlqParams& p) {
   const DF df;
   const VF levels = hn::Set(df, j.levels);
+#if XQUANT_SIZELESS_VECTORS
+  const UlqFast f{1.0f / j.levels, DivDomainV<DF>(j.dom)};
+#else
   const UlqFast f{hn::Set(df, 1.0f / j.levels), DivDomainV<DF>(j.dom)};
+#endif
   const float rs = 1.0f / p.s;
   auto param = [&](const float* const* a, int k, std::int64_t i, float sc) {
     return a ? hn::LoadU(df, a[k] + i) : hn::Set(df, sc);
@@ -127,7 +137,7 @@ void UlqSpanT(const UlqJob& j, std::int64_t pos, std::int64_t n, const float* co
                 {.base = j.out[1], .offset = pos, .es = es},
                 {.base = j.out[2], .offset = pos, .es = es},
                 {.base = j.out[3], .offset = pos, .es = es}},
-               [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               [XQUANT_BY_VALUE](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  auto at = [&](int m) { return hn::LoadU(df, StagedF(in[m]) + k); };
                  UlqStep<DT, false, kFast>(in[0], k, out, k, at(1), at(2), at(3), at(4), levels, kFast ? at(5) : levels,
                                            f);

@@ -207,7 +207,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   const VF lo = hn::Set(df, kInt4 ? -8.0f : -128.0f), hi = hn::Set(df, kInt4 ? 7.0f : 127.0f);
   // Captured by value: the int8 stores may alias anything, so values behind references would be
   // reloaded from memory for every vector.
-  auto value = [=](const void* base, std::int64_t i) XQUANT_LAMBDA_INLINE {
+  auto value = [XQUANT_BY_VALUE](const void* base, std::int64_t i) XQUANT_LAMBDA_INLINE {
     const VF x = LoadF<DT>(base, i);
     if constexpr (kMode == DivMode::kRint) {
       const VF yv = hn::MulAdd(x, rs, o);

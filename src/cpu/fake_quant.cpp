@@ -87,7 +87,7 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
   const void* const x = j.x;
   void* const y = j.y;
   // out = clamp(rint(x * scale), min_bound, max_bound) / scale; degenerate channels give 0 (NaN stays).
-  auto compute = [=]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi)
+  auto compute = [XQUANT_BY_VALUE]<bool kA>(const void* xb, std::int64_t xi, const SpanParams& p, std::int64_t pi)
                      XQUANT_LAMBDA_INLINE {
                        const VF v = LoadF<DT>(xb, xi);
                        const VF s = kA ? hn::LoadU(df, p.a_scale + pi) : s_b;

@@ -43,6 +43,7 @@
 #include <limits>
 
 #include "hwy/highway.h"
+#include "cpu/sizeless-inl.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -274,16 +275,30 @@ HWY_INLINE V DivForInteger(V x, V s, V r, V x_max) {
 // A domain in vector form: |x| bits in [lo, hi] <=> (int32)(|x| bits + (2^31 - lo)) <= INT32_MIN + (hi - lo).
 template <class DF>
 struct DivDomainV {
-  hn::Vec<hn::RebindToSigned<DF>> bias, top;
+  using DI = hn::RebindToSigned<DF>;
+#if XQUANT_SIZELESS_VECTORS
+  // SVE: no vector members; the two constants are broadcast where they are used.
+  std::int32_t bias_s, top_s;
+  HWY_INLINE hn::Vec<DI> bias() const { return hn::Set(DI(), bias_s); }
+  HWY_INLINE hn::Vec<DI> top() const { return hn::Set(DI(), top_s); }
+#else
+  hn::Vec<DI> bias_v, top_v;
+  HWY_INLINE hn::Vec<DI> bias() const { return bias_v; }
+  HWY_INLINE hn::Vec<DI> top() const { return top_v; }
+#endif
   explicit DivDomainV(const FastDivDomain& d) {
-    const hn::RebindToSigned<DF> di;
     const std::uint32_t bias_u = 0x80000000u - d.lo;
     const std::uint32_t top_u = 0x80000000u + (d.hi - d.lo);
     std::int32_t b, t;
     std::memcpy(&b, &bias_u, 4);
     std::memcpy(&t, &top_u, 4);
-    bias = hn::Set(di, b);
-    top = hn::Set(di, t);
+#if XQUANT_SIZELESS_VECTORS
+    bias_s = b;
+    top_s = t;
+#else
+    bias_v = hn::Set(DI(), b);
+    top_v = hn::Set(DI(), t);
+#endif
   }
 };
 
@@ -292,8 +307,8 @@ template <class DF, class V = hn::Vec<DF>>
 HWY_INLINE auto InDivDomain(DF df, V x, const DivDomainV<DF>& dom) {
   const hn::RebindToSigned<DF> di;
   const auto ax = hn::And(hn::BitCast(di, x), hn::Set(di, 0x7FFFFFFF));
-  const auto t = hn::Add(ax, dom.bias);  // wraps: in range <=> t <= top (signed)
-  const auto in = hn::Or(hn::Eq(ax, hn::Zero(di)), hn::Not(hn::Gt(t, dom.top)));
+  const auto t = hn::Add(ax, dom.bias());  // wraps: in range <=> t <= top (signed)
+  const auto in = hn::Or(hn::Eq(ax, hn::Zero(di)), hn::Not(hn::Gt(t, dom.top())));
   return hn::RebindMask(df, in);
 }
 

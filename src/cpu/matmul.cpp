@@ -42,12 +42,21 @@ struct WqmJob {
   const float* x;  // [M][K] widened
 };
 inline constexpr std::int64_t kQmmTile = 64;
-inline constexpr std::int64_t kPanel = 64;  // columns per weight panel (a multiple of every vector width)
+inline constexpr std::int64_t kPanel = 64;  // columns per weight panel (a multiple of two vectors up to 1024 bits)
+// Floats per panel row allocated: kPanel, or on Arm two of the widest SVE vectors (2048 bits).
+inline constexpr std::int64_t kPanelAlloc = HWY_ARCH_ARM_A64 ? 128 : kPanel;
 #endif
 }  // namespace xquant::detail
 
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
+
+// A panel row's buffers: kPanel columns rounded up to two vectors (more than kPanel only for SVE vectors
+// wider than 1024 bits).
+inline constexpr std::int64_t kPanelBuf = kPanel > 2 * static_cast<std::int64_t>(kMaxLanes)
+                                              ? kPanel
+                                              : 2 * static_cast<std::int64_t>(kMaxLanes);
+static_assert(kPanelBuf <= kPanelAlloc, "the panel allocation is too narrow for this target");
 
 using D16 = hn::ScalableTag<std::int16_t>;
 using D8h = hn::Rebind<std::int8_t, D16>;
@@ -68,10 +77,27 @@ void QmmTile(const QmmJob& j, std::int64_t b, std::int64_t m0, std::int64_t m1, 
     for (std::int64_t n = n0; n < n1; n += 4) {
       const std::int8_t* c[4];
       for (int t = 0; t < 4; ++t) c[t] = X2 + std::min(n + t, n1 - 1) * K;
+      std::int64_t k = 0;
+#if XQUANT_SIZELESS_VECTORS
+      // SVE: vectors cannot form arrays; the tile's columns one after another (sums modulo 2^32: the
+      // same values in any order).
+      std::int32_t sum[2][4];
+      for (int t = 0; t < 4; ++t) {
+        auto acc0 = hn::Zero(d32), acc1 = hn::Zero(d32), ext0 = hn::Zero(d32), ext1 = hn::Zero(d32);
+        for (k = 0; k + L <= K; k += L) {
+          const auto a0 = hn::PromoteTo(d16, hn::LoadU(d8, r[0] + k));
+          const auto a1 = hn::PromoteTo(d16, hn::LoadU(d8, r[1] + k));
+          const auto bv = hn::PromoteTo(d16, hn::LoadU(d8, c[t] + k));
+          acc0 = hn::ReorderWidenMulAccumulate(d32, a0, bv, acc0, ext0);
+          acc1 = hn::ReorderWidenMulAccumulate(d32, a1, bv, acc1, ext1);
+        }
+        sum[0][t] = hn::GetLane(hn::SumOfLanes(d32, hn::RearrangeToOddPlusEven(acc0, ext0)));
+        sum[1][t] = hn::GetLane(hn::SumOfLanes(d32, hn::RearrangeToOddPlusEven(acc1, ext1)));
+      }
+#else
       hn::Vec<D32> acc[2][4], extra[2][4];
       for (int u = 0; u < 2; ++u)
         for (int t = 0; t < 4; ++t) acc[u][t] = extra[u][t] = hn::Zero(d32);
-      std::int64_t k = 0;
       for (; k + L <= K; k += L) {
         const auto a0 = hn::PromoteTo(d16, hn::LoadU(d8, r[0] + k));
         const auto a1 = hn::PromoteTo(d16, hn::LoadU(d8, r[1] + k));
@@ -81,13 +107,18 @@ void QmmTile(const QmmJob& j, std::int64_t b, std::int64_t m0, std::int64_t m1, 
           acc[1][t] = hn::ReorderWidenMulAccumulate(d32, a1, bv, acc[1][t], extra[1][t]);
         }
       }
+#endif
       for (int u = 0; u < 2; ++u) {
         const std::int64_t mm = m + u;
         if (mm >= m1) break;
         for (int t = 0; t < 4; ++t) {
           const std::int64_t nn = n + t;
           if (nn >= n1) break;
+#if XQUANT_SIZELESS_VECTORS
+          std::int32_t s = sum[u][t];
+#else
           std::int32_t s = hn::GetLane(hn::SumOfLanes(d32, hn::RearrangeToOddPlusEven(acc[u][t], extra[u][t])));
+#endif
           for (std::int64_t kk = k; kk < K; ++kk) s = wrap_add(s, wrap_mul(r[u][kk], c[t][kk]));  // the tail
           quant_matmul_finish(a.epilogue, a.out, (b * M + mm) * N + nn, b, mm, nn, s);
         }
@@ -103,8 +134,8 @@ void WqmPanelT(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t np,
   const DI di;
   const std::int64_t K = a.K, N = a.N;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  HWY_ALIGN std::int8_t q[kPanel];
-  HWY_ALIGN float s[kPanel], o[kPanel];
+  HWY_ALIGN std::int8_t q[kPanelBuf];
+  HWY_ALIGN float s[kPanelBuf], o[kPanelBuf];
   std::int64_t g_loaded = -1;
   auto round16 = [](VF v) -> VF {
     if constexpr (DT == DType::float16) {
@@ -155,11 +186,38 @@ void WqmPanel(const WqmJob& j, std::int64_t n0, std::int64_t np, float* panel) {
   else
     WqmPanelT<DType::bfloat16>(a, n0, np, width, panel);
   const std::int64_t M = a.M, K = a.K, N = a.N;
-  HWY_ALIGN float res[4 * kPanel];
+  HWY_ALIGN float res[4 * kPanelBuf];
   for (std::int64_t m = 0; m < M; m += 4) {
     const float* xr[4];
     for (int u = 0; u < 4; ++u) xr[u] = j.x + std::min(m + u, M - 1) * K;  // a missing row repeats the last
     for (std::int64_t c = 0; c < width; c += 2 * L) {
+#if XQUANT_SIZELESS_VECTORS
+      // SVE: vectors cannot form arrays; the same 4 x 2 accumulators by name.
+      VF a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);  // +0
+      VF a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
+      const float* wp = panel + c;
+      for (std::int64_t k = 0; k < K; ++k, wp += width) {
+        const VF w0 = hn::LoadU(df, wp), w1 = hn::LoadU(df, wp + L);
+        const VF x0 = hn::Set(df, xr[0][k]), x1 = hn::Set(df, xr[1][k]);
+        const VF x2 = hn::Set(df, xr[2][k]), x3 = hn::Set(df, xr[3][k]);
+        a00 = hn::Add(a00, hn::Mul(x0, w0));  // the product rounded, then the sum
+        a01 = hn::Add(a01, hn::Mul(x0, w1));
+        a10 = hn::Add(a10, hn::Mul(x1, w0));
+        a11 = hn::Add(a11, hn::Mul(x1, w1));
+        a20 = hn::Add(a20, hn::Mul(x2, w0));
+        a21 = hn::Add(a21, hn::Mul(x2, w1));
+        a30 = hn::Add(a30, hn::Mul(x3, w0));
+        a31 = hn::Add(a31, hn::Mul(x3, w1));
+      }
+      hn::Store(a00, df, res + 0 * kPanelBuf + c);
+      hn::Store(a01, df, res + 0 * kPanelBuf + c + L);
+      hn::Store(a10, df, res + 1 * kPanelBuf + c);
+      hn::Store(a11, df, res + 1 * kPanelBuf + c + L);
+      hn::Store(a20, df, res + 2 * kPanelBuf + c);
+      hn::Store(a21, df, res + 2 * kPanelBuf + c + L);
+      hn::Store(a30, df, res + 3 * kPanelBuf + c);
+      hn::Store(a31, df, res + 3 * kPanelBuf + c + L);
+#else
       VF acc[4][2];
       for (int u = 0; u < 4; ++u) acc[u][0] = acc[u][1] = hn::Zero(df);  // +0
       const float* wp = panel + c;
@@ -172,13 +230,14 @@ void WqmPanel(const WqmJob& j, std::int64_t n0, std::int64_t np, float* panel) {
         }
       }
       for (int u = 0; u < 4; ++u) {
-        hn::Store(acc[u][0], df, res + u * kPanel + c);
-        hn::Store(acc[u][1], df, res + u * kPanel + c + L);
+        hn::Store(acc[u][0], df, res + u * kPanelBuf + c);
+        hn::Store(acc[u][1], df, res + u * kPanelBuf + c + L);
       }
+#endif
     }
     for (int u = 0; u < 4 && m + u < M; ++u)
       for (std::int64_t t = 0; t < np; ++t)
-        weight_matmul_finish(a.dt, a.out, (m + u) * N + n0 + t, res[u * kPanel + t], a.bias, n0 + t);
+        weight_matmul_finish(a.dt, a.out, (m + u) * N + n0 + t, res[u * kPanelBuf + t], a.bias, n0 + t);
   }
 }
 
@@ -272,7 +331,7 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   const WqmJob j{&a, x.data()};
   const std::int64_t panels = (N + kPanel - 1) / kPanel;
   parallel_ranges(panels, 1, M * N * std::max<std::int64_t>(K, 1), [&](std::int64_t p0, std::int64_t p1) {
-    std::vector<float> panel(static_cast<std::size_t>(std::max<std::int64_t>(K, 1) * kPanel));
+    std::vector<float> panel(static_cast<std::size_t>(std::max<std::int64_t>(K, 1) * kPanelAlloc));
     for (std::int64_t p = p0; p < p1; ++p) {
       const std::int64_t n0 = p * kPanel;
       HWY_DYNAMIC_DISPATCH(WqmPanel)(j, n0, std::min(kPanel, N - n0), panel.data());

@@ -79,23 +79,23 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   void* const y = j.y;
   const bool has_zero_point = j.has_zero_point;
   // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded.
-  auto value = [=](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp, const float* rp)
-                   XQUANT_LAMBDA_INLINE {
-                     const VF xv = LoadF<DT>(xb, xi);
-                     const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
-                     VF scaled;
-                     if constexpr (kMode == 0) {
-                       scaled = hn::Mul(xv, sv);
-                     } else if constexpr (kMode == 1) {
-                       scaled = hn::Div(xv, sv);
-                     } else {
-                       scaled = DivForInteger<true>(xv, sv, rp ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
-                     }
-                     // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
-                     if (!has_zero_point) return scaled;
-                     const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
-                     return hn::Add(scaled, zv);  // rint(... + zero_point) later
-                   };
+  auto value = [XQUANT_BY_VALUE](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp,
+                                 const float* rp) XQUANT_LAMBDA_INLINE {
+    const VF xv = LoadF<DT>(xb, xi);
+    const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
+    VF scaled;
+    if constexpr (kMode == 0) {
+      scaled = hn::Mul(xv, sv);
+    } else if constexpr (kMode == 1) {
+      scaled = hn::Div(xv, sv);
+    } else {
+      scaled = DivForInteger<true>(xv, sv, rp ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
+    }
+    // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
+    if (!has_zero_point) return scaled;
+    const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
+    return hn::Add(scaled, zv);  // rint(... + zero_point) later
+  };
   constexpr std::size_t kOutSize = Q == QuantDType::qint32 ? 4 : 1;
   // Fewer than kBlock elements at i (the tail; the head that aligns a streamed output) through stack
   // buffers: the body's value + StoreQ per vector (int4: packed from the int8 lanes).

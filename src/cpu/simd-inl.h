@@ -23,6 +23,7 @@
 #include "hwy/highway.h"
 #include "core/check.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/sizeless-inl.h"
 #include "xquant/dtype.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -44,8 +45,9 @@ using VU = hn::Vec<DU>;
 #define XQUANT_LAMBDA_INLINE __attribute__((always_inline))
 #endif
 
-// Widest vector of any target (AVX-512: 16 floats); stack buffers for tails are sized by it.
-inline constexpr std::size_t kMaxLanes = 16;
+// Widest vector of this target, in float lanes (AVX-512: 16; SVE: up to 2048 bits, 64); stack buffers
+// for tails are sized by it.
+inline constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / 4 > 16 ? HWY_MAX_BYTES / 4 : 16;
 
 // float16 bits (in u32 lanes) -> float, exact (mirrors half_to_float).
 HWY_INLINE VF HalfBitsToFloat(VU h) {

@@ -26,7 +26,7 @@ void TileRow(const float* src, std::int64_t cols, float scale, float offset, voi
   const VF s = hn::Set(df, scale), o = hn::Set(df, offset);
   // Captured by value: the byte stores may alias anything, so values behind references would be
   // reloaded for every vector.
-  auto quantize = [=](const void* xb, void* yb, std::int64_t k) XQUANT_LAMBDA_INLINE {
+  auto quantize = [XQUANT_BY_VALUE](const void* xb, void* yb, std::int64_t k) XQUANT_LAMBDA_INLINE {
     const VF v = hn::Mul(LoadF<DType::float32>(xb, k), s);
     if constexpr (kAsym) {
       StoreU8(RoundSaturateToI32Range(hn::Add(v, o), 0.0f, 255.0f), static_cast<std::uint8_t*>(yb) + k);

@@ -173,7 +173,12 @@ std::string temp_template(const std::string& path) {
   std::string base = base_of(path);
   const std::size_t room = kNameMax - 1 - kSuffix.size();
   if (base.size() > room) base.resize(room);
-  return dir_of(path) + "/." + base + std::string(kSuffix);
+  // Appended piece by piece: GCC 12's -Wrestrict misreads `a + b + std::string(...)` on aarch64.
+  std::string out = dir_of(path);
+  out += "/.";
+  out += base;
+  out += kSuffix;
+  return out;
 }
 
 void ensure_open_files(std::size_t needed, const std::string& why) {
