@@ -1,28 +1,44 @@
 // cpu backend: the quantized matmuls (docs/semantics.md section 9), bit-identical to src/ref/matmul.cpp.
 //
 // quant_matmul: the integer product is exact modulo 2^32 and addition modulo 2^32 is associative, so any
-// blocking gives the reference's bits. Both operands are brought to int8 rows along K once per call
-// (x1 as given, or unpacked from int4; x2 used as stored when transposed int8, else transposed / unpacked
-// into [N][K]); a tile of 2 rows x 4 columns then takes its dot products with int16 multiply-adds
-// (pmaddwd: ReorderWidenMulAccumulate), and each element's epilogue is params/matmul.hpp's scalar
-// quant_matmul_finish, the reference's own code. Tiles of 64 x 64 outputs are spread over threads.
-// (The x86 vector adds wrap modulo 2^32; Highway's scalar fallback target adds in C++ int, which can only
-// overflow beyond K = 131071 with extreme values, far above the NPU's K limit of 65535.)
+// blocking gives the reference's bits. Two kernels, both on int16 multiply-adds (pmaddwd on x86:
+// Highway's ReorderWidenMulAccumulate; each pair product is at most 2 * 128 * 128, exact in int32):
+//  - GEMM (the general path, prefill): x1 is widened to int16 rows once; x2 is packed once per call into
+//    panels of kQmmNR = 2 vectors of columns, each k pair (2p, 2p + 1) of a column one int32 word of two
+//    int16 (the pmaddwd operand order), so a register block of kMR rows x 2 vectors takes per k pair
+//    one broadcast of x1's word per row and two loads of the panel. Tiles of kQmmMC x kQmmNC outputs are
+//    spread over threads; each accumulates over K in chunks of kQmmKC pairs (panel chunks stay in L1)
+//    into an int32 tile, then runs the epilogue.
+//  - dot (decode: few rows and x2 stored [N, K], as vllm-ascend passes the weight): each output is a dot
+//    product along K of two contiguous int8 rows; 2 rows x 4 columns per register block, so x2 (the
+//    weight, the bulk of the traffic) streams through once per 2 rows.
+// The epilogue of each element is params/matmul.hpp's scalar quant_matmul_finish, the reference's own
+// code. (The x86 vector adds wrap modulo 2^32; Highway's scalar fallback target adds in C++ int, which can
+// only overflow beyond K = 131071 with extreme values, far above the NPU's K limit of 65535.)
 //
 // weight_quant_batchmatmul: the float32 sum runs over k in increasing order per output element, as in
 // the reference; vectors run across n (lane j holds column n + j), so each lane performs exactly the
-// reference's sequence of rounded multiplies and adds (no FMA). The weight is dequantized panel by panel
-// (64 columns x K, per thread) with the reference's formula in vector form (the 16-bit roundings are the
-// bit-pattern conversions of simd-inl.h, identical to core/convert.hpp); x is widened to float32 once.
-// Panels are spread over threads; the result does not depend on the partition.
+// reference's sequence of rounded multiplies and adds (no FMA). Partial sums wait in a float32 tile
+// between chunks of k (storing and reloading a float is exact), so blocking over k keeps the order. The
+// weight is dequantized with the reference's formula in vector form into panels of kWqmNR = 2 vectors of
+// columns ([k][kWqmNR] floats); the 16-bit roundings are F16C's conversions on x86 AVX2 / AVX-512 (IEEE
+// round to nearest even, as core/convert.hpp) and simd-inl.h's bit-pattern roundings elsewhere. A
+// register block of kMR rows x 2 vectors multiplies a broadcast x[m][k] by the panel row and adds.
+//  - decode (M <= kWqmDecodeMaxM): threads take 64-column blocks; each dequantizes kWqmKC rows of its
+//    block at a time into an L1 buffer and runs every row of x over it: the weight is read once.
+//  - prefill: per block of kWqmNC columns the whole K is dequantized once (threads split k), then threads
+//    take kWqmMC-row tiles, chunking k by kWqmKC so a panel chunk stays in L1 and the x tile in L2.
+// The result does not depend on the partition or the target.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/matmul.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <vector>
 
+#include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
@@ -32,17 +48,37 @@
 namespace xquant::detail {
 #ifndef XQUANT_CPU_MATMUL_ONCE
 #define XQUANT_CPU_MATMUL_ONCE
-struct QmmJob {
+// quant_matmul, dot kernel
+struct QmmDotJob {
   const QuantMatmulArgs* args;
   const std::int8_t* x1;   // logical elements, x1_offsets apply
   const std::int8_t* x2t;  // [.. N][K] per matrix, x2_offsets apply
 };
+inline constexpr std::int64_t kQmmTile = 64;
+inline constexpr std::int64_t kQmmDotMaxM = 32;  // the dot kernel for M up to this (x2 stored [N, K])
+// quant_matmul, GEMM kernel
+inline constexpr std::int64_t kRowPad = 8;   // x1 rows are padded to a multiple of every target's kMR
+inline constexpr std::int64_t kQmmMC = 96;   // rows per tile (a multiple of kRowPad)
+inline constexpr std::int64_t kQmmNC = 256;  // columns per tile (a multiple of every kQmmNR)
+inline constexpr std::int64_t kQmmKC = 256;  // k pairs per chunk: a panel chunk of 16 columns is 16 KiB
+struct QmmGemmJob {
+  const QuantMatmulArgs* args;
+  std::int64_t b;           // batch
+  const std::int32_t* a;    // [Mp][Kh] words: int16 pairs of x1 rows (rows beyond M zero)
+  const std::int32_t* bp;   // [N / NR][Kh][NR] words: int16 pairs of x2 columns (columns beyond N zero)
+  std::int64_t Kh, Mp, NR;  // k pairs, padded rows, panel width of the packing target
+};
+// weight_quant_batchmatmul
 struct WqmJob {
   const WeightQuantMatmulArgs* args;
   const float* x;  // [M][K] widened
 };
-inline constexpr std::int64_t kQmmTile = 64;
-inline constexpr std::int64_t kPanel = 64;  // columns per weight panel (a multiple of every vector width)
+inline constexpr std::int64_t kWqmDecodeMaxM = 24;  // the decode path up to this many rows
+inline constexpr std::int64_t kWqmBlock = 64;       // decode: columns per block (a multiple of every NR)
+inline constexpr std::int64_t kWqmKC = 256;         // k per chunk (prefill); decode chunks are kWqmDecodeKC
+inline constexpr std::int64_t kWqmDecodeKC = 64;
+inline constexpr std::int64_t kWqmNC = 128;  // prefill: columns per block
+inline constexpr std::int64_t kWqmMC = 96;   // prefill: rows per tile
 #endif
 }  // namespace xquant::detail
 
@@ -53,8 +89,19 @@ using D16 = hn::ScalableTag<std::int16_t>;
 using D8h = hn::Rebind<std::int8_t, D16>;
 using D32 = hn::Repartition<std::int32_t, D16>;
 
-// Output tile [m0, m1) x [n0, n1) of batch b.
-void QmmTile(const QmmJob& j, std::int64_t b, std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
+// Rows per register block: with 2 vectors of columns, kMR rows take 2 kMR accumulators, 2 panel vectors
+// and kMR broadcasts (compilers load every broadcast of a k step first): 14 of AVX2's 16 registers at 4,
+// 26 of AVX-512's / NEON's 32 at 8.
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_ARCH_ARM_A64
+constexpr int kMR = 8;
+#else
+constexpr int kMR = 4;
+#endif
+static_assert(kRowPad % kMR == 0 && kQmmMC % kRowPad == 0 && kWqmMC % kMR == 0);
+
+// ---------------------------------------------------------------------------------------------------
+// quant_matmul, dot kernel: output tile [m0, m1) x [n0, n1) of batch b.
+void QmmTile(const QmmDotJob& j, std::int64_t b, std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
   const QuantMatmulArgs& a = *j.args;
   const D16 d16;
   const D8h d8;
@@ -96,91 +143,296 @@ void QmmTile(const QmmJob& j, std::int64_t b, std::int64_t m0, std::int64_t m1, 
   }
 }
 
-// Rows [0, K) of the dequantized panel of columns [n0, n0 + np): panel[k][0, width), zero beyond np.
+// ---------------------------------------------------------------------------------------------------
+// quant_matmul, GEMM kernel.
+
+// The panel width (columns) of this target's packing.
+std::int64_t QmmPanelWidth() { return 2 * static_cast<std::int64_t>(hn::Lanes(D32())); }
+
+// Packs panels [p0, p1) of one x2 matrix (logical int8; `tr`: stored [N][K], else [K][N]) into
+// bp[p][kp][j] = (x2(2kp, n) & 0xFFFF) | x2(2kp + 1, n) << 16 with n = p * NR + j (zero beyond K and N).
+void QmmPackB(const std::int8_t* x2, bool tr, std::int64_t K, std::int64_t N, std::int64_t p0, std::int64_t p1,
+              std::int32_t* bp) {
+  const std::int64_t NR = QmmPanelWidth(), Kh = (K + 1) / 2;
+  auto pair = [](std::int8_t lo, std::int8_t hi) {
+    return static_cast<std::int32_t>(static_cast<std::uint16_t>(static_cast<std::int16_t>(lo)) |
+                                     (static_cast<std::uint32_t>(static_cast<std::uint16_t>(hi)) << 16));
+  };
+  for (std::int64_t p = p0; p < p1; ++p) {
+    std::int32_t* dst = bp + p * Kh * NR;
+    const std::int64_t n0 = p * NR, nw = std::min(NR, N - n0);
+    if (tr) {
+      for (std::int64_t j = 0; j < NR; ++j) {
+        if (j >= nw) {
+          for (std::int64_t kp = 0; kp < Kh; ++kp) dst[kp * NR + j] = 0;
+          continue;
+        }
+        const std::int8_t* col = x2 + (n0 + j) * K;
+        std::int64_t kp = 0;
+        for (; 2 * kp + 1 < K; ++kp) dst[kp * NR + j] = pair(col[2 * kp], col[2 * kp + 1]);
+        if (kp < Kh) dst[kp * NR + j] = pair(col[2 * kp], 0);
+      }
+    } else {
+      for (std::int64_t kp = 0; kp < Kh; ++kp) {
+        const std::int8_t* r0 = x2 + 2 * kp * N + n0;
+        const std::int8_t* r1 = 2 * kp + 1 < K ? r0 + N : nullptr;
+        std::int32_t* d = dst + kp * NR;
+        for (std::int64_t j = 0; j < nw; ++j) d[j] = pair(r0[j], r1 != nullptr ? r1[j] : 0);
+        for (std::int64_t j = nw; j < NR; ++j) d[j] = 0;
+      }
+    }
+  }
+}
+
+// c[r][0, NR) (+)= sum over k pairs [0, kh) of a[r] . bp[kp], rows r < R; c rows ldc apart.
+template <int R>
+HWY_INLINE void QmmMicro(const std::int32_t* a, std::int64_t lda, const std::int32_t* bp, std::int64_t kh,
+                         std::int32_t* c, std::int64_t ldc, bool init) {
+  const D32 d32;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d32));
+#if HWY_TARGET == HWY_SCALAR
+  // one lane of int16 and one of int32: no pair reinterpretation; the same sums in plain code
+  for (int r = 0; r < R; ++r)
+    for (std::int64_t t = 0; t < 2 * L; ++t) {
+      std::int32_t s = init ? 0 : c[r * ldc + t];
+      for (std::int64_t kp = 0; kp < kh; ++kp) {
+        const std::int32_t w = a[r * lda + kp], v = bp[kp * 2 * L + t];
+        const auto lo = [](std::int32_t x) { return static_cast<std::int32_t>(static_cast<std::int16_t>(x & 0xFFFF)); };
+        s = wrap_add(s, wrap_add(wrap_mul(lo(w), lo(v)), wrap_mul(w >> 16, v >> 16)));
+      }
+      c[r * ldc + t] = s;
+    }
+#else
+  const D16 d16;
+  hn::Vec<D32> acc[R][2], extra[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = init ? hn::Zero(d32) : hn::LoadU(d32, c + r * ldc);
+    acc[r][1] = init ? hn::Zero(d32) : hn::LoadU(d32, c + r * ldc + L);
+    extra[r][0] = extra[r][1] = hn::Zero(d32);
+  }
+  for (std::int64_t kp = 0; kp < kh; ++kp) {
+    const auto b0 = hn::BitCast(d16, hn::Load(d32, bp + kp * 2 * L));
+    const auto b1 = hn::BitCast(d16, hn::Load(d32, bp + kp * 2 * L + L));
+    for (int r = 0; r < R; ++r) {
+      const auto av = hn::BitCast(d16, hn::Set(d32, a[r * lda + kp]));
+      acc[r][0] = hn::ReorderWidenMulAccumulate(d32, av, b0, acc[r][0], extra[r][0]);
+      acc[r][1] = hn::ReorderWidenMulAccumulate(d32, av, b1, acc[r][1], extra[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    hn::StoreU(hn::RearrangeToOddPlusEven(acc[r][0], extra[r][0]), d32, c + r * ldc);
+    hn::StoreU(hn::RearrangeToOddPlusEven(acc[r][1], extra[r][1]), d32, c + r * ldc + L);
+  }
+#endif
+}
+
+// Output tile [m0, m0 + kQmmMC) x [n0, n0 + kQmmNC) (clipped to M, N) of batch j.b.
+void QmmGemmTile(const QmmGemmJob& j, std::int64_t m0, std::int64_t n0, std::int32_t* c /* kQmmMC x kQmmNC */) {
+  const QuantMatmulArgs& a = *j.args;
+  const std::int64_t NR = QmmPanelWidth(), Kh = j.Kh, M = a.M, N = a.N;
+  const std::int64_t mw = std::min(kQmmMC, M - m0), nw = std::min(kQmmNC, N - n0);
+  const std::int64_t mr_blocks = (mw + kMR - 1) / kMR, panels = (nw + NR - 1) / NR;
+  for (std::int64_t k0 = 0; k0 < Kh; k0 += kQmmKC) {
+    const std::int64_t kh = std::min(kQmmKC, Kh - k0);
+    for (std::int64_t p = 0; p < panels; ++p) {
+      const std::int32_t* bp = j.bp + ((n0 / NR + p) * Kh + k0) * NR;
+      for (std::int64_t i = 0; i < mr_blocks; ++i) {  // rows up to Mp exist (zero): full blocks only
+        const std::int32_t* ar = j.a + (m0 + i * kMR) * Kh + k0;
+        QmmMicro<kMR>(ar, Kh, bp, kh, c + i * kMR * kQmmNC + p * NR, kQmmNC, k0 == 0);
+      }
+    }
+  }
+  if (Kh == 0) std::fill(c, c + kQmmMC * kQmmNC, 0);
+  for (std::int64_t r = 0; r < mw; ++r)
+    for (std::int64_t t = 0; t < nw; ++t)
+      quant_matmul_finish(a.epilogue, a.out, (j.b * M + m0 + r) * N + n0 + t, j.b, m0 + r, n0 + t, c[r * kQmmNC + t]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// weight_quant_batchmatmul.
+
 template <DType DT>
-void WqmPanelT(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t np, std::int64_t width, float* panel) {
+HWY_INLINE VF Round16(VF v) {
+  const DF df;
+  if constexpr (DT == DType::float16) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+    // F16C: IEEE round to nearest even (subnormals, overflow to Inf); NaN stays NaN
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(df, hn::DemoteTo(dh, v));
+#else
+    return RoundToHalf(v);
+#endif
+  } else {
+    return hn::BitCast(df, hn::ShiftLeft<16>(FloatToBf16Bits(v)));
+  }
+}
+
+// Dequantized rows [k0, k1) of columns [n0, n0 + nw) (nw <= kWqmBlock): panel j (columns n0 + j NR ..)
+// at dst + j * ldp, row k at + (k - k0) * NR; columns beyond nw up to a multiple of NR are zero.
+template <DType DT>
+void WqmDequant(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t nw, std::int64_t k0, std::int64_t k1,
+                float* dst, std::int64_t ldp) {
   const DF df;
   const DI di;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df)), NR = 2 * L;
   const std::int64_t K = a.K, N = a.N;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  HWY_ALIGN std::int8_t q[kPanel];
-  HWY_ALIGN float s[kPanel], o[kPanel];
+  const std::int64_t width = (nw + NR - 1) / NR * NR;
+  HWY_ALIGN std::int8_t q[kWqmBlock];
+  HWY_ALIGN float s[kWqmBlock], o[kWqmBlock];
   std::int64_t g_loaded = -1;
-  auto round16 = [](VF v) -> VF {
-    if constexpr (DT == DType::float16) {
-      return HalfBitsToFloat(FloatToHalfBits(v));
-    } else {
-      return hn::BitCast(DF(), hn::ShiftLeft<16>(FloatToBf16Bits(v)));
-    }
-  };
   const auto* w8 = static_cast<const std::int8_t*>(a.weight);
   const auto* w4 = static_cast<const std::int32_t*>(a.weight);
-  for (std::int64_t k = 0; k < K; ++k) {
+  const bool has_off = a.offset != nullptr;
+  for (std::int64_t k = k0; k < k1; ++k) {
     const std::int64_t g = k / a.group_size;
     if (g != g_loaded) {  // parameters of group g, zero-padded to the panel width
-      for (std::int64_t t = 0; t < width; ++t) {
-        s[t] = t < np ? a.scale[g * N + n0 + t] : 0.0f;
-        o[t] = t < np && a.offset != nullptr ? a.offset[g * N + n0 + t] : 0.0f;
-      }
+      std::memcpy(s, a.scale + g * N + n0, static_cast<std::size_t>(nw) * sizeof(float));
+      if (has_off) std::memcpy(o, a.offset + g * N + n0, static_cast<std::size_t>(nw) * sizeof(float));
+      for (std::int64_t t = nw; t < width; ++t) s[t] = o[t] = 0.0f;
       g_loaded = g;
     }
     // q[t] = weight element (k, n0 + t)
     if (!a.transpose_weight) {
       if (a.int4)
-        unpack_int4_bytes(w4, k * N + n0, np, q);
+        unpack_int4_bytes(w4, k * N + n0, nw, q);
       else
-        std::memcpy(q, w8 + k * N + n0, static_cast<std::size_t>(np));
+        std::memcpy(q, w8 + k * N + n0, static_cast<std::size_t>(nw));
     } else if (a.int4) {
-      for (std::int64_t t = 0; t < np; ++t) q[t] = static_cast<std::int8_t>(load_int4(w4, (n0 + t) * K + k));
+      for (std::int64_t t = 0; t < nw; ++t) q[t] = static_cast<std::int8_t>(load_int4(w4, (n0 + t) * K + k));
     } else {
-      for (std::int64_t t = 0; t < np; ++t) q[t] = w8[(n0 + t) * K + k];
+      for (std::int64_t t = 0; t < nw; ++t) q[t] = w8[(n0 + t) * K + k];
     }
-    for (std::int64_t t = np; t < width; ++t) q[t] = 0;
+    for (std::int64_t t = nw; t < width; ++t) q[t] = 0;
+    float* row = dst + (k - k0) * NR;
     for (std::int64_t t = 0; t < width; t += L) {
       VF v = hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), q + t)));
-      if (a.offset != nullptr) v = round16(hn::Add(v, hn::Load(df, o + t)));            // narrow_x(q + offset)
-      hn::StoreU(round16(hn::Mul(v, hn::Load(df, s + t))), df, panel + k * width + t);  // narrow_x(. * scale)
+      if (has_off) v = Round16<DT>(hn::Add(v, hn::Load(df, o + t)));  // narrow_x(q + offset)
+      v = Round16<DT>(hn::Mul(v, hn::Load(df, s + t)));               // narrow_x(. * scale)
+      hn::Store(v, df, row + (t / NR) * ldp + (t % NR));
     }
   }
 }
 
-// Columns [n0, n0 + np) of every row: acc = acc + x * w over k ascending, 4 rows x 2 vectors at a time.
-void WqmPanel(const WqmJob& j, std::int64_t n0, std::int64_t np, float* panel) {
-  const WeightQuantMatmulArgs& a = *j.args;
+void WqmDequantRows(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t nw, std::int64_t k0, std::int64_t k1,
+                    float* dst, std::int64_t ldp) {
+  if (a.dt == DType::float16)
+    WqmDequant<DType::float16>(a, n0, nw, k0, k1, dst, ldp);
+  else
+    WqmDequant<DType::bfloat16>(a, n0, nw, k0, k1, dst, ldp);
+}
+
+// c[r][0, NR) = (init ? +0 : c[r]) + x[r][k] * bp[k] over k in [0, kc) in order, rows r < R.
+template <int R>
+HWY_INLINE void WqmMicro(const float* x, std::int64_t ldx, const float* bp, std::int64_t kc, float* c, std::int64_t ldc,
+                         bool init) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  const std::int64_t width = (np + 2 * L - 1) / (2 * L) * (2 * L);
-  if (a.dt == DType::float16)
-    WqmPanelT<DType::float16>(a, n0, np, width, panel);
-  else
-    WqmPanelT<DType::bfloat16>(a, n0, np, width, panel);
-  const std::int64_t M = a.M, K = a.K, N = a.N;
-  HWY_ALIGN float res[4 * kPanel];
-  for (std::int64_t m = 0; m < M; m += 4) {
-    const float* xr[4];
-    for (int u = 0; u < 4; ++u) xr[u] = j.x + std::min(m + u, M - 1) * K;  // a missing row repeats the last
-    for (std::int64_t c = 0; c < width; c += 2 * L) {
-      VF acc[4][2];
-      for (int u = 0; u < 4; ++u) acc[u][0] = acc[u][1] = hn::Zero(df);  // +0
-      const float* wp = panel + c;
-      for (std::int64_t k = 0; k < K; ++k, wp += width) {
-        const VF w0 = hn::LoadU(df, wp), w1 = hn::LoadU(df, wp + L);
-        for (int u = 0; u < 4; ++u) {
-          const VF xv = hn::Set(df, xr[u][k]);
-          acc[u][0] = hn::Add(acc[u][0], hn::Mul(xv, w0));  // the product rounded, then the sum
-          acc[u][1] = hn::Add(acc[u][1], hn::Mul(xv, w1));
-        }
-      }
-      for (int u = 0; u < 4; ++u) {
-        hn::Store(acc[u][0], df, res + u * kPanel + c);
-        hn::Store(acc[u][1], df, res + u * kPanel + c + L);
-      }
+  VF acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = init ? hn::Zero(df) : hn::LoadU(df, c + r * ldc);  // +0
+    acc[r][1] = init ? hn::Zero(df) : hn::LoadU(df, c + r * ldc + L);
+  }
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const VF w0 = hn::Load(df, bp + k * 2 * L), w1 = hn::Load(df, bp + k * 2 * L + L);
+    for (int r = 0; r < R; ++r) {
+      const VF xv = hn::Set(df, x[r * ldx + k]);
+      acc[r][0] = hn::Add(acc[r][0], hn::Mul(xv, w0));  // the product rounded, then the sum
+      acc[r][1] = hn::Add(acc[r][1], hn::Mul(xv, w1));
     }
-    for (int u = 0; u < 4 && m + u < M; ++u)
-      for (std::int64_t t = 0; t < np; ++t)
-        weight_matmul_finish(a.dt, a.out, (m + u) * N + n0 + t, res[u * kPanel + t], a.bias, n0 + t);
+  }
+  for (int r = 0; r < R; ++r) {
+    hn::StoreU(acc[r][0], df, c + r * ldc);
+    hn::StoreU(acc[r][1], df, c + r * ldc + L);
   }
 }
+
+// Rows [0, rows) in register blocks of kMR (the last one shorter).
+HWY_INLINE void WqmRows(const float* x, std::int64_t ldx, std::int64_t rows, const float* bp, std::int64_t kc, float* c,
+                        std::int64_t ldc, bool init) {
+  std::int64_t r = 0;
+  for (; r + kMR <= rows; r += kMR) WqmMicro<kMR>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+  switch (rows - r) {
+    case 1:
+      WqmMicro<1>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      break;
+    case 2:
+      WqmMicro<2>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      break;
+    case 3:
+      WqmMicro<3>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      break;
+    case 4:
+      WqmMicro<4>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      break;
+    case 5:
+      WqmMicro<5>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      break;
+    case 6:
+      WqmMicro<6>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      break;
+    case 7:
+      WqmMicro<7>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      break;
+    default:
+      break;
+  }
+}
+
+// out[m][n] for rows [m0, m0 + rows) and columns [n0, n0 + nw) from the finished sums c (ldc apart).
+void WqmFinish(const WeightQuantMatmulArgs& a, std::int64_t m0, std::int64_t rows, std::int64_t n0, std::int64_t nw,
+               const float* c, std::int64_t ldc) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  const VF qnan = hn::BitCast(df, hn::Set(DU(), 0x7FC00000u));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t base = (m0 + r) * a.N + n0;
+    std::int64_t t = 0;
+    for (; t + L <= nw; t += L) {
+      VF v = hn::LoadU(df, c + r * ldc + t);
+      if (a.bias != nullptr) v = hn::Add(v, hn::LoadU(df, a.bias + n0 + t));
+      v = hn::IfThenElse(hn::IsNaN(v), qnan, v);  // canonical NaN
+      if (a.dt == DType::float16)
+        StoreF<DType::float16>(v, a.out, base + t);
+      else
+        StoreF<DType::bfloat16>(v, a.out, base + t);
+    }
+    for (; t < nw; ++t) weight_matmul_finish(a.dt, a.out, base + t, c[r * ldc + t], a.bias, n0 + t);
+  }
+}
+
+// Decode: columns [n0, n0 + nw) (nw <= kWqmBlock) of every row; buf: kWqmBlock * kWqmDecodeKC floats,
+// c: M * kWqmBlock floats.
+void WqmDecodeBlock(const WqmJob& j, std::int64_t n0, std::int64_t nw, float* buf, float* c) {
+  const WeightQuantMatmulArgs& a = *j.args;
+  const std::int64_t NR = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
+  const std::int64_t M = a.M, K = a.K, panels = (nw + NR - 1) / NR;
+  for (std::int64_t k0 = 0; k0 < K; k0 += kWqmDecodeKC) {
+    const std::int64_t kc = std::min(kWqmDecodeKC, K - k0);
+    WqmDequantRows(a, n0, nw, k0, k0 + kc, buf, kc * NR);
+    for (std::int64_t p = 0; p < panels; ++p)
+      WqmRows(j.x + k0, K, M, buf + p * kc * NR, kc, c + p * NR, kWqmBlock, k0 == 0);
+  }
+  if (K == 0) std::fill(c, c + M * kWqmBlock, 0.0f);
+  WqmFinish(a, 0, M, n0, nw, c, kWqmBlock);
+}
+
+// Prefill: rows [m0, m0 + rows) x columns [n0, n0 + nw) (nw <= kWqmNC) against the dequantized block
+// panel (panel p at panel + p * K * NR); c: kWqmMC * kWqmNC floats.
+void WqmPrefillTile(const WqmJob& j, std::int64_t m0, std::int64_t rows, std::int64_t n0, std::int64_t nw,
+                    const float* panel, float* c) {
+  const WeightQuantMatmulArgs& a = *j.args;
+  const std::int64_t NR = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
+  const std::int64_t K = a.K, panels = (nw + NR - 1) / NR;
+  for (std::int64_t k0 = 0; k0 < K; k0 += kWqmKC) {
+    const std::int64_t kc = std::min(kWqmKC, K - k0);
+    for (std::int64_t p = 0; p < panels; ++p)
+      WqmRows(j.x + m0 * K + k0, K, rows, panel + (p * K + k0) * NR, kc, c + p * NR, kWqmNC, k0 == 0);
+  }
+  if (K == 0) std::fill(c, c + kWqmMC * kWqmNC, 0.0f);
+  WqmFinish(a, m0, rows, n0, nw, c, kWqmNC);
+}
+
+std::int64_t WqmPanelWidth() { return 2 * static_cast<std::int64_t>(hn::Lanes(DF())); }
 
 // x (float16 / bfloat16) widened to float32, elements [b0, b1).
 void WidenX(const WeightQuantMatmulArgs& a, float* x, std::int64_t b0, std::int64_t b1) {
@@ -201,7 +453,13 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace xquant::detail {
 HWY_EXPORT(QmmTile);
-HWY_EXPORT(WqmPanel);
+HWY_EXPORT(QmmPanelWidth);
+HWY_EXPORT(QmmPackB);
+HWY_EXPORT(QmmGemmTile);
+HWY_EXPORT(WqmPanelWidth);
+HWY_EXPORT(WqmDequantRows);
+HWY_EXPORT(WqmDecodeBlock);
+HWY_EXPORT(WqmPrefillTile);
 HWY_EXPORT(WidenX);
 
 namespace {
@@ -211,6 +469,69 @@ void to_int8(bool int4, const void* src, std::int64_t count, std::int8_t* dst) {
     unpack_int4_bytes(static_cast<const std::int32_t*>(src), 0, count, dst);
   else
     std::memcpy(dst, src, static_cast<std::size_t>(count));
+}
+
+// A vector-aligned buffer of n (at least 1) elements, zero-filled.
+template <class T>
+hwy::AlignedFreeUniquePtr<T[]> aligned_zeros(std::int64_t n) {
+  const auto count = static_cast<std::size_t>(std::max<std::int64_t>(n, 1));
+  auto p = hwy::AllocateAligned<T>(count);
+  if (!p) throw std::bad_alloc();
+  std::memset(p.get(), 0, count * sizeof(T));
+  return p;
+}
+
+// The dot kernel over every batch (x1 / x2 as logical int8, x2 stored [N][K]).
+void quant_matmul_dot(const QuantMatmulArgs& a, const std::int8_t* x1, const std::int8_t* x2t) {
+  const std::int64_t M = a.M, K = a.K, N = a.N;
+  const QmmDotJob j{&a, x1, x2t};
+  const std::int64_t mt = (M + kQmmTile - 1) / kQmmTile, nt = (N + kQmmTile - 1) / kQmmTile;
+  const std::int64_t tiles = a.batch * mt * nt;
+  parallel_ranges(tiles, 1, a.batch * M * N * std::max<std::int64_t>(K, 1), [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t b = t / (mt * nt), r = t % (mt * nt);
+      const std::int64_t m0 = (r / nt) * kQmmTile, n0 = (r % nt) * kQmmTile;
+      HWY_DYNAMIC_DISPATCH(QmmTile)(j, b, m0, std::min(M, m0 + kQmmTile), n0, std::min(N, n0 + kQmmTile));
+    }
+  });
+}
+
+// The GEMM kernel, batch by batch (a broadcast x2 is packed once while its offset repeats).
+void quant_matmul_gemm(const QuantMatmulArgs& a, const std::int8_t* x1, const std::int8_t* x2) {
+  const std::int64_t M = a.M, K = a.K, N = a.N;
+  const std::int64_t Kh = (K + 1) / 2, Mp = (M + kRowPad - 1) / kRowPad * kRowPad;
+  const std::int64_t NR = HWY_DYNAMIC_DISPATCH(QmmPanelWidth)();
+  const std::int64_t panels = (N + NR - 1) / NR;
+  auto apack = aligned_zeros<std::int32_t>(Mp * Kh);
+  auto bpack = aligned_zeros<std::int32_t>(panels * Kh * NR);
+  const std::int64_t mt = (M + kQmmMC - 1) / kQmmMC, nt = (N + kQmmNC - 1) / kQmmNC;
+  std::int64_t packed_off = -1;
+  for (std::int64_t b = 0; b < a.batch; ++b) {
+    // x1 rows as int16 pairs; rows M..Mp stay zero
+    const std::int8_t* X1 = x1 + a.x1_offsets[b];
+    parallel_ranges(M, 64, M * K * 3, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t m = r0; m < r1; ++m) {
+        auto* dst = reinterpret_cast<std::uint16_t*>(apack.get() + m * Kh);
+        for (std::int64_t k = 0; k < K; ++k)
+          dst[k] = static_cast<std::uint16_t>(static_cast<std::int16_t>(X1[m * K + k]));
+        if (K % 2 != 0) dst[K] = 0;
+      }
+    });
+    if (a.x2_offsets[b] != packed_off) {
+      const std::int8_t* X2 = x2 + a.x2_offsets[b];
+      const bool tr = a.transpose_x2;
+      parallel_ranges(panels, 4, K * N * 5, [&](std::int64_t p0, std::int64_t p1) {
+        HWY_DYNAMIC_DISPATCH(QmmPackB)(X2, tr, K, N, p0, p1, bpack.get());
+      });
+      packed_off = a.x2_offsets[b];
+    }
+    const QmmGemmJob j{&a, b, apack.get(), bpack.get(), Kh, Mp, NR};
+    parallel_ranges(mt * nt, 1, M * N * std::max<std::int64_t>(K, 1), [&](std::int64_t t0, std::int64_t t1) {
+      auto c = aligned_zeros<std::int32_t>(kQmmMC * kQmmNC);
+      for (std::int64_t t = t0; t < t1; ++t)
+        HWY_DYNAMIC_DISPATCH(QmmGemmTile)(j, (t / nt) * kQmmMC, (t % nt) * kQmmNC, c.get());
+    });
+  }
 }
 }  // namespace
 
@@ -227,57 +548,61 @@ void cpu_quant_matmul(const QuantMatmulArgs& a) {
     to_int8(true, a.x1, n1, x1buf.data());
     x1 = x1buf.data();
   }
-  // x2 as [N][K] int8 rows per matrix
+  // x2 as int8 in its stored layout
   std::vector<std::int8_t> x2buf;
-  const std::int8_t* x2t = static_cast<const std::int8_t*>(a.x2);
-  if (a.int4 || !a.transpose_x2) {
+  const std::int8_t* x2 = static_cast<const std::int8_t*>(a.x2);
+  if (a.int4) {
     x2buf.resize(static_cast<std::size_t>(n2));
-    if (a.transpose_x2) {
-      to_int8(true, a.x2, n2, x2buf.data());
-    } else {
-      std::vector<std::int8_t> row(static_cast<std::size_t>(a.int4 ? N : 0));
-      for (std::int64_t base = 0; base < n2; base += K * N)  // each stored matrix [K][N] -> [N][K]
-        for (std::int64_t k = 0; k < K; ++k) {
-          const std::int8_t* src;
-          if (a.int4) {
-            unpack_int4_bytes(static_cast<const std::int32_t*>(a.x2), base + k * N, N, row.data());
-            src = row.data();
-          } else {
-            src = static_cast<const std::int8_t*>(a.x2) + base + k * N;
-          }
-          for (std::int64_t n = 0; n < N; ++n) x2buf[static_cast<std::size_t>(base + n * K + k)] = src[n];
-        }
-    }
-    x2t = x2buf.data();
+    to_int8(true, a.x2, n2, x2buf.data());
+    x2 = x2buf.data();
   }
-  const QmmJob j{&a, x1, x2t};
-  const std::int64_t mt = (M + kQmmTile - 1) / kQmmTile, nt = (N + kQmmTile - 1) / kQmmTile;
-  const std::int64_t tiles = a.batch * mt * nt;
-  parallel_ranges(tiles, 1, a.batch * M * N * std::max<std::int64_t>(K, 1), [&](std::int64_t t0, std::int64_t t1) {
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t b = t / (mt * nt), r = t % (mt * nt);
-      const std::int64_t m0 = (r / nt) * kQmmTile, n0 = (r % nt) * kQmmTile;
-      HWY_DYNAMIC_DISPATCH(QmmTile)(j, b, m0, std::min(M, m0 + kQmmTile), n0, std::min(N, n0 + kQmmTile));
-    }
-  });
+  if (a.transpose_x2 && M <= kQmmDotMaxM)
+    quant_matmul_dot(a, x1, x2);
+  else
+    quant_matmul_gemm(a, x1, x2);
 }
 
 void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   const std::int64_t M = a.M, K = a.K, N = a.N;
   if (M * N == 0) return;
-  std::vector<float> x(static_cast<std::size_t>(M * K));
+  auto x = aligned_zeros<float>(M * K);
   parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6, [&](std::int64_t b0, std::int64_t b1) {
-    HWY_DYNAMIC_DISPATCH(WidenX)(a, x.data(), b0, b1);
+    HWY_DYNAMIC_DISPATCH(WidenX)(a, x.get(), b0, b1);
   });
-  const WqmJob j{&a, x.data()};
-  const std::int64_t panels = (N + kPanel - 1) / kPanel;
-  parallel_ranges(panels, 1, M * N * std::max<std::int64_t>(K, 1), [&](std::int64_t p0, std::int64_t p1) {
-    std::vector<float> panel(static_cast<std::size_t>(std::max<std::int64_t>(K, 1) * kPanel));
-    for (std::int64_t p = p0; p < p1; ++p) {
-      const std::int64_t n0 = p * kPanel;
-      HWY_DYNAMIC_DISPATCH(WqmPanel)(j, n0, std::min(kPanel, N - n0), panel.data());
-    }
-  });
+  const WqmJob j{&a, x.get()};
+  const std::int64_t NR = HWY_DYNAMIC_DISPATCH(WqmPanelWidth)();
+  const std::int64_t bytes = M * N * std::max<std::int64_t>(K, 1);
+  if (M <= kWqmDecodeMaxM) {
+    const std::int64_t blocks = (N + kWqmBlock - 1) / kWqmBlock;
+    parallel_ranges(blocks, 1, bytes + K * N, [&](std::int64_t p0, std::int64_t p1) {
+      auto buf = aligned_zeros<float>(kWqmBlock * kWqmDecodeKC);
+      auto c = aligned_zeros<float>(M * kWqmBlock);
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const std::int64_t n0 = p * kWqmBlock;
+        HWY_DYNAMIC_DISPATCH(WqmDecodeBlock)(j, n0, std::min(kWqmBlock, N - n0), buf.get(), c.get());
+      }
+    });
+    return;
+  }
+  // prefill: per block of kWqmNC columns, dequantize all K (threads split k), then row tiles over threads
+  const std::int64_t kmax = std::max<std::int64_t>(K, 1);
+  auto panel = aligned_zeros<float>(kWqmNC * kmax);
+  const std::int64_t mt = (M + kWqmMC - 1) / kWqmMC;
+  for (std::int64_t n0 = 0; n0 < N; n0 += kWqmNC) {
+    const std::int64_t nw = std::min(kWqmNC, N - n0);
+    parallel_ranges(K, 256, K * nw * 8, [&](std::int64_t k0, std::int64_t k1) {
+      for (std::int64_t c0 = 0; c0 < nw; c0 += kWqmBlock)  // 64 columns (whole panels) at a time
+        HWY_DYNAMIC_DISPATCH(WqmDequantRows)
+        (a, n0 + c0, std::min(kWqmBlock, nw - c0), k0, k1, panel.get() + (c0 / NR * K + k0) * NR, K * NR);
+    });
+    parallel_ranges(mt, 1, M * nw * kmax, [&](std::int64_t t0, std::int64_t t1) {
+      auto c = aligned_zeros<float>(kWqmMC * kWqmNC);
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const std::int64_t m0 = t * kWqmMC;
+        HWY_DYNAMIC_DISPATCH(WqmPrefillTile)(j, m0, std::min(kWqmMC, M - m0), n0, nw, panel.get(), c.get());
+      }
+    });
+  }
 }
 
 }  // namespace xquant::detail
