@@ -76,7 +76,7 @@ struct WqmJob {
 inline constexpr std::int64_t kWqmDecodeMaxM = 24;  // the decode path up to this many rows
 inline constexpr std::int64_t kWqmBlock = 64;       // decode: columns per block (a multiple of every NR)
 inline constexpr std::int64_t kWqmKC = 256;         // k per chunk (prefill); decode chunks are kWqmDecodeKC
-inline constexpr std::int64_t kWqmDecodeKC = 64;
+inline constexpr std::int64_t kWqmDecodeKC = 16;
 inline constexpr std::int64_t kWqmNC = 128;  // prefill: columns per block
 inline constexpr std::int64_t kWqmMC = 96;   // prefill: rows per tile
 #endif
@@ -279,33 +279,55 @@ void WqmDequant(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t nw
   const std::int64_t width = (nw + NR - 1) / NR * NR;
   HWY_ALIGN std::int8_t q[kWqmBlock];
   HWY_ALIGN float s[kWqmBlock], o[kWqmBlock];
-  std::int64_t g_loaded = -1;
+  HWY_ALIGN std::int32_t words[kWqmBlock / 8 + kMaxLanes];  // int4: the row's words (+ slack for LoadU)
   const auto* w8 = static_cast<const std::int8_t*>(a.weight);
   const auto* w4 = static_cast<const std::int32_t*>(a.weight);
   const bool has_off = a.offset != nullptr;
+  // whole rows straight from storage: int8 [K][N] loads, int4 [K][N / 8] words split in registers
+  const bool direct8 = !a.transpose_weight && !a.int4 && nw == width;
+  const bool direct4 = !a.transpose_weight && a.int4 && nw == width && n0 % 8 == 0;
+  std::fill(words, words + kWqmBlock / 8 + kMaxLanes, 0);
+  std::int64_t g_next = k0;  // first k of the next parameter group
   for (std::int64_t k = k0; k < k1; ++k) {
-    const std::int64_t g = k / a.group_size;
-    if (g != g_loaded) {  // parameters of group g, zero-padded to the panel width
+    if (k == g_next) {  // parameters of group k / group_size, zero-padded to the panel width
+      const std::int64_t g = k / a.group_size;
+      g_next = (g + 1) * a.group_size;
       std::memcpy(s, a.scale + g * N + n0, static_cast<std::size_t>(nw) * sizeof(float));
       if (has_off) std::memcpy(o, a.offset + g * N + n0, static_cast<std::size_t>(nw) * sizeof(float));
       for (std::int64_t t = nw; t < width; ++t) s[t] = o[t] = 0.0f;
-      g_loaded = g;
     }
     // q[t] = weight element (k, n0 + t)
-    if (!a.transpose_weight) {
-      if (a.int4)
-        unpack_int4_bytes(w4, k * N + n0, nw, q);
-      else
-        std::memcpy(q, w8 + k * N + n0, static_cast<std::size_t>(nw));
-    } else if (a.int4) {
-      for (std::int64_t t = 0; t < nw; ++t) q[t] = static_cast<std::int8_t>(load_int4(w4, (n0 + t) * K + k));
+    const std::int8_t* qrow = q;
+    if (direct8) {
+      qrow = w8 + k * N + n0;
+    } else if (direct4) {
+      std::memcpy(words, w4 + (k * N + n0) / 8, static_cast<std::size_t>(nw / 8) * sizeof(std::int32_t));
     } else {
-      for (std::int64_t t = 0; t < nw; ++t) q[t] = w8[(n0 + t) * K + k];
+      if (!a.transpose_weight) {
+        if (a.int4)
+          unpack_int4_bytes(w4, k * N + n0, nw, q);
+        else
+          std::memcpy(q, w8 + k * N + n0, static_cast<std::size_t>(nw));
+      } else if (a.int4) {
+        for (std::int64_t t = 0; t < nw; ++t) q[t] = static_cast<std::int8_t>(load_int4(w4, (n0 + t) * K + k));
+      } else {
+        for (std::int64_t t = 0; t < nw; ++t) q[t] = w8[(n0 + t) * K + k];
+      }
+      for (std::int64_t t = nw; t < width; ++t) q[t] = 0;
     }
-    for (std::int64_t t = nw; t < width; ++t) q[t] = 0;
     float* row = dst + (k - k0) * NR;
     for (std::int64_t t = 0; t < width; t += L) {
-      VF v = hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), q + t)));
+      VI qi;
+      if (direct4) {
+        // lane l is element t + l: nibble (t + l) % 8 of word (t + l) / 8, moved to the top and shifted down
+        const VI lane = hn::Iota(di, static_cast<std::int32_t>(t % 8));
+        const VI wv =
+            hn::TableLookupLanes(hn::LoadU(di, words + t / 8), hn::IndicesFromVec(di, hn::ShiftRight<3>(lane)));
+        qi = hn::ShiftRight<28>(hn::Shl(wv, hn::Sub(hn::Set(di, 28), hn::ShiftLeft<2>(hn::And(lane, hn::Set(di, 7))))));
+      } else {
+        qi = hn::PromoteTo(di, hn::LoadU(DI8(), qrow + t));
+      }
+      VF v = hn::ConvertTo(df, qi);
       if (has_off) v = Round16<DT>(hn::Add(v, hn::Load(df, o + t)));  // narrow_x(q + offset)
       v = Round16<DT>(hn::Mul(v, hn::Load(df, s + t)));               // narrow_x(. * scale)
       hn::Store(v, df, row + (t / NR) * ldp + (t % NR));
@@ -400,20 +422,26 @@ void WqmFinish(const WeightQuantMatmulArgs& a, std::int64_t m0, std::int64_t row
   }
 }
 
-// Decode: columns [n0, n0 + nw) (nw <= kWqmBlock) of every row; buf: kWqmBlock * kWqmDecodeKC floats,
-// c: M * kWqmBlock floats.
-void WqmDecodeBlock(const WqmJob& j, std::int64_t n0, std::int64_t nw, float* buf, float* c) {
+// Decode: columns [c0, c1) (c0 a multiple of kWqmBlock) of every row, k in chunks of kWqmDecodeKC rows,
+// each chunk dequantized block by block (64 columns: stored rows are read in long runs, one page after
+// another) into buf (kWqmBlock * kWqmDecodeKC floats) and added into c (M rows of c1 - c0 floats, ldc
+// apart) by every row of x.
+void WqmDecodeRange(const WqmJob& j, std::int64_t c0, std::int64_t c1, float* buf, float* c, std::int64_t ldc) {
   const WeightQuantMatmulArgs& a = *j.args;
   const std::int64_t NR = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
-  const std::int64_t M = a.M, K = a.K, panels = (nw + NR - 1) / NR;
+  const std::int64_t M = a.M, K = a.K;
   for (std::int64_t k0 = 0; k0 < K; k0 += kWqmDecodeKC) {
     const std::int64_t kc = std::min(kWqmDecodeKC, K - k0);
-    WqmDequantRows(a, n0, nw, k0, k0 + kc, buf, kc * NR);
-    for (std::int64_t p = 0; p < panels; ++p)
-      WqmRows(j.x + k0, K, M, buf + p * kc * NR, kc, c + p * NR, kWqmBlock, k0 == 0);
+    for (std::int64_t n0 = c0; n0 < c1; n0 += kWqmBlock) {
+      const std::int64_t nw = std::min(kWqmBlock, c1 - n0), panels = (nw + NR - 1) / NR;
+      WqmDequantRows(a, n0, nw, k0, k0 + kc, buf, kc * NR);
+      for (std::int64_t p = 0; p < panels; ++p)
+        WqmRows(j.x + k0, K, M, buf + p * kc * NR, kc, c + (n0 - c0) + p * NR, ldc, k0 == 0);
+    }
   }
-  if (K == 0) std::fill(c, c + M * kWqmBlock, 0.0f);
-  WqmFinish(a, 0, M, n0, nw, c, kWqmBlock);
+  if (K == 0)
+    for (std::int64_t r = 0; r < M; ++r) std::fill(c + r * ldc, c + r * ldc + (c1 - c0), 0.0f);
+  WqmFinish(a, 0, M, c0, c1 - c0, c, ldc);
 }
 
 // Prefill: rows [m0, m0 + rows) x columns [n0, n0 + nw) (nw <= kWqmNC) against the dequantized block
@@ -458,7 +486,7 @@ HWY_EXPORT(QmmPackB);
 HWY_EXPORT(QmmGemmTile);
 HWY_EXPORT(WqmPanelWidth);
 HWY_EXPORT(WqmDequantRows);
-HWY_EXPORT(WqmDecodeBlock);
+HWY_EXPORT(WqmDecodeRange);
 HWY_EXPORT(WqmPrefillTile);
 HWY_EXPORT(WidenX);
 
@@ -573,14 +601,15 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   const std::int64_t NR = HWY_DYNAMIC_DISPATCH(WqmPanelWidth)();
   const std::int64_t bytes = M * N * std::max<std::int64_t>(K, 1);
   if (M <= kWqmDecodeMaxM) {
+    // each thread one contiguous range of whole blocks (a partial last block at N)
     const std::int64_t blocks = (N + kWqmBlock - 1) / kWqmBlock;
-    parallel_ranges(blocks, 1, bytes + K * N, [&](std::int64_t p0, std::int64_t p1) {
+    const std::int64_t per = (blocks + worker_threads() - 1) / worker_threads();
+    parallel_ranges(blocks, std::max<std::int64_t>(per, 1), bytes + K * N, [&](std::int64_t p0, std::int64_t p1) {
+      const std::int64_t c0 = p0 * kWqmBlock, c1 = std::min(N, p1 * kWqmBlock);
+      const std::int64_t ldc = (c1 - c0 + kWqmBlock - 1) / kWqmBlock * kWqmBlock;
       auto buf = aligned_zeros<float>(kWqmBlock * kWqmDecodeKC);
-      auto c = aligned_zeros<float>(M * kWqmBlock);
-      for (std::int64_t p = p0; p < p1; ++p) {
-        const std::int64_t n0 = p * kWqmBlock;
-        HWY_DYNAMIC_DISPATCH(WqmDecodeBlock)(j, n0, std::min(kWqmBlock, N - n0), buf.get(), c.get());
-      }
+      auto c = aligned_zeros<float>(M * ldc);
+      HWY_DYNAMIC_DISPATCH(WqmDecodeRange)(j, c0, c1, buf.get(), c.get(), ldc);
     });
     return;
   }
@@ -593,7 +622,7 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
     parallel_ranges(K, 256, K * nw * 8, [&](std::int64_t k0, std::int64_t k1) {
       for (std::int64_t c0 = 0; c0 < nw; c0 += kWqmBlock)  // 64 columns (whole panels) at a time
         HWY_DYNAMIC_DISPATCH(WqmDequantRows)
-        (a, n0 + c0, std::min(kWqmBlock, nw - c0), k0, k1, panel.get() + (c0 / NR * K + k0) * NR, K * NR);
+      (a, n0 + c0, std::min(kWqmBlock, nw - c0), k0, k1, panel.get() + (c0 / NR * K + k0) * NR, K * NR);
     });
     parallel_ranges(mt, 1, M * nw * kmax, [&](std::int64_t t0, std::int64_t t1) {
       auto c = aligned_zeros<float>(kWqmMC * kWqmNC);
