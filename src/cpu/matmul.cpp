@@ -12,9 +12,10 @@
 //  - dot (decode: few rows and x2 stored [N, K], as vllm-ascend passes the weight): each output is a dot
 //    product along K of two contiguous int8 rows; 2 rows x 4 columns per register block, so x2 (the
 //    weight, the bulk of the traffic) streams through once per 2 rows.
-// The epilogue of each element is params/matmul.hpp's scalar quant_matmul_finish, the reference's own
-// code. (The x86 vector adds wrap modulo 2^32; Highway's scalar fallback target adds in C++ int, which can
-// only overflow beyond K = 131071 with extreme values, far above the NPU's K limit of 65535.)
+// The epilogue is params/matmul.hpp's quant_matmul_finish, the reference's own code (dot kernel), or the
+// same operations in the same order in vector form (GEMM kernel). (The x86 vector adds wrap modulo 2^32; Highway's
+// scalar fallback target adds in C++ int, which can only overflow beyond K = 131071 with extreme values, far above the
+// NPU's K limit of 65535.)
 //
 // weight_quant_batchmatmul: the float32 sum runs over k in increasing order per output element, as in
 // the reference; vectors run across n (lane j holds column n + j), so each lane performs exactly the
@@ -210,13 +211,15 @@ HWY_INLINE void QmmMicro(const std::int32_t* a, std::int64_t lda, const std::int
     acc[r][1] = init ? hn::Zero(d32) : hn::LoadU(d32, c + r * ldc + L);
     extra[r][0] = extra[r][1] = hn::Zero(d32);
   }
+  const auto zero = hn::Zero(d32);
   for (std::int64_t kp = 0; kp < kh; ++kp) {
     const auto b0 = hn::BitCast(d16, hn::Load(d32, bp + kp * 2 * L));
     const auto b1 = hn::BitCast(d16, hn::Load(d32, bp + kp * 2 * L + L));
     for (int r = 0; r < R; ++r) {
       const auto av = hn::BitCast(d16, hn::Set(d32, a[r * lda + kp]));
-      acc[r][0] = hn::ReorderWidenMulAccumulate(d32, av, b0, acc[r][0], extra[r][0]);
-      acc[r][1] = hn::ReorderWidenMulAccumulate(d32, av, b1, acc[r][1], extra[r][1]);
+      // the sum written as acc + product: GCC then adds in place instead of copying every accumulator
+      acc[r][0] = hn::Add(acc[r][0], hn::ReorderWidenMulAccumulate(d32, av, b0, zero, extra[r][0]));
+      acc[r][1] = hn::Add(acc[r][1], hn::ReorderWidenMulAccumulate(d32, av, b1, zero, extra[r][1]));
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -224,6 +227,44 @@ HWY_INLINE void QmmMicro(const std::int32_t* a, std::int64_t lda, const std::int
     hn::StoreU(hn::RearrangeToOddPlusEven(acc[r][1], extra[r][1]), d32, c + r * ldc + L);
   }
 #endif
+}
+
+// The epilogue of outputs (b, m, n0 + t), t < count, stored from out index i0, from the accumulators
+// acc[t]: params/matmul.hpp's quant_matmul_finish in vector form (the same operations in the same order;
+// float(int32) rounds to nearest even, no FMA), the scalar function itself for the tail.
+void QmmFinishRow(const QuantMatmulEpilogue& e, void* out, std::int64_t i0, std::int64_t b, std::int64_t m,
+                  std::int64_t n0, std::int64_t count, const std::int32_t* acc) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t brow = b * e.bias_stride + n0;
+  const VF qnan = hn::BitCast(df, hn::Set(du, 0x7FC00000u));
+  const VF lo = hn::Set(df, -128.0f), hi = hn::Set(df, 127.0f);
+  std::int64_t t = 0;
+  for (; t + L <= count; t += L) {
+    VI a = hn::LoadU(di, acc + t);
+    if (e.bias_int != nullptr)  // modulo 2^32
+      a = hn::BitCast(di, hn::Add(hn::BitCast(du, a), hn::BitCast(du, hn::LoadU(di, e.bias_int + brow + t))));
+    if (e.out_dt == DType::int32) {
+      hn::StoreU(a, di, static_cast<std::int32_t*>(out) + i0 + t);
+      continue;
+    }
+    VF v = hn::Mul(hn::ConvertTo(df, a), hn::LoadU(df, e.scale + n0 + t));
+    if (e.pertoken != nullptr) v = hn::Mul(v, hn::Set(df, e.pertoken[m]));
+    if (e.bias_float != nullptr) v = hn::Add(v, hn::LoadU(df, e.bias_float + brow + t));
+    if (e.offset != nullptr) v = hn::Add(v, hn::LoadU(df, e.offset + n0 + t));
+    if (e.out_dt == DType::int8) {
+      StoreI8(RoundSaturateToI32Range(v, lo, hi), static_cast<std::int8_t*>(out) + i0 + t);
+    } else {
+      v = hn::IfThenElse(hn::IsNaN(v), qnan, v);
+      if (e.out_dt == DType::float16)
+        StoreF<DType::float16>(v, out, i0 + t);
+      else
+        StoreF<DType::bfloat16>(v, out, i0 + t);
+    }
+  }
+  for (; t < count; ++t) quant_matmul_finish(e, out, i0 + t, b, m, n0 + t, acc[t]);
 }
 
 // Output tile [m0, m0 + kQmmMC) x [n0, n0 + kQmmNC) (clipped to M, N) of batch j.b.
@@ -244,8 +285,7 @@ void QmmGemmTile(const QmmGemmJob& j, std::int64_t m0, std::int64_t n0, std::int
   }
   if (Kh == 0) std::fill(c, c + kQmmMC * kQmmNC, 0);
   for (std::int64_t r = 0; r < mw; ++r)
-    for (std::int64_t t = 0; t < nw; ++t)
-      quant_matmul_finish(a.epilogue, a.out, (j.b * M + m0 + r) * N + n0 + t, j.b, m0 + r, n0 + t, c[r * kQmmNC + t]);
+    QmmFinishRow(a.epilogue, a.out, (j.b * M + m0 + r) * N + n0, j.b, m0 + r, n0, nw, c + r * kQmmNC);
 }
 
 // ---------------------------------------------------------------------------------------------------
