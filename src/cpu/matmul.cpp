@@ -356,7 +356,8 @@ void WqmDequant(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t nw
       for (std::int64_t t = nw; t < width; ++t) q[t] = 0;
     }
     float* row = dst + (k - k0) * NR;
-    for (std::int64_t t = 0; t < width; t += L) {
+    float* out = row;  // panel t / NR, half (t % NR) / L
+    for (std::int64_t t = 0; t < width; t += L, out += (t % NR == 0) ? ldp - L : L) {
       VI qi;
       if (direct4) {
         // lane l is element t + l: nibble (t + l) % 8 of word (t + l) / 8, moved to the top and shifted down
@@ -370,7 +371,7 @@ void WqmDequant(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t nw
       VF v = hn::ConvertTo(df, qi);
       if (has_off) v = Round16<DT>(hn::Add(v, hn::Load(df, o + t)));  // narrow_x(q + offset)
       v = Round16<DT>(hn::Mul(v, hn::Load(df, s + t)));               // narrow_x(. * scale)
-      hn::Store(v, df, row + (t / NR) * ldp + (t % NR));
+      hn::Store(v, df, out);
     }
   }
 }
