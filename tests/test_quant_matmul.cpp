@@ -837,3 +837,70 @@ TEST(WeightQuantBatchMatmulErrors, EveryArgument) {
 }
 
 }  // namespace
+
+// ======================================= planning (xquant/plan.hpp) =======================================
+
+namespace {
+
+// The call's error (code and message) for a planning entry, or "ok".
+template <class F>
+std::string outcome(F&& f) {
+  try {
+    f();
+    return "ok";
+  } catch (const xquant::Error& e) {
+    return std::to_string(static_cast<int>(e.code())) + " " + e.what();
+  }
+}
+
+xquant::TensorSpec spec(const Tensor& t) { return xquant::spec_of(t.view()); }
+
+}  // namespace
+
+TEST(MatmulPlanning, SameShapesAndErrorsAsTheCalls) {
+  Tensor x1 = make_typed<std::int8_t>(DType::int8, {2, 4}, std::vector<std::int8_t>(8, 1));
+  Tensor x2 = make_typed<std::int8_t>(DType::int8, {4, 3}, std::vector<std::int8_t>(12, 1));
+  Tensor x2t = make_typed<std::int8_t>(DType::int8, {3, 4}, std::vector<std::int8_t>(12, 1));
+  Tensor s = make_float(DType::float32, {3}, {1.f, 1.f, 1.f});
+  Tensor pt = make_float(DType::float32, {2}, {1.f, 1.f});
+  Tensor bad_pt = make_float(DType::float32, {3}, {1.f, 1.f, 1.f});
+  EXPECT_EQ(xquant::plan_quant_matmul(spec(x1), spec(x2), spec(s), std::nullopt, spec(pt), std::nullopt, false,
+                                      DType::float16),
+            (Shape{2, 3}));
+  EXPECT_EQ(xquant::plan_quant_matmul(spec(x1), spec(x2t), spec(s), std::nullopt, std::nullopt, std::nullopt, true,
+                                      DType::int8),
+            (Shape{2, 3}));
+  xquant::QuantMatmulOptions o;
+  o.pertoken_scale = bad_pt.view();
+  const std::string call = outcome([&] { xquant::quant_matmul(x1, x2, s, o, DType::float16); });
+  const std::string plan = outcome([&] {
+    xquant::plan_quant_matmul(spec(x1), spec(x2), spec(s), std::nullopt, spec(bad_pt), std::nullopt, false,
+                              DType::float16);
+  });
+  EXPECT_NE(call, "ok");
+  EXPECT_EQ(plan, call);
+
+  Tensor x = make_float(DType::float16, {3, 64}, std::vector<float>(192, 1.f));
+  Tensor w = make_typed<std::int8_t>(DType::int8, {64, 8}, std::vector<std::int8_t>(512, 1));
+  Tensor gs = make_float(DType::float16, {2, 8}, std::vector<float>(16, 1.f));
+  EXPECT_EQ(xquant::plan_weight_quant_batchmatmul(spec(x), spec(w), spec(gs), std::nullopt, std::nullopt, 32, false),
+            (Shape{3, 8}));
+  xquant::WeightQuantMatmulOptions wo;
+  wo.antiquant_group_size = 48;
+  EXPECT_EQ(outcome([&] {
+              xquant::plan_weight_quant_batchmatmul(spec(x), spec(w), spec(gs), std::nullopt, std::nullopt, 48,
+                                                    false);
+            }),
+            outcome([&] { xquant::weight_quant_batchmatmul(x, w, gs, wo); }));
+
+  Tensor sc = make_float(DType::float32, {1}, {0.5f});
+  Tensor off = make_float(DType::float32, {5}, {0.f, 1.f, 2.f, 3.f, 4.f});
+  EXPECT_EQ(xquant::plan_trans_quant_param(spec(sc), spec(off), 0), (Shape{5}));
+  EXPECT_EQ(outcome([&] { xquant::plan_trans_quant_param(spec(sc), spec(off), 7); }),
+            outcome([&] { xquant::trans_quant_param(sc, off.view(), 7); }));
+  Tensor v = make_typed<std::int32_t>(DType::int32, {2, 16}, std::vector<std::int32_t>(32, 1));
+  Tensor v12 = make_typed<std::int32_t>(DType::int32, {2, 12}, std::vector<std::int32_t>(24, 1));
+  EXPECT_EQ(xquant::plan_convert_weight_to_int4pack(spec(v)), (Shape{2, 2}));
+  EXPECT_EQ(outcome([&] { xquant::plan_convert_weight_to_int4pack(spec(v12)); }),
+            outcome([&] { xquant::convert_weight_to_int4pack(v12); }));
+}

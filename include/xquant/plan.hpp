@@ -14,6 +14,7 @@
 #include "xquant/anti_quant.hpp"
 #include "xquant/dynamic_quant.hpp"
 #include "xquant/fake_quant.hpp"
+#include "xquant/matmul.hpp"
 #include "xquant/quantize.hpp"
 #include "xquant/tensor.hpp"
 #include "xquant/tile_quant.hpp"
@@ -69,5 +70,18 @@ Shape plan_acts_ulq(const TensorSpec& x, const TensorSpec& clamp_min, const Tens
 Shape plan_acts_ulq_backward(const TensorSpec& y_grad, const Shape& x_shape, const TensorSpec& clamp_min,
                              const TensorSpec& clamp_max, const TensorSpec& clamp_min_mask,
                              const TensorSpec& clamp_max_mask, const TensorSpec& x_clamped_loss, int num_bits);
+
+// quant_matmul: the output shape (dtype output_dtype). x2 is described as stored (transpose_x2: [..., N, K]).
+Shape plan_quant_matmul(const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
+                        const std::optional<TensorSpec>& offset, const std::optional<TensorSpec>& pertoken_scale,
+                        const std::optional<TensorSpec>& bias, bool transpose_x2, DType output_dtype);
+// weight_quant_batchmatmul: the output shape (x's dtype). weight is described as stored.
+Shape plan_weight_quant_batchmatmul(const TensorSpec& x, const TensorSpec& weight, const TensorSpec& antiquant_scale,
+                                    const std::optional<TensorSpec>& antiquant_offset,
+                                    const std::optional<TensorSpec>& bias, std::int64_t antiquant_group_size,
+                                    bool transpose_weight);
+// trans_quant_param: the output shape (int64). convert_weight_to_int4pack: the output shape (int32).
+Shape plan_trans_quant_param(const TensorSpec& scale, const std::optional<TensorSpec>& offset, int round_mode);
+Shape plan_convert_weight_to_int4pack(const TensorSpec& weight);
 
 }  // namespace xquant

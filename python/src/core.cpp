@@ -351,6 +351,118 @@ void acts_ulq_backward(const Array& x_grad, const Array& clamp_min_grad, const A
   xquant::acts_ulq_backward_out(xg, g0, g1, dy, lo, hi, m0, m1, ls, fixed_min, nbits);
 }
 
+// ---- the quantized matmuls ------------------------------------------------------------------------------
+//
+// NumPy has no layout flag on an array that says "transposed": the Python layer passes a transposed
+// weight as its storage ([..., N, K]) with transpose_x2 / transpose_weight, as the C++ API takes it.
+
+DType matmul_out_dtype(const std::string& name) {
+  for (const DType d : {DType::int8, DType::float16, DType::bfloat16, DType::int32, DType::float32, DType::uint8,
+                        DType::int64})
+    if (xquant::dtype_name(d) == name) return d;
+  throw nb::value_error(
+      (prefix("quant_matmul") + "output_dtype is '" + name + "' but expected int8, float16, bfloat16 or int32").c_str());
+}
+
+xquant::QuantMatmulOptions qmm_options(const std::optional<ConstArray>& offset,
+                                       const std::optional<ConstArray>& pertoken_scale,
+                                       const std::optional<ConstArray>& bias, bool transpose_x2) {
+  const char* op = "quant_matmul";
+  return {.offset = opt_cview(offset, op, "offset"),
+          .pertoken_scale = opt_cview(pertoken_scale, op, "pertoken_scale"),
+          .bias = opt_cview(bias, op, "bias"),
+          .transpose_x2 = transpose_x2};
+}
+
+// The output shape after every check (the Python layer allocates out with it).
+std::vector<std::int64_t> quant_matmul_shape(const ConstArray& x1, const ConstArray& x2, const ConstArray& scale,
+                                             const std::optional<ConstArray>& offset,
+                                             const std::optional<ConstArray>& pertoken_scale,
+                                             const std::optional<ConstArray>& bias, bool transpose_x2,
+                                             const std::string& output_dtype) {
+  const char* op = "quant_matmul";
+  return xquant::quant_matmul_output_shape(cview(x1, op, "x1"), cview(x2, op, "x2"), cview(scale, op, "scale"),
+                                           qmm_options(offset, pertoken_scale, bias, transpose_x2),
+                                           matmul_out_dtype(output_dtype));
+}
+
+void quant_matmul(const Array& out, const ConstArray& x1, const ConstArray& x2, const ConstArray& scale,
+                  const std::optional<ConstArray>& offset, const std::optional<ConstArray>& pertoken_scale,
+                  const std::optional<ConstArray>& bias, bool transpose_x2) {
+  const char* op = "quant_matmul";
+  const ConstTensorView a = cview(x1, op, "x1"), b = cview(x2, op, "x2"), s = cview(scale, op, "scale");
+  const xquant::QuantMatmulOptions o = qmm_options(offset, pertoken_scale, bias, transpose_x2);
+  const TensorView ov = wview(out, op, "out");
+  nb::gil_scoped_release nogil;
+  xquant::quant_matmul_out(ov, a, b, s, o);
+}
+
+xquant::WeightQuantMatmulOptions wqm_options(const std::optional<ConstArray>& antiquant_offset,
+                                             const std::optional<ConstArray>& bias, std::int64_t group_size,
+                                             bool transpose_weight) {
+  const char* op = "weight_quant_batchmatmul";
+  return {.antiquant_offset = opt_cview(antiquant_offset, op, "antiquant_offset"),
+          .bias = opt_cview(bias, op, "bias"),
+          .antiquant_group_size = group_size,
+          .transpose_weight = transpose_weight};
+}
+
+std::vector<std::int64_t> weight_quant_batchmatmul_shape(const ConstArray& x, const ConstArray& weight,
+                                                         const ConstArray& antiquant_scale,
+                                                         const std::optional<ConstArray>& antiquant_offset,
+                                                         const std::optional<ConstArray>& bias,
+                                                         std::int64_t group_size, bool transpose_weight) {
+  const char* op = "weight_quant_batchmatmul";
+  return xquant::weight_quant_batchmatmul_output_shape(cview(x, op, "x"), cview(weight, op, "weight"),
+                                                       cview(antiquant_scale, op, "antiquant_scale"),
+                                                       wqm_options(antiquant_offset, bias, group_size, transpose_weight));
+}
+
+void weight_quant_batchmatmul(const Array& out, const ConstArray& x, const ConstArray& weight,
+                              const ConstArray& antiquant_scale, const std::optional<ConstArray>& antiquant_offset,
+                              const std::optional<ConstArray>& bias, std::int64_t group_size, bool transpose_weight) {
+  const char* op = "weight_quant_batchmatmul";
+  const ConstTensorView xv = cview(x, op, "x"), wv = cview(weight, op, "weight"),
+                        sv = cview(antiquant_scale, op, "antiquant_scale");
+  const xquant::WeightQuantMatmulOptions o = wqm_options(antiquant_offset, bias, group_size, transpose_weight);
+  const TensorView ov = wview(out, op, "out");
+  nb::gil_scoped_release nogil;
+  xquant::weight_quant_batchmatmul_out(ov, xv, wv, sv, o);
+}
+
+std::vector<std::int64_t> trans_quant_param_shape(const ConstArray& scale, const std::optional<ConstArray>& offset,
+                                                  std::int64_t round_mode) {
+  const char* op = "trans_quant_param";
+  return xquant::plan_trans_quant_param(xquant::spec_of(cview(scale, op, "scale")),
+                                        offset ? std::optional(xquant::spec_of(cview(*offset, op, "offset")))
+                                               : std::nullopt,
+                                        to_int(round_mode, op, "round_mode"));
+}
+
+void trans_quant_param(const Array& out, const ConstArray& scale, const std::optional<ConstArray>& offset,
+                       std::int64_t round_mode) {
+  const char* op = "trans_quant_param";
+  const int rm = to_int(round_mode, op, "round_mode");
+  const ConstTensorView sv = cview(scale, op, "scale");
+  const std::optional<ConstTensorView> ov = opt_cview(offset, op, "offset");
+  const TensorView o = wview(out, op, "out");
+  nb::gil_scoped_release nogil;
+  xquant::trans_quant_param_out(o, sv, ov, rm);
+}
+
+std::vector<std::int64_t> convert_weight_to_int4pack_shape(const ConstArray& weight) {
+  return xquant::plan_convert_weight_to_int4pack(
+      xquant::spec_of(cview(weight, "convert_weight_to_int4pack", "weight")));
+}
+
+void convert_weight_to_int4pack(const Array& out, const ConstArray& weight) {
+  const char* op = "convert_weight_to_int4pack";
+  const ConstTensorView wv = cview(weight, op, "weight");
+  const TensorView o = wview(out, op, "out");
+  nb::gil_scoped_release nogil;
+  xquant::convert_weight_to_int4pack_out(o, wv);
+}
+
 // ---- runtime settings -------------------------------------------------------------------------------------
 
 void set_num_threads(std::int64_t n) { xquant::set_num_threads(to_int(n, "set_num_threads", "n")); }
@@ -492,6 +604,42 @@ void plan_acts_ulq_backward(Status& st, Shape& out, const TensorSpec& dy, const 
   guarded(st, [&] { out = xquant::plan_acts_ulq_backward(dy, x_shape, lo, hi, m0, m1, loss, num_bits); });
 }
 
+void quant_matmul(Status& st, const TensorView& out, const ConstTensorView& x1, const ConstTensorView& x2,
+                  const ConstTensorView& scale, const xquant::QuantMatmulOptions& o) {
+  guarded(st, [&] { xquant::quant_matmul_out(out, x1, x2, scale, o); });
+}
+void weight_quant_batchmatmul(Status& st, const TensorView& out, const ConstTensorView& x, const ConstTensorView& w,
+                              const ConstTensorView& s, const xquant::WeightQuantMatmulOptions& o) {
+  guarded(st, [&] { xquant::weight_quant_batchmatmul_out(out, x, w, s, o); });
+}
+void trans_quant_param(Status& st, const TensorView& out, const ConstTensorView& scale, const OptView& offset,
+                       int round_mode) {
+  guarded(st, [&] { xquant::trans_quant_param_out(out, scale, offset, round_mode); });
+}
+void convert_weight_to_int4pack(Status& st, const TensorView& out, const ConstTensorView& weight) {
+  guarded(st, [&] { xquant::convert_weight_to_int4pack_out(out, weight); });
+}
+void plan_quant_matmul(Status& st, Shape& out, const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
+                       const OptSpec& offset, const OptSpec& pertoken_scale, const OptSpec& bias, bool transpose_x2,
+                       DType output_dtype) {
+  guarded(st, [&] {
+    out = xquant::plan_quant_matmul(x1, x2, scale, offset, pertoken_scale, bias, transpose_x2, output_dtype);
+  });
+}
+void plan_weight_quant_batchmatmul(Status& st, Shape& out, const TensorSpec& x, const TensorSpec& w,
+                                   const TensorSpec& s, const OptSpec& off, const OptSpec& bias,
+                                   std::int64_t group_size, bool transpose_weight) {
+  guarded(st, [&] {
+    out = xquant::plan_weight_quant_batchmatmul(x, w, s, off, bias, group_size, transpose_weight);
+  });
+}
+void plan_trans_quant_param(Status& st, Shape& out, const TensorSpec& scale, const OptSpec& offset, int round_mode) {
+  guarded(st, [&] { out = xquant::plan_trans_quant_param(scale, offset, round_mode); });
+}
+void plan_convert_weight_to_int4pack(Status& st, Shape& out, const TensorSpec& weight) {
+  guarded(st, [&] { out = xquant::plan_convert_weight_to_int4pack(weight); });
+}
+
 void* new_tensor(Status& st, DType dt, const Shape& shape, void** data) {
   xquant::Tensor* t = nullptr;
   guarded(st, [&] { t = new xquant::Tensor(dt, shape); });
@@ -529,7 +677,15 @@ const xquant_py::CoreApi kApi = {xquant_py::kCoreApiVersion,
                                  &cuda_available,
                                  &cuda_unavailable_reason,
                                  &push_cuda_stream,
-                                 &pop_cuda_stream};
+                                 &pop_cuda_stream,
+                                 &quant_matmul,
+                                 &weight_quant_batchmatmul,
+                                 &trans_quant_param,
+                                 &convert_weight_to_int4pack,
+                                 &plan_quant_matmul,
+                                 &plan_weight_quant_batchmatmul,
+                                 &plan_trans_quant_param,
+                                 &plan_convert_weight_to_int4pack};
 }  // namespace api
 
 NB_MODULE(_core, m) {
@@ -571,6 +727,18 @@ NB_MODULE(_core, m) {
   m.def("acts_ulq_backward", &acts_ulq_backward, "x_grad"_a, "clamp_min_grad"_a, "clamp_max_grad"_a, "y_grad"_a,
         "clamp_min"_a, "clamp_max"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "fixed_min"_a,
         "num_bits"_a);
+  m.def("quant_matmul_shape", &quant_matmul_shape, "x1"_a, "x2"_a, "scale"_a, "offset"_a.none(),
+        "pertoken_scale"_a.none(), "bias"_a.none(), "transpose_x2"_a, "output_dtype"_a);
+  m.def("quant_matmul", &quant_matmul, "out"_a, "x1"_a, "x2"_a, "scale"_a, "offset"_a.none(), "pertoken_scale"_a.none(),
+        "bias"_a.none(), "transpose_x2"_a);
+  m.def("weight_quant_batchmatmul_shape", &weight_quant_batchmatmul_shape, "x"_a, "weight"_a, "antiquant_scale"_a,
+        "antiquant_offset"_a.none(), "bias"_a.none(), "antiquant_group_size"_a, "transpose_weight"_a);
+  m.def("weight_quant_batchmatmul", &weight_quant_batchmatmul, "out"_a, "x"_a, "weight"_a, "antiquant_scale"_a,
+        "antiquant_offset"_a.none(), "bias"_a.none(), "antiquant_group_size"_a, "transpose_weight"_a);
+  m.def("trans_quant_param_shape", &trans_quant_param_shape, "scale"_a, "offset"_a.none(), "round_mode"_a);
+  m.def("trans_quant_param", &trans_quant_param, "out"_a, "scale"_a, "offset"_a.none(), "round_mode"_a);
+  m.def("convert_weight_to_int4pack_shape", &convert_weight_to_int4pack_shape, "weight"_a);
+  m.def("convert_weight_to_int4pack", &convert_weight_to_int4pack, "out"_a, "weight"_a);
   m.def("set_memory_cache_limit", &xquant::set_memory_cache_limit, "bytes"_a);
   m.def("get_memory_cache_limit", &xquant::get_memory_cache_limit);
   m.def("set_num_threads", &set_num_threads, "n"_a);

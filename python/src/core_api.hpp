@@ -20,7 +20,7 @@
 namespace xquant_py {
 
 inline constexpr const char* kCoreApiCapsule = "xquant._core._api";
-inline constexpr std::uint32_t kCoreApiVersion = 2;
+inline constexpr std::uint32_t kCoreApiVersion = 3;
 
 struct Status {
   enum Code : int { ok = 0, type_error, value_error, no_memory, runtime_error };
@@ -100,6 +100,23 @@ struct CoreApi {
   void (*cuda_unavailable_reason)(std::string& out);
   void* (*push_cuda_stream)(void* stream);
   void (*pop_cuda_stream)(void* guard) noexcept;
+  // ---- the quantized matmuls (xquant/matmul.hpp): out-variants, then planning (the output shape).
+  void (*quant_matmul)(Status&, const TensorView& out, const ConstTensorView& x1, const ConstTensorView& x2,
+                       const ConstTensorView& scale, const xquant::QuantMatmulOptions& o);
+  void (*weight_quant_batchmatmul)(Status&, const TensorView& out, const ConstTensorView& x,
+                                   const ConstTensorView& weight, const ConstTensorView& antiquant_scale,
+                                   const xquant::WeightQuantMatmulOptions& o);
+  void (*trans_quant_param)(Status&, const TensorView& out, const ConstTensorView& scale, const OptView& offset,
+                            int round_mode);
+  void (*convert_weight_to_int4pack)(Status&, const TensorView& out, const ConstTensorView& weight);
+  void (*plan_quant_matmul)(Status&, Shape& out, const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
+                            const OptSpec& offset, const OptSpec& pertoken_scale, const OptSpec& bias,
+                            bool transpose_x2, DType output_dtype);
+  void (*plan_weight_quant_batchmatmul)(Status&, Shape& out, const TensorSpec& x, const TensorSpec& weight,
+                                        const TensorSpec& antiquant_scale, const OptSpec& antiquant_offset,
+                                        const OptSpec& bias, std::int64_t antiquant_group_size, bool transpose_weight);
+  void (*plan_trans_quant_param)(Status&, Shape& out, const TensorSpec& scale, const OptSpec& offset, int round_mode);
+  void (*plan_convert_weight_to_int4pack)(Status&, Shape& out, const TensorSpec& weight);
 };
 
 }  // namespace xquant_py

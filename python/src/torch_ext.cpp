@@ -972,6 +972,197 @@ Three m_acts_ulq_backward(const at::Tensor& y_grad, c10::SymIntArrayRef x_shape,
           alloc(c.hi.v.shape, dt, clamp_max.device()).t};
 }
 
+// ---- the quantized matmuls (npu_quant_matmul, npu_weight_quant_batchmatmul, npu_trans_quant_param,
+// npu_convert_weight_to_int4pack) ------------------------------------------------------------------------
+//
+// A matrix operand that is the transposed view of a dense [..., N, K] tensor (torch_npu's way of passing
+// a transposed weight: x2.t(), weight.transpose(-1, -2)) is read as that storage with the library's
+// transpose flag, without a copy; any other layout is made dense as it is. Not differentiable (as on the NPU).
+
+struct MatArg {
+  Arg a;
+  bool transposed = false;
+};
+
+MatArg mat_arg_of(const char* op, const char* name, const at::Tensor& t) {
+  if (t.dim() >= 2 && !t.is_contiguous() && t.transpose(-2, -1).is_contiguous())
+    return {arg_of(op, name, t.transpose(-2, -1)), true};
+  return {arg_of(op, name, t), false};
+}
+
+DType matmul_out_dtype(const char* op, std::optional<at::ScalarType> s) {
+  if (!s) return DType::int8;
+  switch (*s) {
+    case at::kChar:
+      return DType::int8;
+    case at::kHalf:
+      return DType::float16;
+    case at::kBFloat16:
+      return DType::bfloat16;
+    case at::kInt:
+      return DType::int32;
+    default:
+      value_error(op, "output_dtype is torch." + torch_name(*s) +
+                          " but expected None (int8), torch.int8, torch.float16, torch.bfloat16 or torch.int32");
+  }
+}
+
+struct QmmCall {
+  Arg x1;
+  MatArg x2;
+  Arg scale;
+  std::optional<Arg> offset, pertoken_scale, bias;
+  DType out_dtype;
+  Shape out_shape;
+};
+
+QmmCall qmm_call(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale,
+                 const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale,
+                 const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype) {
+  const char* op = "quant_matmul";
+  QmmCall c{arg_of(op, "x1", x1),
+            mat_arg_of(op, "x2", x2),
+            arg_of(op, "scale", scale),
+            opt_arg(op, "offset", offset),
+            opt_arg(op, "pertoken_scale", pertoken_scale),
+            opt_arg(op, "bias", bias),
+            matmul_out_dtype(op, output_dtype),
+            {}};
+  c.out_shape = plan_call(&xquant_py::CoreApi::plan_quant_matmul, c.x1.spec(), c.x2.a.spec(), c.scale.spec(),
+                          opt_spec(c.offset), opt_spec(c.pertoken_scale), opt_spec(c.bias), c.x2.transposed,
+                          c.out_dtype);
+  return c;
+}
+
+at::Tensor impl_quant_matmul(const QmmCall& c, const at::Device& dev) {
+  Out y = alloc(c.out_shape, c.out_dtype, dev);
+  Status st;
+  g_api->quant_matmul(st, y.v, c.x1.v, c.x2.a.v, c.scale.v,
+                      {.offset = opt_view(c.offset),
+                       .pertoken_scale = opt_view(c.pertoken_scale),
+                       .bias = opt_view(c.bias),
+                       .transpose_x2 = c.x2.transposed});
+  check(st);
+  return y.t;
+}
+
+template <bool kCuda>
+at::Tensor k_quant_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale,
+                          const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale,
+                          const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype) {
+  const QmmCall c = qmm_call(x1, x2, scale, offset, pertoken_scale, bias, output_dtype);
+  const CudaScope cuda(kCuda, "quant_matmul", "x1", x1);
+  return impl_quant_matmul(c, x1.device());
+}
+
+at::Tensor m_quant_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale,
+                          const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale,
+                          const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype) {
+  const QmmCall c = qmm_call(x1, x2, scale, offset, pertoken_scale, bias, output_dtype);
+  return alloc(c.out_shape, c.out_dtype, x1.device()).t;
+}
+
+struct WqmCall {
+  Arg x;
+  MatArg weight;
+  Arg scale;
+  std::optional<Arg> offset, bias;
+  std::int64_t group_size;
+  Shape out_shape;
+};
+
+WqmCall wqm_call(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& antiquant_scale,
+                 const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& bias,
+                 std::int64_t antiquant_group_size) {
+  const char* op = "weight_quant_batchmatmul";
+  WqmCall c{arg_of(op, "x", x),
+            mat_arg_of(op, "weight", weight),
+            arg_of(op, "antiquant_scale", antiquant_scale),
+            opt_arg(op, "antiquant_offset", antiquant_offset),
+            opt_arg(op, "bias", bias),
+            antiquant_group_size,
+            {}};
+  c.out_shape = plan_call(&xquant_py::CoreApi::plan_weight_quant_batchmatmul, c.x.spec(), c.weight.a.spec(),
+                          c.scale.spec(), opt_spec(c.offset), opt_spec(c.bias), c.group_size, c.weight.transposed);
+  return c;
+}
+
+template <bool kCuda>
+at::Tensor k_weight_quant_batchmatmul(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& antiquant_scale,
+                                      const std::optional<at::Tensor>& antiquant_offset,
+                                      const std::optional<at::Tensor>& bias, std::int64_t antiquant_group_size) {
+  const WqmCall c = wqm_call(x, weight, antiquant_scale, antiquant_offset, bias, antiquant_group_size);
+  const CudaScope cuda(kCuda, "weight_quant_batchmatmul", "x", x);
+  Out y = alloc(c.out_shape, c.x.v.dtype, x.device());
+  Status st;
+  g_api->weight_quant_batchmatmul(st, y.v, c.x.v, c.weight.a.v, c.scale.v,
+                                  {.antiquant_offset = opt_view(c.offset),
+                                   .bias = opt_view(c.bias),
+                                   .antiquant_group_size = c.group_size,
+                                   .transpose_weight = c.weight.transposed});
+  check(st);
+  return y.t;
+}
+
+at::Tensor m_weight_quant_batchmatmul(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& antiquant_scale,
+                                      const std::optional<at::Tensor>& antiquant_offset,
+                                      const std::optional<at::Tensor>& bias, std::int64_t antiquant_group_size) {
+  const WqmCall c = wqm_call(x, weight, antiquant_scale, antiquant_offset, bias, antiquant_group_size);
+  return alloc(c.out_shape, c.x.v.dtype, x.device()).t;
+}
+
+struct TqpCall {
+  Arg scale;
+  std::optional<Arg> offset;
+  int round_mode;
+  Shape out_shape;
+};
+
+TqpCall tqp_call(const at::Tensor& scale, const std::optional<at::Tensor>& offset, std::int64_t round_mode) {
+  const char* op = "trans_quant_param";
+  TqpCall c{arg_of(op, "scale", scale), opt_arg(op, "offset", offset), to_int(op, "round_mode", round_mode), {}};
+  c.out_shape =
+      plan_call(&xquant_py::CoreApi::plan_trans_quant_param, c.scale.spec(), opt_spec(c.offset), c.round_mode);
+  return c;
+}
+
+template <bool kCuda>
+at::Tensor k_trans_quant_param(const at::Tensor& scale, const std::optional<at::Tensor>& offset,
+                               std::int64_t round_mode) {
+  const TqpCall c = tqp_call(scale, offset, round_mode);
+  const CudaScope cuda(kCuda, "trans_quant_param", "scale", scale);
+  Out y = alloc(c.out_shape, DType::int64, scale.device());
+  Status st;
+  g_api->trans_quant_param(st, y.v, c.scale.v, opt_view(c.offset), c.round_mode);
+  check(st);
+  return y.t;
+}
+
+at::Tensor m_trans_quant_param(const at::Tensor& scale, const std::optional<at::Tensor>& offset,
+                               std::int64_t round_mode) {
+  return alloc(tqp_call(scale, offset, round_mode).out_shape, DType::int64, scale.device()).t;
+}
+
+template <bool kCuda>
+at::Tensor k_convert_weight_to_int4pack(const at::Tensor& weight) {
+  const char* op = "convert_weight_to_int4pack";
+  const Arg w = arg_of(op, "weight", weight);
+  const Shape shape = plan_call(&xquant_py::CoreApi::plan_convert_weight_to_int4pack, w.spec());
+  const CudaScope cuda(kCuda, op, "weight", weight);
+  Out y = alloc(shape, DType::int32, weight.device());
+  Status st;
+  g_api->convert_weight_to_int4pack(st, y.v, w.v);
+  check(st);
+  return y.t;
+}
+
+at::Tensor m_convert_weight_to_int4pack(const at::Tensor& weight) {
+  const Arg w = arg_of("convert_weight_to_int4pack", "weight", weight);
+  return alloc(plan_call(&xquant_py::CoreApi::plan_convert_weight_to_int4pack, w.spec()), DType::int32,
+               weight.device())
+      .t;
+}
+
 // ---- autograd: one C++ autograd kernel per differentiable operator --------------------------------------
 //
 // Registered for the Autograd key (below), and called directly by the eager fast path when autograd records
@@ -1115,6 +1306,14 @@ TORCH_LIBRARY(xquant, m) {
   m.def(
       "acts_ulq_backward(Tensor y_grad, SymInt[] x_shape, Tensor clamp_min, Tensor clamp_max, Tensor clamp_min_mask, "
       "Tensor clamp_max_mask, Tensor x_clamped_loss, bool fixed_min, int num_bits) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "quant_matmul(Tensor x1, Tensor x2, Tensor scale, Tensor? offset=None, Tensor? pertoken_scale=None, "
+      "Tensor? bias=None, ScalarType? output_dtype=None) -> Tensor");
+  m.def(
+      "weight_quant_batchmatmul(Tensor x, Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset=None, "
+      "Tensor? bias=None, int antiquant_group_size=0) -> Tensor");
+  m.def("trans_quant_param(Tensor scale, Tensor? offset=None, int round_mode=0) -> Tensor");
+  m.def("convert_weight_to_int4pack(Tensor weight) -> Tensor");
 }
 
 // The same kernels serve CPU and CUDA tensors (kCuda: CudaScope checks that xquant can run there, and
@@ -1130,7 +1329,11 @@ TORCH_LIBRARY(xquant, m) {
   m.impl("dynamic_quant", &k_dynamic_quant<kCuda>);                             \
   m.impl("anti_quant", &k_anti_quant<kCuda>);                                   \
   m.impl("acts_ulq", &k_acts_ulq<kCuda>);                                       \
-  m.impl("acts_ulq_backward", &k_acts_ulq_backward<kCuda>)
+  m.impl("acts_ulq_backward", &k_acts_ulq_backward<kCuda>);                     \
+  m.impl("quant_matmul", &k_quant_matmul<kCuda>);                               \
+  m.impl("weight_quant_batchmatmul", &k_weight_quant_batchmatmul<kCuda>);       \
+  m.impl("trans_quant_param", &k_trans_quant_param<kCuda>);                     \
+  m.impl("convert_weight_to_int4pack", &k_convert_weight_to_int4pack<kCuda>)
 
 TORCH_LIBRARY_IMPL(xquant, CPU, m) { XQ_KERNELS(m, false); }
 TORCH_LIBRARY_IMPL(xquant, CUDA, m) { XQ_KERNELS(m, true); }
@@ -1153,6 +1356,10 @@ TORCH_LIBRARY_IMPL(xquant, Meta, m) {
   m.impl("anti_quant", &m_anti_quant);
   m.impl("acts_ulq", &m_acts_ulq);
   m.impl("acts_ulq_backward", &m_acts_ulq_backward);
+  m.impl("quant_matmul", &m_quant_matmul);
+  m.impl("weight_quant_batchmatmul", &m_weight_quant_batchmatmul);
+  m.impl("trans_quant_param", &m_trans_quant_param);
+  m.impl("convert_weight_to_int4pack", &m_convert_weight_to_int4pack);
 }
 
 // Sparse tensors reach no kernel above (the dispatcher picks a sparse key): a kernel for those keys refuses
@@ -1197,7 +1404,8 @@ void refuse_sparse(const c10::OperatorHandle& handle, torch::jit::Stack* stack) 
 #define XQ_REFUSE(m)                                                                                           \
   for (const char* name : {"fake_tensor_quant", "fake_tensor_quant_with_axis", "fake_tensor_quant_inplace",    \
                            "fake_tensor_quant_backward", "quantize", "tile_quant", "dynamic_quant_asymmetric", \
-                           "dynamic_quant", "anti_quant", "acts_ulq", "acts_ulq_backward"})                    \
+                           "dynamic_quant", "anti_quant", "acts_ulq", "acts_ulq_backward", "quant_matmul",      \
+                           "weight_quant_batchmatmul", "trans_quant_param", "convert_weight_to_int4pack"})      \
   m.impl(name, torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>())
 
 TORCH_LIBRARY_IMPL(xquant, SparseCPU, m) { XQ_REFUSE(m); }

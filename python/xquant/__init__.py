@@ -2,7 +2,9 @@
 
 ``xquant.npu`` is the compatibility contract: the seeds' names and signatures
 (npu_fake_tensor_quant, npu_fake_tensor_quant_inplace, npu_fake_tensor_quant_with_axis, npu_quantize,
-npu_dynamic_quant_asymmetric, quant, acts_ulq) and the companions npu_dynamic_quant and npu_anti_quant.
+npu_dynamic_quant_asymmetric, quant, acts_ulq), the companions npu_dynamic_quant and npu_anti_quant, and
+the quantized matmuls real Ascend code calls next (npu_quant_matmul, npu_weight_quant_batchmatmul,
+npu_trans_quant_param, npu_convert_weight_to_int4pack).
 This namespace re-exports them and adds shorter names
 (fake_tensor_quant, ..., tile_quant) and the backward functions. For torch tensors the operators are also
 available as ``torch.ops.xquant.*`` custom operators (torch.compile / torch.export / autograd).
@@ -18,12 +20,16 @@ from ._backward import acts_ulq_backward, fake_tensor_quant_backward
 from .npu import (
     acts_ulq,
     npu_anti_quant,
+    npu_convert_weight_to_int4pack,
     npu_dynamic_quant,
     npu_dynamic_quant_asymmetric,
     npu_fake_tensor_quant,
     npu_fake_tensor_quant_inplace,
     npu_fake_tensor_quant_with_axis,
+    npu_quant_matmul,
     npu_quantize,
+    npu_trans_quant_param,
+    npu_weight_quant_batchmatmul,
     quant,
 )
 
@@ -104,6 +110,10 @@ dynamic_quant_asymmetric = npu_dynamic_quant_asymmetric
 dynamic_quant = npu_dynamic_quant
 anti_quant = npu_anti_quant
 tile_quant = quant
+quant_matmul = npu_quant_matmul
+weight_quant_batchmatmul = npu_weight_quant_batchmatmul
+trans_quant_param = npu_trans_quant_param
+convert_weight_to_int4pack = npu_convert_weight_to_int4pack
 
 __all__ = [
     "npu",
@@ -127,6 +137,14 @@ __all__ = [
     "anti_quant",
     "tile_quant",
     "acts_ulq_backward",
+    "npu_quant_matmul",
+    "npu_weight_quant_batchmatmul",
+    "npu_trans_quant_param",
+    "npu_convert_weight_to_int4pack",
+    "quant_matmul",
+    "weight_quant_batchmatmul",
+    "trans_quant_param",
+    "convert_weight_to_int4pack",
     "register_torch_ops",
     "set_num_threads",
     "set_memory_cache_limit",

@@ -84,19 +84,23 @@ def as_bool(op: str, name: str, v: Any) -> bool:
     return bool(v)
 
 
+def dtype_key(op: str, name: str, d: Any) -> str:
+    """A dtype given as a torch dtype, a NumPy dtype (or scalar type) or a name ('int8', 'torch.int8') -> its
+    name without 'torch.' ('bfloat16' for ml_dtypes.bfloat16)."""
+    t = type(d)
+    if isinstance(d, str):
+        return d[6:] if d.startswith("torch.") else d
+    if t.__module__ == "torch" and t.__name__ == "dtype":
+        return str(d)[6:]  # "torch.qint8" -> "qint8"
+    if isinstance(d, np.dtype) or (isinstance(d, type) and issubclass(d, np.generic)):
+        return np.dtype(d).name
+    raise fail_type(op, f"{name} is {describe(d)} but expected a torch dtype, a NumPy dtype or a string")
+
+
 def quant_dtype_code(op: str, name: str, d: Any) -> int:
     """torch.qint8 / torch.quint8 / torch.qint32 / torch.int32 / torch.quint4x2 (and torch.int8 /
     torch.uint8), NumPy dtypes int8 / uint8 / int32, or the same names as strings -> a QuantDType code."""
-    t = type(d)
-    if isinstance(d, str):
-        key = d[6:] if d.startswith("torch.") else d
-    elif t.__module__ == "torch" and t.__name__ == "dtype":
-        key = str(d)[6:]  # "torch.qint8" -> "qint8"
-    elif isinstance(d, np.dtype) or (isinstance(d, type) and issubclass(d, np.generic)):
-        key = np.dtype(d).name
-    else:
-        raise fail_type(op, f"{name} is {describe(d)} but expected a torch dtype, a NumPy dtype or a string")
-    code = _QDTYPE_NAMES.get(key)
+    code = _QDTYPE_NAMES.get(dtype_key(op, name, d))
     if code is None:
         raise fail_value(
             op,
@@ -152,15 +156,7 @@ def float_dtype_name(op: str, name: str, d: Any) -> str:
     float16 / float32 / ml_dtypes.bfloat16, or those names as strings -> the name."""
     if d is None:
         return "float16"
-    t = type(d)
-    if isinstance(d, str):
-        key = d[6:] if d.startswith("torch.") else d
-    elif t.__module__ == "torch" and t.__name__ == "dtype":
-        key = str(d)[6:]
-    elif isinstance(d, np.dtype) or (isinstance(d, type) and issubclass(d, np.generic)):
-        key = np.dtype(d).name
-    else:
-        raise fail_type(op, f"{name} is {describe(d)} but expected a torch dtype, a NumPy dtype or a string")
+    key = dtype_key(op, name, d)
     if key not in FLOAT_DTYPES:
         raise fail_value(op, f"{name} is {d} but expected float16, bfloat16 or float32")
     return key
@@ -187,3 +183,32 @@ def dynamic_shapes(shape: tuple, code: int, per_tensor: bool) -> tuple[tuple, tu
     y = quantized_shape(shape, code)
     params = (1,) if per_tensor else tuple(shape[:-1])
     return y, params
+
+
+MATMUL_OUT_DTYPES = ("int8", "float16", "bfloat16", "int32")
+
+
+def matmul_out_name(op: str, d: Any) -> str:
+    """npu_quant_matmul's output_dtype: None -> 'int8'; int8 / float16 / bfloat16 / int32 as torch or NumPy
+    dtypes or names -> the name."""
+    if d is None:
+        return "int8"
+    key = dtype_key(op, "output_dtype", d)
+    if key not in MATMUL_OUT_DTYPES:
+        raise fail_value(op, f"output_dtype is {d} but expected None (int8), int8, float16, bfloat16 or int32")
+    return key
+
+
+def same_dtype(op: str, name: str, d: Any, main: str, main_name: str) -> None:
+    """torch_npu's optional dtype re-interpretation keywords (x1_dtype, weight_dtype, ...): None, or the dtype
+    the tensor already has (torch.quint4x2 for int32 words of eight int4). Others name the Ascend 950
+    formats (float8, HiFloat8, MX), which xquant does not implement."""
+    if d is None:
+        return
+    key = dtype_key(op, name, d)
+    if key == main or (main == "int32" and key == "quint4x2") or (main == "int8" and key == "qint8"):
+        return
+    raise fail_value(op, f"{name} is {d} but {main_name} has dtype {main}; xquant reads int8, or int32 words of eight "
+                         f"int4, as stored (expected {name}=None; the float8 / HiFloat8 / MX re-interpretations "
+                         "of the Ascend 950 are not implemented)")
+

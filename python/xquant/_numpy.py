@@ -250,3 +250,62 @@ def acts_ulq_backward(op: str, y_grad: Any, x_shape: tuple, clamp_min: Any, clam
     g1, g1_raw = _empty(hi.shape, dt)
     _core.acts_ulq_backward(xg_raw, g0_raw, g1_raw, dy, lo, hi, m0, m1, ls, fixed_min, num_bits)
     return xg, g0, g1
+
+
+# ---- the quantized matmuls -------------------------------------------------------------------------------------
+
+def _matrix(op: str, name: str, a: Any) -> tuple[np.ndarray, bool]:
+    """A matrix operand: the transposed view of a dense [..., N, K] array is passed as that storage with the
+    library's transpose flag (no copy); anything else as arg() prepares it."""
+    a = _check_array(op, name, a)
+    if a.ndim >= 2 and not a.flags.c_contiguous:
+        t = np.swapaxes(a, -1, -2)
+        if t.flags.c_contiguous and t.flags.aligned and t.dtype.isnative:
+            return _raw(t), True
+    return arg(op, name, a), False
+
+
+def _out_dtype(op: str, name: str) -> np.dtype:
+    if name == "bfloat16":
+        if NP_BFLOAT16 is None:  # pragma: no cover - exercised only where ml_dtypes is missing
+            raise fail_value(op, "output_dtype is bfloat16 but NumPy bfloat16 needs the ml_dtypes package")
+        return NP_BFLOAT16
+    return np.dtype(name)
+
+
+def quant_matmul(op: str, x1: Any, x2: Any, scale: Any, offset: Any, pertoken_scale: Any, bias: Any,
+                 output_dtype: str) -> np.ndarray:
+    a = arg(op, "x1", x1)
+    w, transposed = _matrix(op, "x2", x2)
+    s, off, pts, b = (arg(op, "scale", scale), opt_arg(op, "offset", offset),
+                      opt_arg(op, "pertoken_scale", pertoken_scale), opt_arg(op, "bias", bias))
+    shape = _core.quant_matmul_shape(a, w, s, off, pts, b, transposed, output_dtype)
+    out, raw = _empty(tuple(shape), _out_dtype(op, output_dtype))
+    _core.quant_matmul(raw, a, w, s, off, pts, b, transposed)
+    return out
+
+
+def weight_quant_batchmatmul(op: str, x: Any, weight: Any, antiquant_scale: Any, antiquant_offset: Any, bias: Any,
+                             antiquant_group_size: int) -> np.ndarray:
+    xv = arg(op, "x", x)
+    w, transposed = _matrix(op, "weight", weight)
+    s, off, b = (arg(op, "antiquant_scale", antiquant_scale), opt_arg(op, "antiquant_offset", antiquant_offset),
+                 opt_arg(op, "bias", bias))
+    shape = _core.weight_quant_batchmatmul_shape(xv, w, s, off, b, antiquant_group_size, transposed)
+    out, raw = _empty(tuple(shape), x.dtype)
+    _core.weight_quant_batchmatmul(raw, xv, w, s, off, b, antiquant_group_size, transposed)
+    return out
+
+
+def trans_quant_param(op: str, scale: Any, offset: Any, round_mode: int) -> np.ndarray:
+    s, off = arg(op, "scale", scale), opt_arg(op, "offset", offset)
+    out = np.empty(tuple(_core.trans_quant_param_shape(s, off, round_mode)), dtype=np.int64)
+    _core.trans_quant_param(out, s, off, round_mode)
+    return out
+
+
+def convert_weight_to_int4pack(op: str, weight: Any) -> np.ndarray:
+    w = arg(op, "weight", weight)
+    out = np.empty(tuple(_core.convert_weight_to_int4pack_shape(w)), dtype=np.int32)
+    _core.convert_weight_to_int4pack(out, w)
+    return out

@@ -31,6 +31,15 @@ another torch than the running one, importing this module raises ImportError say
     torch.ops.xquant.acts_ulq_backward(y_grad, x_shape, clamp_min, clamp_max, clamp_min_mask,
                                        clamp_max_mask, x_clamped_loss, fixed_min, num_bits)
         -> (x_grad, clamp_min_grad, clamp_max_grad)
+    torch.ops.xquant.quant_matmul(x1, x2, scale, offset=None, pertoken_scale=None, bias=None,
+                                  output_dtype=None) -> out                       (not differentiable)
+    torch.ops.xquant.weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, bias=None,
+                                              antiquant_group_size=0) -> out      (not differentiable)
+    torch.ops.xquant.trans_quant_param(scale, offset=None, round_mode=0) -> int64 words
+    torch.ops.xquant.convert_weight_to_int4pack(weight) -> int32 words
+
+The matmuls read a transposed view of a dense [..., N, K] x2 / weight as stored (the library's transpose
+flag), as torch_npu does.
 """
 
 from __future__ import annotations
@@ -255,6 +264,40 @@ def acts_ulq(op: str, x: Tensor, clamp_min: Any, clamp_max: Any, fixed_min: bool
     return torch.ops.xquant.acts_ulq(x, lo, hi, fixed_min, num_bits)
 
 
+_MATMUL_OUT_TORCH = {"int8": torch.int8, "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32}
+
+
+def quant_matmul(op: str, x1: Tensor, x2: Any, scale: Any, offset: Any, pertoken_scale: Any, bias: Any,
+                 output_dtype: str) -> Tensor:
+    check_tensor(op, "x1", x1)
+    w, s = check_tensor(op, "x2", x2), check_tensor(op, "scale", scale)
+    off, pts, b = (opt_tensor(op, "offset", offset), opt_tensor(op, "pertoken_scale", pertoken_scale),
+                   opt_tensor(op, "bias", bias))
+    _one_device(op, x1=x1, x2=w, scale=s, offset=off, pertoken_scale=pts, bias=b)
+    return torch.ops.xquant.quant_matmul(x1, w, s, off, pts, b, _MATMUL_OUT_TORCH[output_dtype])
+
+
+def weight_quant_batchmatmul(op: str, x: Tensor, weight: Any, antiquant_scale: Any, antiquant_offset: Any, bias: Any,
+                             antiquant_group_size: int) -> Tensor:
+    check_tensor(op, "x", x)
+    w, s = check_tensor(op, "weight", weight), check_tensor(op, "antiquant_scale", antiquant_scale)
+    off, b = opt_tensor(op, "antiquant_offset", antiquant_offset), opt_tensor(op, "bias", bias)
+    _one_device(op, x=x, weight=w, antiquant_scale=s, antiquant_offset=off, bias=b)
+    return torch.ops.xquant.weight_quant_batchmatmul(x, w, s, off, b, antiquant_group_size)
+
+
+def trans_quant_param(op: str, scale: Tensor, offset: Any, round_mode: int) -> Tensor:
+    check_tensor(op, "scale", scale)
+    off = opt_tensor(op, "offset", offset)
+    _one_device(op, scale=scale, offset=off)
+    return torch.ops.xquant.trans_quant_param(scale, off, round_mode)
+
+
+def convert_weight_to_int4pack(op: str, weight: Tensor) -> Tensor:
+    check_tensor(op, "weight", weight)
+    return torch.ops.xquant.convert_weight_to_int4pack(weight)
+
+
 def acts_ulq_backward(op: str, y_grad: Tensor, x_shape: tuple, clamp_min: Tensor, clamp_max: Tensor,
                       clamp_min_mask: Tensor, clamp_max_mask: Tensor, x_clamped_loss: Tensor, fixed_min: bool,
                       num_bits: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -330,7 +373,8 @@ torch.library.register_vmap("xquant::fake_tensor_quant_with_axis", _vmap_fake_te
 torch.library.register_vmap("xquant::acts_ulq", _vmap_acts_ulq)
 
 _NO_VMAP = ("fake_tensor_quant_inplace", "fake_tensor_quant_backward", "quantize", "tile_quant",
-            "dynamic_quant_asymmetric", "dynamic_quant", "anti_quant", "acts_ulq_backward")
+            "dynamic_quant_asymmetric", "dynamic_quant", "anti_quant", "acts_ulq_backward", "quant_matmul",
+            "weight_quant_batchmatmul", "trans_quant_param", "convert_weight_to_int4pack")
 _vmap_lib = torch.library.Library("xquant", "IMPL")  # held: the registrations live as long as it does
 
 

@@ -42,6 +42,10 @@ __all__ = [
     "npu_anti_quant",
     "quant",
     "acts_ulq",
+    "npu_quant_matmul",
+    "npu_weight_quant_batchmatmul",
+    "npu_trans_quant_param",
+    "npu_convert_weight_to_int4pack",
     "QuantMode",
 ]
 
@@ -122,13 +126,17 @@ def npu_fake_tensor_quant(inputs, amax, num_bits: int = 8, is_unsigned: bool = F
 
         bound     = 2^(num_bits - 1 + is_unsigned) - 1           (exact integers)
         max_bound = bound
-        min_bound = is_unsigned ? 0 : -(bound + (narrow_range ? 0 : 1))
+        min_bound = -(bound + (narrow_range ? 0 : 1))            (also unsigned: it doubles the bound only)
         scale     = max_bound / amax                              (float32 division)
         out       = clamp(rint(inputs * scale), min_bound, max_bound) / scale
 
     ``rint`` rounds half to even. ``amax`` has exactly one element (a 0-d or [1] tensor, or a Python
     number), finite and >= 0; where scale is not finite or is 0 the output is 0 (NaN stays NaN).
     ``num_bits`` in [1, 32]. Returns a new array/tensor of ``inputs``' dtype and shape.
+
+    float16 ``inputs`` follow the Ascend kernel's half arithmetic: every step above rounded to float16
+    (``M, m = f16(max_bound), f16(min_bound)``, ``scale = f16(M / amax)``, ``f16(x * scale)``, ...), and
+    ``amax`` must be exactly representable in float16 (else ValueError); docs/semantics.md section 2.1.
 
     Autograd (torch): straight-through with clipping, ``grad_in = grad_out`` where
     ``min_bound/scale <= x <= max_bound/scale`` else 0; if ``amax`` requires grad it gets
@@ -334,3 +342,109 @@ def acts_ulq(x, clamp_min, clamp_max, fixed_min: bool = False, num_bits: int = 8
     b = _backend(op, "x", x)
     return b.acts_ulq(op, x, clamp_min, clamp_max, _args.as_bool(op, "fixed_min", fixed_min),
                       _args.as_int(op, "num_bits", num_bits))
+
+
+# ---- the quantized matmuls: torch_npu.npu_quant_matmul, npu_weight_quant_batchmatmul, npu_trans_quant_param,
+# npu_convert_weight_to_int4pack (docs/semantics.md section 9) -------------------------------------------------
+
+def _none_only(op: str, **kwargs) -> None:
+    for name, v in kwargs.items():
+        if v is not None:
+            raise _args.fail_value(op, f"{name} is {v!r} but xquant supports only {name}=None here (" +
+                                   _NONE_ONLY_WHY.get(name, "not implemented off the NPU") + ")")
+
+
+_NONE_ONLY_WHY = {
+    "group_sizes": "per-group A4W4 scales are not implemented; per-tensor / per-channel scale and pertoken_scale are",
+    "y_scale": "the Ascend 950's output scaling is not implemented",
+    "quant_scale": "quantizing the output to int8 is not implemented; quantize the result with npu_quantize",
+    "quant_offset": "quantizing the output to int8 is not implemented; quantize the result with npu_quantize",
+}
+
+
+def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None,
+                     x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None, group_sizes=None,
+                     y_scale=None):
+    """Quantized matrix multiplication (W8A8 / W4A4 linear layers): x1 @ x2 with exact int32 accumulation,
+    then per element, in this order (float32, no fused multiply-add; docs/semantics.md section 9)::
+
+        a = acc + bias                       (int32 bias; int32 output stops here)
+        v = float(a) * scale[n]              (scale float32 / bfloat16, or the int64 of npu_trans_quant_param)
+        v = v * pertoken_scale[m]            (when given)
+        v = v + bias[n]                      (float bias: float16 / bfloat16 output)
+        v = v + offset[n]                    (int8 output: offset, or the one an int64 scale carries)
+        out = int8: sat(rint(v)) | float16 / bfloat16: narrowed once, round to nearest even
+
+    ``x1``: int8 [..., M, K], or int32 [..., M, K / 8] words of eight int4 (element 8k+j in bits [4j, 4j+3]);
+    ``x2``: the same dtype, [..., K, N] (int4: [..., K, N / 8]), or the transposed view of a dense
+    [..., N, K] tensor (``w.t()``, int4 ``[N, K / 8].t()``), read as stored without a copy. Batch
+    dimensions broadcast. ``scale``: [1] or [N] (also [1, 1] / [1, N]); ``offset``: float32 [1] / [N];
+    ``pertoken_scale``: float32 [M]; ``bias``: int32, or float32 / float16 / bfloat16 for float output, [N]
+    (or [B, 1, N] for 3-D output). ``output_dtype``: None / int8 (default), float16, bfloat16 or int32.
+    torch_npu's Ascend 950 keywords (``x1_dtype`` ... ``scale_dtype`` re-interpreting storage as float8 /
+    HiFloat8 / MX, ``group_sizes``, ``y_scale``) must be None or name the stored dtype.
+    """
+    op = "quant_matmul"
+    b = _backend(op, "x1", x1)
+    _none_only(op, group_sizes=group_sizes, y_scale=y_scale)
+    for name, d, t in (("x1_dtype", x1_dtype, x1), ("x2_dtype", x2_dtype, x2), ("scale_dtype", scale_dtype, scale),
+                       ("pertoken_scale_dtype", pertoken_scale_dtype, pertoken_scale)):
+        if d is not None:
+            _args.same_dtype(op, name, d, _args.dtype_key(op, name, t.dtype), name[:-6])
+    return b.quant_matmul(op, x1, x2, scale, offset, pertoken_scale, bias, _args.matmul_out_name(op, output_dtype))
+
+
+def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None,
+                                 quant_offset=None, bias=None, antiquant_group_size=0, inner_precise=0,
+                                 weight_dtype=None):
+    """Weight-only quantized matmul (W8A16 / W4A16 linear layers): y = x @ dequant(weight) + bias, with
+    (docs/semantics.md section 9)::
+
+        w[k, n] = narrow_x(narrow_x(q[k, n] + antiquant_offset[g, n]) * antiquant_scale[g, n])     g = k // group
+        y[m, n] = narrow_x(sum_k float32(x[m, k]) * float32(w[k, n]) + bias[n])
+
+    the float32 sum taken in increasing k, each product and sum rounded (no FMA): one order on every backend,
+    so results are bit-identical across SIMD targets, thread counts and CUDA. ``x``: float16 / bfloat16
+    [..., M, K]; ``weight``: int8 [K, N], or int32 [K, N / 8] words of eight int4, or the transposed view
+    of a dense [N, K] (int4 [N, K / 8]) tensor; ``antiquant_scale`` (and ``antiquant_offset``): x's dtype,
+    [1] / [N] (also [1, 1] / [1, N]) or, with ``antiquant_group_size`` (a multiple of 32 in [32, K - 1]),
+    [ceil(K / group), N]; ``bias``: float [N] / [1, N]. ``inner_precise`` (0 or 1, the NPU's speed /
+    precision switch) does not change xquant's arithmetic. ``quant_scale`` / ``quant_offset`` (int8 output)
+    are not implemented; ``weight_dtype`` must be None or name the stored dtype.
+    """
+    op = "weight_quant_batchmatmul"
+    b = _backend(op, "x", x)
+    _none_only(op, quant_scale=quant_scale, quant_offset=quant_offset)
+    precise = _args.as_int(op, "inner_precise", inner_precise)
+    if precise not in (0, 1):
+        raise _args.fail_value(op, f"inner_precise is {precise} but expected 0 (precision) or 1 (speed)")
+    if weight_dtype is not None:
+        _args.same_dtype(op, "weight_dtype", weight_dtype, _args.dtype_key(op, "weight", weight.dtype), "weight")
+    return b.weight_quant_batchmatmul(op, x, weight, antiquant_scale, antiquant_offset, bias,
+                                      _args.as_int(op, "antiquant_group_size", antiquant_group_size))
+
+
+def npu_trans_quant_param(scale, offset=None, round_mode=0):
+    """The int64 form of a dequantization scale (and offset) that npu_quant_matmul takes: per element::
+
+        bits = float32 bits of scale, round_mode 0: & 0xFFFFE000 (truncated to 10 mantissa bits),
+               round_mode 1: rounded to 10 mantissa bits (nearest, ties away from zero)
+        word = bits | 1 << 46 | (offset ? (rint(clamp(offset, -256, 255)) & 0x1FF) << 37 : 0)
+
+    ``scale``: float32 [t] or [1, n]; ``offset``: float32 [t'] (t == t' or either 1) or scale's 2-D shape.
+    Returns int64 of scale's shape (1-D: [max(t, t')]).
+    """
+    op = "trans_quant_param"
+    b = _backend(op, "scale", scale)
+    return b.trans_quant_param(op, scale, offset, _args.as_int(op, "round_mode", round_mode))
+
+
+def npu_convert_weight_to_int4pack(weight, inner_k_tiles=0):
+    """Packs int32 values in [-8, 7] eight to an int32 word along the last dimension (element 8k+j in bits
+    [4j, 4j+3] of word k): int32 [..., C] -> int32 [..., C / 8], C % 8 == 0. ``inner_k_tiles``: 0 (reserved
+    by torch_npu)."""
+    op = "convert_weight_to_int4pack"
+    b = _backend(op, "weight", weight)
+    if _args.as_int(op, "inner_k_tiles", inner_k_tiles) != 0:
+        raise _args.fail_value(op, f"inner_k_tiles is {inner_k_tiles} but expected 0 (reserved by torch_npu)")
+    return b.convert_weight_to_int4pack(op, weight)

@@ -20,6 +20,7 @@
 #include "core/device_ops.hpp"
 #include "core/kernels.hpp"
 #include "core/numeric.hpp"
+#include "ops/spec.hpp"
 
 namespace xquant {
 
@@ -604,5 +605,36 @@ Tensor convert_weight_to_int4pack(ConstTensorView weight) {
   convert_weight_to_int4pack_out(out, weight);
   return out;
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// planning (xquant/plan.hpp): the same validation on dtypes and shapes
+
+Shape plan_quant_matmul(const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
+                        const std::optional<TensorSpec>& offset, const std::optional<TensorSpec>& pertoken_scale,
+                        const std::optional<TensorSpec>& bias, bool transpose_x2, DType output_dtype) {
+  const QuantMatmulOptions o{.offset = detail::spec_view(offset),
+                             .pertoken_scale = detail::spec_view(pertoken_scale),
+                             .bias = detail::spec_view(bias),
+                             .transpose_x2 = transpose_x2};
+  return qmm_shape_checked(detail::spec_view(x1), detail::spec_view(x2), detail::spec_view(scale), o, output_dtype);
+}
+
+Shape plan_weight_quant_batchmatmul(const TensorSpec& x, const TensorSpec& weight, const TensorSpec& antiquant_scale,
+                                    const std::optional<TensorSpec>& antiquant_offset,
+                                    const std::optional<TensorSpec>& bias, std::int64_t antiquant_group_size,
+                                    bool transpose_weight) {
+  const WeightQuantMatmulOptions o{.antiquant_offset = detail::spec_view(antiquant_offset),
+                                   .bias = detail::spec_view(bias),
+                                   .antiquant_group_size = antiquant_group_size,
+                                   .transpose_weight = transpose_weight};
+  return weight_quant_batchmatmul_output_shape(detail::spec_view(x), detail::spec_view(weight),
+                                               detail::spec_view(antiquant_scale), o);
+}
+
+Shape plan_trans_quant_param(const TensorSpec& scale, const std::optional<TensorSpec>& offset, int round_mode) {
+  return validate_tqp(detail::spec_view(scale), detail::spec_view(offset), round_mode);
+}
+
+Shape plan_convert_weight_to_int4pack(const TensorSpec& weight) { return validate_pack(detail::spec_view(weight)); }
 
 }  // namespace xquant

@@ -360,3 +360,91 @@ def assert_same(got, want, what: str = "") -> None:
         idx = np.argwhere(diff)[:5]
         detail = ", ".join(f"{tuple(i)}: got {got[tuple(i)]!r} want {want[tuple(i)]!r}" for i in idx)
         raise AssertionError(f"{what}: {int(diff.sum())} of {diff.size} elements differ ({detail})")
+
+
+# ---- the quantized matmuls (docs/semantics.md section 9) ---------------------------------------------------
+
+def trans_quant_param(scale, offset=None, round_mode=0) -> np.ndarray:
+    """int64 words: the scale's float32 bits (truncated, or rounded up in magnitude at bit 12) with the low 13
+    bits cleared, flag bit 46, and the offset rint-ed, clamped to [-256, 255], in bits [37, 45]."""
+    s = np.asarray(scale, dtype=np.float32)
+    b = s.view(np.uint32).astype(np.uint64)
+    if round_mode == 1:
+        b = (b + np.uint64(0x1000)) & np.uint64(0xFFFFFFFF)
+    w = (b & np.uint64(0xFFFFE000)) | np.uint64(1 << 46)
+    if offset is not None:
+        o = np.asarray(offset, dtype=np.float32)
+        r = np.where(np.isnan(o), 0.0, np.clip(np.rint(o.astype(np.float64)), -256, 255)).astype(np.int64)
+        w, r = np.broadcast_arrays(w, r)
+        w = w | ((r.astype(np.uint64) & np.uint64(0x1FF)) << np.uint64(37))
+    return w.astype(np.uint64).view(np.int64)
+
+
+def _column_params(scale):
+    """(s[n], o[n] or None) of npu_quant_matmul's scale: float32 / bfloat16 widened, or an int64 word's float
+    bits and 9-bit offset."""
+    s = np.asarray(scale)
+    if s.dtype == np.int64:
+        u = s.view(np.uint64).reshape(-1)
+        sv = (u & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+        f = ((u >> np.uint64(37)) & np.uint64(0x1FF)).astype(np.int64)
+        return sv, np.where(f >= 256, f - 512, f).astype(np.float32)
+    return widen(s).reshape(-1), None
+
+
+def quant_matmul(x1, x2, scale, offset=None, pertoken_scale=None, bias=None, output_dtype="int8",
+                 int4=False, x2_transposed=False) -> np.ndarray:
+    """x1 @ x2 in exact integers, then SPEC-style float32 epilogue one operation at a time. x2 is given as
+    logical [K, N] (x2_transposed: as stored [N, K]); int4 operands are int32 words, unpacked here."""
+    a = unpack_int4(x1) if int4 else np.asarray(x1, dtype=np.int64)
+    b = unpack_int4(x2) if int4 else np.asarray(x2, dtype=np.int64)
+    if x2_transposed:
+        b = np.swapaxes(b, -1, -2)
+    acc = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    acc = ((acc + 2**31) % 2**32 - 2**31).astype(np.int64)  # int32, modulo 2^32
+    if bias is not None and np.asarray(bias).dtype == np.int32:
+        acc = ((acc + np.asarray(bias, dtype=np.int64) + 2**31) % 2**32 - 2**31)
+    if output_dtype == "int32":
+        return acc.astype(np.int32)
+    s, o = _column_params(scale)
+    v = acc.astype(np.float32) * s  # float32(acc) rounds to nearest even, then one rounded multiply
+    if pertoken_scale is not None:
+        v = (v * widen(pertoken_scale)[:, None]).astype(np.float32)
+    if bias is not None and np.asarray(bias).dtype != np.int32:
+        v = (v + widen(bias)).astype(np.float32)
+    if offset is not None:
+        o = widen(offset).reshape(-1)
+    if o is not None:
+        v = (v + o).astype(np.float32)
+    if output_dtype == "int8":
+        return sat_int(np.rint(v), -128, 127, np.int8)
+    return narrow(v, BF16 if output_dtype == "bfloat16" else np.dtype(output_dtype))
+
+
+def weight_quant_batchmatmul(x, weight, scale, offset=None, bias=None, group_size=0, int4=False,
+                             transposed=False) -> np.ndarray:
+    """y = narrow(sum over k in increasing order of float32(x) * float32(w) (+ bias)) with
+    w = narrow(narrow(q + offset) * scale), all float32 operations rounded one at a time."""
+    xd = np.asarray(x).dtype
+    q = unpack_int4(weight) if int4 else np.asarray(weight, dtype=np.int64)
+    if transposed:
+        q = np.swapaxes(q, -1, -2)
+    K, N = q.shape
+    s = widen(scale)
+    s = s.reshape(-1, N) if s.size != 1 else np.full((1, N), s.reshape(-1)[0], np.float32)
+    o = None
+    if offset is not None:
+        o = widen(offset)
+        o = o.reshape(-1, N) if o.size != 1 else np.full((1, N), o.reshape(-1)[0], np.float32)
+    g = (np.arange(K) // group_size) if group_size else np.zeros(K, dtype=np.int64)
+    w = q.astype(np.float32)
+    if o is not None:
+        w = widen(narrow(w + o[g], xd))
+    w = widen(narrow(w * s[g], xd))
+    x32 = widen(x).reshape(-1, K)
+    acc = np.zeros((x32.shape[0], N), dtype=np.float32)
+    for k in range(K):
+        acc = (acc + (x32[:, k:k + 1] * w[k]).astype(np.float32)).astype(np.float32)
+    if bias is not None:
+        acc = (acc + widen(bias).reshape(-1)).astype(np.float32)
+    return narrow(acc, xd).reshape(np.asarray(x).shape[:-1] + (N,))

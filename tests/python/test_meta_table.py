@@ -50,6 +50,14 @@ VALID = {
     "acts_ulq": (ops.acts_ulq, [T(4, 8), T(1, 8, fill=-1.0), T(1), False, 8]),
     "acts_ulq_backward": (ops.acts_ulq_backward,
                           [T(4, 8), [4, 8], T(1, 8, fill=-1.0), T(1), T(4, 8), T(4, 8), T(4, 8), False, 8]),
+    "quant_matmul": (ops.quant_matmul, [T(4, 16, dtype=i8), T(16, 8, dtype=i8), T(8), None, T(4),
+                                        T(8, dtype=i32), f16]),
+    "quant_matmul_int4": (ops.quant_matmul, [T(4, 2, dtype=i32), T(16, 1, dtype=i32), T(1), T(1), None, None, None]),
+    "weight_quant_batchmatmul": (ops.weight_quant_batchmatmul, [T(4, 64, dtype=f16), T(64, 8, dtype=i8),
+                                                                T(2, 8, dtype=f16), T(2, 8, dtype=f16),
+                                                                T(8, dtype=f16), 32]),
+    "trans_quant_param": (ops.trans_quant_param, [T(8), T(8), 1]),
+    "convert_weight_to_int4pack": (ops.convert_weight_to_int4pack, [T(4, 16, dtype=i32)]),
 }
 
 # The one table of bad inputs: (name, applies to the argument?, mutate the argument).

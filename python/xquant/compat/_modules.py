@@ -42,7 +42,48 @@ def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     return torch.ops.npu.npu_anti_quant(x, scale, offset=offset, dst_dtype=dst_dtype, src_dtype=src_dtype)
 
 
-TORCH_NPU_FUNCTIONS = (npu_quantize, npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_anti_quant)
+def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None,
+                     x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None, group_sizes=None,
+                     y_scale=None):
+    """torch_npu.npu_quant_matmul (xquant stand-in): int8 / int4 x int8 / int4 with exact int32 accumulation and
+    the documented epilogue (docs/semantics.md section 9); see xquant.npu.npu_quant_matmul."""
+    return torch.ops.npu.npu_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
+                                          output_dtype=output_dtype, x1_dtype=x1_dtype, x2_dtype=x2_dtype,
+                                          pertoken_scale_dtype=pertoken_scale_dtype, scale_dtype=scale_dtype,
+                                          group_sizes=group_sizes, y_scale=y_scale)
+
+
+def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None,
+                                 quant_offset=None, bias=None, antiquant_group_size=0, inner_precise=0,
+                                 weight_dtype=None):
+    """torch_npu.npu_weight_quant_batchmatmul (xquant stand-in): float16 / bfloat16 x int8 / int4 weights
+    dequantized with antiquant_scale / antiquant_offset; see xquant.npu.npu_weight_quant_batchmatmul."""
+    return torch.ops.npu.npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset, quant_scale,
+                                                      quant_offset, bias, antiquant_group_size, inner_precise,
+                                                      weight_dtype)
+
+
+def npu_trans_quant_param(scale, offset=None, round_mode=0):
+    """torch_npu.npu_trans_quant_param (xquant stand-in): the int64 scale (+ offset) words npu_quant_matmul
+    takes; see xquant.npu.npu_trans_quant_param."""
+    return torch.ops.npu.npu_trans_quant_param(scale, offset, round_mode)
+
+
+def npu_convert_weight_to_int4pack(weight, inner_k_tiles=0):
+    """torch_npu.npu_convert_weight_to_int4pack (xquant stand-in): int32 values in [-8, 7] packed eight per int32
+    word along the last dimension."""
+    return torch.ops.npu.npu_convert_weight_to_int4pack(weight, inner_k_tiles)
+
+
+def npu_format_cast(input, acl_format, customize_dtype=None):
+    """torch_npu.npu_format_cast (xquant stand-in): on the NPU a change of internal layout (ND, FRACTAL_NZ, ...)
+    that keeps the values; off the NPU every tensor is dense row-major, so the tensor is returned as it is."""
+    return torch.ops.npu.npu_format_cast(input, acl_format, customize_dtype=customize_dtype)
+
+
+TORCH_NPU_FUNCTIONS = (npu_quantize, npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_anti_quant,
+                       npu_quant_matmul, npu_weight_quant_batchmatmul, npu_trans_quant_param,
+                       npu_convert_weight_to_int4pack, npu_format_cast)
 
 
 def make_torch_npu(npu_namespace: types.ModuleType, version: str) -> types.ModuleType:

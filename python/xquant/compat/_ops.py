@@ -28,6 +28,21 @@ SCHEMAS = {
                                     "str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)",
     "npu_anti_quant": "npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, ScalarType? dst_dtype=None, "
                       "ScalarType? src_dtype=None) -> Tensor",
+    # The quantized matmuls, as op-plugin 26.x declares them (dtypes as integer codes: torch passes a
+    # torch.dtype given for an int argument as its ScalarType code).
+    "npu_quant_matmul": "npu_quant_matmul(Tensor x1, Tensor x2, Tensor scale, *, Tensor? offset=None, "
+                        "Tensor? pertoken_scale=None, Tensor? bias=None, int? output_dtype=None, int? x1_dtype=None, "
+                        "int? x2_dtype=None, int? pertoken_scale_dtype=None, int? scale_dtype=None, "
+                        "int[]? group_sizes=None, Tensor? y_scale=None) -> Tensor",
+    "npu_weight_quant_batchmatmul": "npu_weight_quant_batchmatmul(Tensor x, Tensor weight, Tensor antiquant_scale, "
+                                    "Tensor? antiquant_offset=None, Tensor? quant_scale=None, "
+                                    "Tensor? quant_offset=None, Tensor? bias=None, int antiquant_group_size=0, "
+                                    "int inner_precise=0, int? weight_dtype=None) -> Tensor",
+    "npu_trans_quant_param": "npu_trans_quant_param(Tensor scale, Tensor? offset=None, int? round_mode=0) -> Tensor",
+    "npu_convert_weight_to_int4pack": "npu_convert_weight_to_int4pack(Tensor weight, int inner_k_tiles=0) -> Tensor",
+    # A layout change on the NPU (ND <-> FRACTAL_NZ ...): off the NPU every tensor is dense row-major, so the
+    # values are returned as they are (the same tensor), whatever the format.
+    "npu_format_cast": "npu_format_cast(Tensor(a) self, int acl_format, *, int? customize_dtype=None) -> Tensor(a)",
 }
 
 _QUINT4X2 = getattr(torch, "quint4x2", None)
@@ -153,11 +168,123 @@ def _anti_quant_fake(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     return x.new_empty(shape, dtype=torch.float16 if dst_dtype is None else dst_dtype)
 
 
+# ---- dtype codes (the int arguments of the op-plugin schemas) ------------------------------------------------
+
+def _code_table() -> dict:
+    """ScalarType code -> torch dtype, read from torch itself: an int schema argument given a torch.dtype
+    receives its code, so a one-line identity operator reports each dtype's code."""
+    lib = torch.library.Library("xquant_compat_dtype_codes", "FRAGMENT")
+    try:
+        lib.define("code(int x) -> int")
+        lib.impl("code", lambda x: x, "CompositeExplicitAutograd")
+        table = {}
+        for name in ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bfloat16", "bool",
+                     "qint8", "quint8", "qint32", "quint4x2", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                     "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "complex64", "complex128"):
+            d = getattr(torch, name, None)
+            if d is not None:
+                table[int(torch.ops.xquant_compat_dtype_codes.code(d))] = d
+        return table
+    finally:
+        lib._destroy()
+        torch.ops.__dict__.pop("xquant_compat_dtype_codes", None)
+
+
+_CODES: dict = {}
+
+
+def dtype_of_code(op: str, name: str, v) -> Optional[torch.dtype]:
+    """An op-plugin dtype argument (an int code; None stays None) as a torch dtype. Codes torch has no dtype
+    for are torch_npu's own types (HiFloat8, ...), which xquant does not implement."""
+    if v is None or isinstance(v, torch.dtype):
+        return v
+    if not _CODES:
+        _CODES.update(_code_table())
+    d = _CODES.get(int(v))
+    if d is None:
+        raise _args.fail_value(op, f"{name} is the dtype code {v}, which names no torch dtype (torch_npu's own types "
+                                   "such as hifloat8 exist only on the NPU; xquant does not implement them)")
+    return d
+
+
+def _quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None, x1_dtype=None,
+                  x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None, group_sizes=None, y_scale=None):
+    op = "quant_matmul"
+    d = _where(x1)
+    out = _xnpu.npu_quant_matmul(
+        _on(x1, d), _on(x2, d), _on(scale, d), offset=_on(offset, d), pertoken_scale=_on(pertoken_scale, d),
+        bias=_on(bias, d), output_dtype=dtype_of_code(op, "output_dtype", output_dtype),
+        x1_dtype=dtype_of_code(op, "x1_dtype", x1_dtype), x2_dtype=dtype_of_code(op, "x2_dtype", x2_dtype),
+        pertoken_scale_dtype=dtype_of_code(op, "pertoken_scale_dtype", pertoken_scale_dtype),
+        scale_dtype=dtype_of_code(op, "scale_dtype", scale_dtype), group_sizes=group_sizes, y_scale=y_scale)
+    return _back(out, x1.device)
+
+
+def _weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None, quant_offset=None,
+                              bias=None, antiquant_group_size=0, inner_precise=0, weight_dtype=None):
+    d = _where(x)
+    out = _xnpu.npu_weight_quant_batchmatmul(
+        _on(x, d), _on(weight, d), _on(antiquant_scale, d), _on(antiquant_offset, d), _on(quant_scale, d),
+        _on(quant_offset, d), _on(bias, d), antiquant_group_size, inner_precise,
+        dtype_of_code("weight_quant_batchmatmul", "weight_dtype", weight_dtype))
+    return _back(out, x.device)
+
+
+def _trans_quant_param(scale, offset=None, round_mode=0):
+    d = _where(scale)
+    out = _xnpu.npu_trans_quant_param(_on(scale, d), _on(offset, d), 0 if round_mode is None else round_mode)
+    return _back(out, scale.device)
+
+
+def _convert_weight_to_int4pack(weight, inner_k_tiles=0):
+    d = _where(weight)
+    return _back(_xnpu.npu_convert_weight_to_int4pack(_on(weight, d), inner_k_tiles), weight.device)
+
+
+def _format_cast(self, acl_format, *, customize_dtype=None):
+    return self
+
+
+# The matmuls' fake implementations are the xquant operators themselves on the fake tensors (their Meta
+# kernels run the library's planning), without the device moves of the real kernels.
+def _quant_matmul_fake(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None,
+                       x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None, group_sizes=None,
+                       y_scale=None):
+    op = "quant_matmul"
+    return _xnpu.npu_quant_matmul(
+        x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
+        output_dtype=dtype_of_code(op, "output_dtype", output_dtype), x1_dtype=dtype_of_code(op, "x1_dtype", x1_dtype),
+        x2_dtype=dtype_of_code(op, "x2_dtype", x2_dtype),
+        pertoken_scale_dtype=dtype_of_code(op, "pertoken_scale_dtype", pertoken_scale_dtype),
+        scale_dtype=dtype_of_code(op, "scale_dtype", scale_dtype), group_sizes=group_sizes, y_scale=y_scale)
+
+
+def _weight_quant_batchmatmul_fake(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None,
+                                   quant_offset=None, bias=None, antiquant_group_size=0, inner_precise=0,
+                                   weight_dtype=None):
+    return _xnpu.npu_weight_quant_batchmatmul(
+        x, weight, antiquant_scale, antiquant_offset, quant_scale, quant_offset, bias, antiquant_group_size,
+        inner_precise, dtype_of_code("weight_quant_batchmatmul", "weight_dtype", weight_dtype))
+
+
+def _trans_quant_param_fake(scale, offset=None, round_mode=0):
+    return _xnpu.npu_trans_quant_param(scale, offset, 0 if round_mode is None else round_mode)
+
+
+def _format_cast_fake(self, acl_format, *, customize_dtype=None):
+    return self
+
+
 _KERNELS = {
     "npu_quantize": (_quantize, _quantize_fake),
     "npu_dynamic_quant": (_dynamic_quant, _dynamic_quant_fake),
     "npu_dynamic_quant_asymmetric": (_dynamic_quant_asymmetric, _dynamic_quant_asymmetric_fake),
     "npu_anti_quant": (_anti_quant, _anti_quant_fake),
+    "npu_quant_matmul": (_quant_matmul, _quant_matmul_fake),
+    "npu_weight_quant_batchmatmul": (_weight_quant_batchmatmul, _weight_quant_batchmatmul_fake),
+    "npu_trans_quant_param": (_trans_quant_param, _trans_quant_param_fake),
+    "npu_convert_weight_to_int4pack": (_convert_weight_to_int4pack, _xnpu.npu_convert_weight_to_int4pack),
+    "npu_format_cast": (_format_cast, _format_cast_fake),
 }
 
 
