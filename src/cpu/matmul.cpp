@@ -65,7 +65,7 @@ inline constexpr std::int64_t kQmmKC = 256;  // k pairs per chunk: a panel chunk
 struct QmmGemmJob {
   const QuantMatmulArgs* args;
   std::int64_t b;           // batch
-  const std::int32_t* a;    // [Mp][Kh] words: int16 pairs of x1 rows (rows beyond M zero)
+  const std::int32_t* a;    // [Mp / kMR][Kh][kMR] words: int16 pairs of x1 rows (rows beyond M zero)
   const std::int32_t* bp;   // [N / NR][Kh][NR] words: int16 pairs of x2 columns (columns beyond N zero)
   std::int64_t Kh, Mp, NR;  // k pairs, padded rows, panel width of the packing target
 };
@@ -185,10 +185,32 @@ void QmmPackB(const std::int8_t* x2, bool tr, std::int64_t K, std::int64_t N, st
   }
 }
 
-// c[r][0, NR) (+)= sum over k pairs [0, kh) of a[r] . bp[kp], rows r < R; c rows ldc apart.
+// Packs rows [m0, m1) (multiples of kMR, or m1 = Mp) of one x1 matrix (logical int8 [M][K]) into
+// a[m / kMR][kp][m % kMR] = (x1(m, 2kp) & 0xFFFF) | x1(m, 2kp + 1) << 16, zero beyond M and K: the
+// register block's rows of one k pair side by side (rows kept apart by K would alias in the caches).
+void QmmPackA(const std::int8_t* x1, std::int64_t M, std::int64_t K, std::int64_t m0, std::int64_t m1,
+              std::int32_t* a) {
+  const std::int64_t Kh = (K + 1) / 2;
+  for (std::int64_t m = m0; m < m1; ++m) {
+    std::int32_t* dst = a + (m / kMR) * Kh * kMR + m % kMR;
+    if (m >= M) {
+      for (std::int64_t kp = 0; kp < Kh; ++kp) dst[kp * kMR] = 0;
+      continue;
+    }
+    const std::int8_t* row = x1 + m * K;
+    for (std::int64_t kp = 0; kp < Kh; ++kp) {
+      const std::int8_t hi = 2 * kp + 1 < K ? row[2 * kp + 1] : 0;
+      dst[kp * kMR] = static_cast<std::int32_t>(static_cast<std::uint16_t>(static_cast<std::int16_t>(row[2 * kp])) |
+                                                (static_cast<std::uint32_t>(static_cast<std::uint16_t>(hi)) << 16));
+    }
+  }
+}
+
+// c[r][0, NR) (+)= sum over k pairs [0, kh) of a[kp][r] . bp[kp], rows r < R (a: R words per k pair);
+// c rows ldc apart.
 template <int R>
-HWY_INLINE void QmmMicro(const std::int32_t* a, std::int64_t lda, const std::int32_t* bp, std::int64_t kh,
-                         std::int32_t* c, std::int64_t ldc, bool init) {
+HWY_INLINE void QmmMicro(const std::int32_t* a, const std::int32_t* bp, std::int64_t kh, std::int32_t* c,
+                         std::int64_t ldc, bool init) {
   const D32 d32;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d32));
 #if HWY_TARGET == HWY_SCALAR
@@ -197,7 +219,7 @@ HWY_INLINE void QmmMicro(const std::int32_t* a, std::int64_t lda, const std::int
     for (std::int64_t t = 0; t < 2 * L; ++t) {
       std::int32_t s = init ? 0 : c[r * ldc + t];
       for (std::int64_t kp = 0; kp < kh; ++kp) {
-        const std::int32_t w = a[r * lda + kp], v = bp[kp * 2 * L + t];
+        const std::int32_t w = a[kp * R + r], v = bp[kp * 2 * L + t];
         const auto lo = [](std::int32_t x) { return static_cast<std::int32_t>(static_cast<std::int16_t>(x & 0xFFFF)); };
         s = wrap_add(s, wrap_add(wrap_mul(lo(w), lo(v)), wrap_mul(w >> 16, v >> 16)));
       }
@@ -216,7 +238,7 @@ HWY_INLINE void QmmMicro(const std::int32_t* a, std::int64_t lda, const std::int
     const auto b0 = hn::BitCast(d16, hn::Load(d32, bp + kp * 2 * L));
     const auto b1 = hn::BitCast(d16, hn::Load(d32, bp + kp * 2 * L + L));
     for (int r = 0; r < R; ++r) {
-      const auto av = hn::BitCast(d16, hn::Set(d32, a[r * lda + kp]));
+      const auto av = hn::BitCast(d16, hn::Set(d32, a[kp * R + r]));
       // the sum written as acc + product: GCC then adds in place instead of copying every accumulator
       acc[r][0] = hn::Add(acc[r][0], hn::ReorderWidenMulAccumulate(d32, av, b0, zero, extra[r][0]));
       acc[r][1] = hn::Add(acc[r][1], hn::ReorderWidenMulAccumulate(d32, av, b1, zero, extra[r][1]));
@@ -278,8 +300,8 @@ void QmmGemmTile(const QmmGemmJob& j, std::int64_t m0, std::int64_t n0, std::int
     for (std::int64_t p = 0; p < panels; ++p) {
       const std::int32_t* bp = j.bp + ((n0 / NR + p) * Kh + k0) * NR;
       for (std::int64_t i = 0; i < mr_blocks; ++i) {  // rows up to Mp exist (zero): full blocks only
-        const std::int32_t* ar = j.a + (m0 + i * kMR) * Kh + k0;
-        QmmMicro<kMR>(ar, Kh, bp, kh, c + i * kMR * kQmmNC + p * NR, kQmmNC, k0 == 0);
+        const std::int32_t* ar = j.a + ((m0 / kMR + i) * Kh + k0) * kMR;
+        QmmMicro<kMR>(ar, bp, kh, c + i * kMR * kQmmNC + p * NR, kQmmNC, k0 == 0);
       }
     }
   }
@@ -524,6 +546,7 @@ namespace xquant::detail {
 HWY_EXPORT(QmmTile);
 HWY_EXPORT(QmmPanelWidth);
 HWY_EXPORT(QmmPackB);
+HWY_EXPORT(QmmPackA);
 HWY_EXPORT(QmmGemmTile);
 HWY_EXPORT(WqmPanelWidth);
 HWY_EXPORT(WqmDequantRows);
@@ -576,15 +599,10 @@ void quant_matmul_gemm(const QuantMatmulArgs& a, const std::int8_t* x1, const st
   const std::int64_t mt = (M + kQmmMC - 1) / kQmmMC, nt = (N + kQmmNC - 1) / kQmmNC;
   std::int64_t packed_off = -1;
   for (std::int64_t b = 0; b < a.batch; ++b) {
-    // x1 rows as int16 pairs; rows M..Mp stay zero
+    // x1 rows as int16 pairs, interleaved by register block (pieces of whole kRowPad rows: any kMR divides)
     const std::int8_t* X1 = x1 + a.x1_offsets[b];
-    parallel_ranges(M, 64, M * K * 3, [&](std::int64_t r0, std::int64_t r1) {
-      for (std::int64_t m = r0; m < r1; ++m) {
-        auto* dst = reinterpret_cast<std::uint16_t*>(apack.get() + m * Kh);
-        for (std::int64_t k = 0; k < K; ++k)
-          dst[k] = static_cast<std::uint16_t>(static_cast<std::int16_t>(X1[m * K + k]));
-        if (K % 2 != 0) dst[K] = 0;
-      }
+    parallel_ranges(Mp, kRowPad * 8, M * K * 3, [&](std::int64_t r0, std::int64_t r1) {
+      HWY_DYNAMIC_DISPATCH(QmmPackA)(X1, M, K, r0, r1, apack.get());
     });
     if (a.x2_offsets[b] != packed_off) {
       const std::int8_t* X2 = x2 + a.x2_offsets[b];
