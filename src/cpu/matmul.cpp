@@ -406,10 +406,11 @@ void WqmDequantRows(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_
     WqmDequant<DType::bfloat16>(a, n0, nw, k0, k1, dst, ldp);
 }
 
-// c[r][0, NR) = (init ? +0 : c[r]) + x[r][k] * bp[k] over k in [0, kc) in order, rows r < R.
+// c[r][0, NR) = (init ? +0 : c[r]) + x[r][k] * bp[k] over k in [0, kc) in order, rows r < R; x[r][k] at
+// x[r * ldx + k * sk].
 template <int R>
-HWY_INLINE void WqmMicro(const float* x, std::int64_t ldx, const float* bp, std::int64_t kc, float* c, std::int64_t ldc,
-                         bool init) {
+HWY_INLINE void WqmMicro(const float* x, std::int64_t ldx, std::int64_t sk, const float* bp, std::int64_t kc, float* c,
+                         std::int64_t ldc, bool init) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
   VF acc[R][2];
@@ -420,7 +421,7 @@ HWY_INLINE void WqmMicro(const float* x, std::int64_t ldx, const float* bp, std:
   for (std::int64_t k = 0; k < kc; ++k) {
     const VF w0 = hn::Load(df, bp + k * 2 * L), w1 = hn::Load(df, bp + k * 2 * L + L);
     for (int r = 0; r < R; ++r) {
-      const VF xv = hn::Set(df, x[r * ldx + k]);
+      const VF xv = hn::Set(df, x[r * ldx + k * sk]);
       acc[r][0] = hn::Add(acc[r][0], hn::Mul(xv, w0));  // the product rounded, then the sum
       acc[r][1] = hn::Add(acc[r][1], hn::Mul(xv, w1));
     }
@@ -435,28 +436,28 @@ HWY_INLINE void WqmMicro(const float* x, std::int64_t ldx, const float* bp, std:
 HWY_INLINE void WqmRows(const float* x, std::int64_t ldx, std::int64_t rows, const float* bp, std::int64_t kc, float* c,
                         std::int64_t ldc, bool init) {
   std::int64_t r = 0;
-  for (; r + kMR <= rows; r += kMR) WqmMicro<kMR>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+  for (; r + kMR <= rows; r += kMR) WqmMicro<kMR>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
   switch (rows - r) {
     case 1:
-      WqmMicro<1>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      WqmMicro<1>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
       break;
     case 2:
-      WqmMicro<2>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      WqmMicro<2>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
       break;
     case 3:
-      WqmMicro<3>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      WqmMicro<3>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
       break;
     case 4:
-      WqmMicro<4>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      WqmMicro<4>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
       break;
     case 5:
-      WqmMicro<5>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      WqmMicro<5>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
       break;
     case 6:
-      WqmMicro<6>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      WqmMicro<6>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
       break;
     case 7:
-      WqmMicro<7>(x + r * ldx, ldx, bp, kc, c + r * ldc, ldc, init);
+      WqmMicro<7>(x + r * ldx, ldx, 1, bp, kc, c + r * ldc, ldc, init);
       break;
     default:
       break;
@@ -508,22 +509,44 @@ void WqmDecodeRange(const WqmJob& j, std::int64_t c0, std::int64_t c1, float* bu
 }
 
 // Prefill: rows [m0, m0 + rows) x columns [n0, n0 + nw) (nw <= kWqmNC) against the dequantized block
-// panel (panel p at panel + p * K * NR); c: kWqmMC * kWqmNC floats.
+// panel (panel p at panel + p * K * NR); x packed by WidenXPacked; c: kWqmMC * kWqmNC floats.
 void WqmPrefillTile(const WqmJob& j, std::int64_t m0, std::int64_t rows, std::int64_t n0, std::int64_t nw,
                     const float* panel, float* c) {
   const WeightQuantMatmulArgs& a = *j.args;
   const std::int64_t NR = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
   const std::int64_t K = a.K, panels = (nw + NR - 1) / NR;
+  const std::int64_t blocks = (rows + kMR - 1) / kMR;  // padded rows are zero in x and ignored in c
   for (std::int64_t k0 = 0; k0 < K; k0 += kWqmKC) {
     const std::int64_t kc = std::min(kWqmKC, K - k0);
     for (std::int64_t p = 0; p < panels; ++p)
-      WqmRows(j.x + m0 * K + k0, K, rows, panel + (p * K + k0) * NR, kc, c + p * NR, kWqmNC, k0 == 0);
+      for (std::int64_t i = 0; i < blocks; ++i)
+        WqmMicro<kMR>(j.x + ((m0 / kMR + i) * K + k0) * kMR, 1, kMR, panel + (p * K + k0) * NR, kc,
+                      c + i * kMR * kWqmNC + p * NR, kWqmNC, k0 == 0);
   }
   if (K == 0) std::fill(c, c + kWqmMC * kWqmNC, 0.0f);
   WqmFinish(a, m0, rows, n0, nw, c, kWqmNC);
 }
 
 std::int64_t WqmPanelWidth() { return 2 * static_cast<std::int64_t>(hn::Lanes(DF())); }
+
+// Rows [m0, m1) of x widened to float32 and packed by register block: x(m, k) at
+// xp[((m / kMR) * K + k) * kMR + m % kMR] (the block's rows of one k side by side: rows kept apart by K
+// would alias in the caches).
+void WidenXPacked(const WeightQuantMatmulArgs& a, float* xp, std::int64_t m0, std::int64_t m1) {
+  const DF df;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df)), K = a.K;
+  HWY_ALIGN float tmp[kMaxLanes];
+  for (std::int64_t m = m0; m < m1; ++m) {
+    float* dst = xp + (m / kMR) * K * kMR + m % kMR;
+    std::int64_t k = 0;
+    for (; k + L <= K; k += L) {
+      hn::Store(a.dt == DType::float16 ? LoadF<DType::float16>(a.x, m * K + k) : LoadF<DType::bfloat16>(a.x, m * K + k),
+                df, tmp);
+      for (std::int64_t t = 0; t < L; ++t) dst[(k + t) * kMR] = tmp[t];
+    }
+    for (; k < K; ++k) dst[k * kMR] = load_float(a.dt, a.x, m * K + k);
+  }
+}
 
 // x (float16 / bfloat16) widened to float32, elements [b0, b1).
 void WidenX(const WeightQuantMatmulArgs& a, float* x, std::int64_t b0, std::int64_t b1) {
@@ -553,6 +576,7 @@ HWY_EXPORT(WqmDequantRows);
 HWY_EXPORT(WqmDecodeRange);
 HWY_EXPORT(WqmPrefillTile);
 HWY_EXPORT(WidenX);
+HWY_EXPORT(WidenXPacked);
 
 namespace {
 // Logical int8 values of `count` elements of int8 or packed int4 storage.
@@ -652,14 +676,14 @@ void cpu_quant_matmul(const QuantMatmulArgs& a) {
 void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   const std::int64_t M = a.M, K = a.K, N = a.N;
   if (M * N == 0) return;
-  auto x = aligned_zeros<float>(M * K);
-  parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6, [&](std::int64_t b0, std::int64_t b1) {
-    HWY_DYNAMIC_DISPATCH(WidenX)(a, x.get(), b0, b1);
-  });
-  const WqmJob j{&a, x.get()};
   const std::int64_t NR = HWY_DYNAMIC_DISPATCH(WqmPanelWidth)();
   const std::int64_t bytes = M * N * std::max<std::int64_t>(K, 1);
   if (M <= kWqmDecodeMaxM) {
+    auto x = aligned_zeros<float>(M * K);
+    parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6, [&](std::int64_t b0, std::int64_t b1) {
+      HWY_DYNAMIC_DISPATCH(WidenX)(a, x.get(), b0, b1);
+    });
+    const WqmJob j{&a, x.get()};
     // each thread one contiguous range of whole blocks (a partial last block at N)
     const std::int64_t blocks = (N + kWqmBlock - 1) / kWqmBlock;
     const std::int64_t per = (blocks + worker_threads() - 1) / worker_threads();
@@ -672,7 +696,14 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
     });
     return;
   }
-  // prefill: per block of kWqmNC columns, dequantize all K (threads split k), then row tiles over threads
+  // prefill: x widened and packed by register block (rows padded to kRowPad, a multiple of every kMR,
+  // stay zero); per block of kWqmNC columns, dequantize all K (threads split k), then row tiles over threads
+  const std::int64_t Mp = (M + kRowPad - 1) / kRowPad * kRowPad;
+  auto x = aligned_zeros<float>(Mp * K);
+  parallel_ranges(M, kRowPad * 8, M * K * 6, [&](std::int64_t r0, std::int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(WidenXPacked)(a, x.get(), r0, r1);
+  });
+  const WqmJob j{&a, x.get()};
   const std::int64_t kmax = std::max<std::int64_t>(K, 1);
   auto panel = aligned_zeros<float>(kWqmNC * kmax);
   const std::int64_t mt = (M + kWqmMC - 1) / kWqmMC;
