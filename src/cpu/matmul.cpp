@@ -25,10 +25,13 @@
 // columns ([k][kWqmNR] floats); the 16-bit roundings are F16C's conversions on x86 AVX2 / AVX-512 (IEEE
 // round to nearest even, as core/convert.hpp) and simd-inl.h's bit-pattern roundings elsewhere. A
 // register block of kMR rows x 2 vectors multiplies a broadcast x[m][k] by the panel row and adds.
-//  - decode (M <= kWqmDecodeMaxM): threads take 64-column blocks; each dequantizes kWqmKC rows of its
-//    block at a time into an L1 buffer and runs every row of x over it: the weight is read once.
-//  - prefill: per block of kWqmNC columns the whole K is dequantized once (threads split k), then threads
-//    take kWqmMC-row tiles, chunking k by kWqmKC so a panel chunk stays in L1 and the x tile in L2.
+//  - decode (M <= kWqmDecodeMaxM): each thread takes one contiguous range of columns and walks k in
+//    chunks of kWqmDecodeKC rows (stored rows are read in long runs, page after page), dequantizing a
+//    chunk 64 columns at a time into an L1 buffer and running every row of x over it: the weight is
+//    read once.
+//  - prefill: x is widened into rows packed by register block; per block of kWqmNC columns the whole K
+//    is dequantized once (threads split k), then threads take kWqmMC-row tiles, chunking k by kWqmKC so
+//    a panel chunk stays in L1 and the x tile in L2.
 // The result does not depend on the partition or the target.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/matmul.cpp"
