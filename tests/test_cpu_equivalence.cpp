@@ -1025,7 +1025,7 @@ TEST(CpuEquivalence, QuantMatmul) {
         }
 }
 
-// Decode (M <= 24: 64-column blocks, 64-row chunks of k) and prefill (M > 24: 96-row tiles, 128-column
+// Decode (M <= 24: 128-column blocks, 16-row chunks of k) and prefill (M > 24: 96-row tiles, 128-column
 // blocks, 256-row chunks of k) paths, register blocks of 4 / 8 rows and their shorter tails.
 TEST(CpuEquivalence, WeightQuantBatchMatmul) {
   const auto edges = edge_values();

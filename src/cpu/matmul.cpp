@@ -27,7 +27,7 @@
 // register block of kMR rows x 2 vectors multiplies a broadcast x[m][k] by the panel row and adds.
 //  - decode (M <= kWqmDecodeMaxM): each thread takes one contiguous range of columns and walks k in
 //    chunks of kWqmDecodeKC rows (stored rows are read in long runs, page after page), dequantizing a
-//    chunk 64 columns at a time into an L1 buffer and running every row of x over it: the weight is
+//    chunk 128 columns at a time into an L1 buffer and running every row of x over it: the weight is
 //    read once.
 //  - prefill: x is widened into rows packed by register block; per block of kWqmNC columns the whole K
 //    is dequantized once (threads split k), then threads take kWqmMC-row tiles, chunking k by kWqmKC so
@@ -78,11 +78,20 @@ struct WqmJob {
   const float* x;  // [M][K] widened
 };
 inline constexpr std::int64_t kWqmDecodeMaxM = 24;  // the decode path up to this many rows
-inline constexpr std::int64_t kWqmBlock = 64;       // decode: columns per block (a multiple of every NR)
+inline constexpr std::int64_t kWqmBlock = 128;      // decode: columns per block (a multiple of every NR, SVE too)
 inline constexpr std::int64_t kWqmKC = 256;         // k per chunk (prefill); decode chunks are kWqmDecodeKC
 inline constexpr std::int64_t kWqmDecodeKC = 16;
 inline constexpr std::int64_t kWqmNC = 128;  // prefill: columns per block
-inline constexpr std::int64_t kWqmMC = 96;   // prefill: rows per tile
+// int4 words: lane i of a vector starting at element e (e % 8 == i0) multiplies its word by
+// kNibbleMul.v[i0 + i] = 2^(28 - 4 ((i0 + i) % 8)), moving its nibble to the top (a shift in every target).
+struct NibbleMul {
+  std::uint32_t v[64 + 8];  // up to 64 lanes (2048-bit SVE) from any start
+  constexpr NibbleMul() : v{} {
+    for (int i = 0; i < 64 + 8; ++i) v[i] = 1u << (28 - 4 * (i % 8));
+  }
+};
+inline constexpr NibbleMul kNibbleMul{};
+inline constexpr std::int64_t kWqmMC = 96;  // prefill: rows per tile
 #endif
 }  // namespace xquant::detail
 
@@ -92,6 +101,14 @@ namespace xquant::detail::HWY_NAMESPACE {
 using D16 = hn::ScalableTag<std::int16_t>;
 using D8h = hn::Rebind<std::int8_t, D16>;
 using D32 = hn::Repartition<std::int32_t, D16>;
+
+// Arm SVE vectors are sizeless (no arrays of them): the register-block kernels take their plain-code form.
+#undef XQUANT_MM_SIZELESS
+#if HWY_TARGET == HWY_SVE || HWY_TARGET == HWY_SVE2 || HWY_TARGET == HWY_SVE_256 || HWY_TARGET == HWY_SVE2_128
+#define XQUANT_MM_SIZELESS 1
+#else
+#define XQUANT_MM_SIZELESS 0
+#endif
 
 // Rows per register block: with 2 vectors of columns, kMR rows take 2 kMR accumulators, 2 panel vectors
 // and kMR broadcasts (compilers load every broadcast of a k step first): 14 of AVX2's 16 registers at 4,
@@ -216,8 +233,9 @@ HWY_INLINE void QmmMicro(const std::int32_t* a, const std::int32_t* bp, std::int
                          std::int64_t ldc, bool init) {
   const D32 d32;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d32));
-#if HWY_TARGET == HWY_SCALAR
-  // one lane of int16 and one of int32: no pair reinterpretation; the same sums in plain code
+#if HWY_TARGET == HWY_SCALAR || XQUANT_MM_SIZELESS
+  // scalar: one lane of int16 and one of int32, no pair reinterpretation; SVE: vectors cannot form arrays.
+  // The same sums in plain code.
   for (int r = 0; r < R; ++r)
     for (std::int64_t t = 0; t < 2 * L; ++t) {
       std::int32_t s = init ? 0 : c[r * ldc + t];
@@ -344,14 +362,14 @@ void WqmDequant(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t nw
   const std::int64_t width = (nw + NR - 1) / NR * NR;
   HWY_ALIGN std::int8_t q[kWqmBlock];
   HWY_ALIGN float s[kWqmBlock], o[kWqmBlock];
-  HWY_ALIGN std::int32_t words[kWqmBlock / 8 + kMaxLanes];  // int4: the row's words (+ slack for LoadU)
+  HWY_ALIGN std::int32_t words[kWqmBlock / 8 + HWY_MAX_BYTES / 4];  // int4: the row's words (+ slack for LoadU)
   const auto* w8 = static_cast<const std::int8_t*>(a.weight);
   const auto* w4 = static_cast<const std::int32_t*>(a.weight);
   const bool has_off = a.offset != nullptr;
   // whole rows straight from storage: int8 [K][N] loads, int4 [K][N / 8] words split in registers
   const bool direct8 = !a.transpose_weight && !a.int4 && nw == width;
   const bool direct4 = !a.transpose_weight && a.int4 && nw == width && n0 % 8 == 0;
-  std::fill(words, words + kWqmBlock / 8 + kMaxLanes, 0);
+  std::fill(words, words + kWqmBlock / 8 + HWY_MAX_BYTES / 4, 0);
   std::int64_t g_next = k0;  // first k of the next parameter group
   for (std::int64_t k = k0; k < k1; ++k) {
     if (k == g_next) {  // parameters of group k / group_size, zero-padded to the panel width
@@ -385,11 +403,12 @@ void WqmDequant(const WeightQuantMatmulArgs& a, std::int64_t n0, std::int64_t nw
     for (std::int64_t t = 0; t < width; t += L, out += (t % NR == 0) ? ldp - L : L) {
       VI qi;
       if (direct4) {
-        // lane l is element t + l: nibble (t + l) % 8 of word (t + l) / 8, moved to the top and shifted down
+        // lane l is element t + l: nibble (t + l) % 8 of word (t + l) / 8, moved to the top (multiply) and shifted down
         const VI lane = hn::Iota(di, static_cast<std::int32_t>(t % 8));
         const VI wv =
             hn::TableLookupLanes(hn::LoadU(di, words + t / 8), hn::IndicesFromVec(di, hn::ShiftRight<3>(lane)));
-        qi = hn::ShiftRight<28>(hn::Shl(wv, hn::Sub(hn::Set(di, 28), hn::ShiftLeft<2>(hn::And(lane, hn::Set(di, 7))))));
+        const auto top = hn::Mul(hn::BitCast(DU(), wv), hn::LoadU(DU(), kNibbleMul.v + t % 8));  // modulo 2^32
+        qi = hn::ShiftRight<28>(hn::BitCast(di, top));
       } else {
         qi = hn::PromoteTo(di, hn::LoadU(DI8(), qrow + t));
       }
@@ -416,6 +435,15 @@ HWY_INLINE void WqmMicro(const float* x, std::int64_t ldx, std::int64_t sk, cons
                          std::int64_t ldc, bool init) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+#if XQUANT_MM_SIZELESS
+  for (int r = 0; r < R; ++r)  // plain code, each lane's sequence as below
+    for (std::int64_t t = 0; t < 2 * L; ++t) {
+      float acc = init ? 0.0f : c[r * ldc + t];
+      for (std::int64_t k = 0; k < kc; ++k) acc = weight_matmul_step(acc, x[r * ldx + k * sk], bp[k * 2 * L + t]);
+      c[r * ldc + t] = acc;
+    }
+  (void)df;
+#else
   VF acc[R][2];
   for (int r = 0; r < R; ++r) {
     acc[r][0] = init ? hn::Zero(df) : hn::LoadU(df, c + r * ldc);  // +0
@@ -433,6 +461,7 @@ HWY_INLINE void WqmMicro(const float* x, std::int64_t ldx, std::int64_t sk, cons
     hn::StoreU(acc[r][0], df, c + r * ldc);
     hn::StoreU(acc[r][1], df, c + r * ldc + L);
   }
+#endif
 }
 
 // Rows [0, rows) in register blocks of kMR (the last one shorter).
@@ -490,7 +519,7 @@ void WqmFinish(const WeightQuantMatmulArgs& a, std::int64_t m0, std::int64_t row
 }
 
 // Decode: columns [c0, c1) (c0 a multiple of kWqmBlock) of every row, k in chunks of kWqmDecodeKC rows,
-// each chunk dequantized block by block (64 columns: stored rows are read in long runs, one page after
+// each chunk dequantized block by block (128 columns: stored rows are read in long runs, one page after
 // another) into buf (kWqmBlock * kWqmDecodeKC floats) and added into c (M rows of c1 - c0 floats, ldc
 // apart) by every row of x.
 void WqmDecodeRange(const WqmJob& j, std::int64_t c0, std::int64_t c1, float* buf, float* c, std::int64_t ldc) {
@@ -538,7 +567,7 @@ std::int64_t WqmPanelWidth() { return 2 * static_cast<std::int64_t>(hn::Lanes(DF
 void WidenXPacked(const WeightQuantMatmulArgs& a, float* xp, std::int64_t m0, std::int64_t m1) {
   const DF df;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df)), K = a.K;
-  HWY_ALIGN float tmp[kMaxLanes];
+  HWY_ALIGN float tmp[HWY_MAX_BYTES / 4];
   for (std::int64_t m = m0; m < m1; ++m) {
     float* dst = xp + (m / kMR) * K * kMR + m % kMR;
     std::int64_t k = 0;
@@ -713,7 +742,7 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   for (std::int64_t n0 = 0; n0 < N; n0 += kWqmNC) {
     const std::int64_t nw = std::min(kWqmNC, N - n0);
     parallel_ranges(K, 256, K * nw * 8, [&](std::int64_t k0, std::int64_t k1) {
-      for (std::int64_t c0 = 0; c0 < nw; c0 += kWqmBlock)  // 64 columns (whole panels) at a time
+      for (std::int64_t c0 = 0; c0 < nw; c0 += kWqmBlock)  // 128 columns (whole panels) at a time
         HWY_DYNAMIC_DISPATCH(WqmDequantRows)
       (a, n0 + c0, std::min(kWqmBlock, nw - c0), k0, k1, panel.get() + (c0 / NR * K + k0) * NR, K * NR);
     });
