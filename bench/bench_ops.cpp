@@ -530,6 +530,7 @@ void BM_weight_quant_matmul_naive(benchmark::State& st) {
 
 BENCHMARK(mm::BM_quant_matmul)
     ->Args({1, 4096, 4096})
+    ->Args({4, 4096, 4096})
     ->Args({16, 4096, 4096})
     ->Args({2048, 4096, 4096})
     ->UseRealTime()
@@ -542,10 +543,13 @@ BENCHMARK(mm::BM_quant_matmul_naive)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(mm::BM_weight_quant_matmul)
     ->Args({1, 4096, 4096, 0})
+    ->Args({4, 4096, 4096, 0})
     ->Args({16, 4096, 4096, 0})
     ->Args({1, 4096, 4096, 1})
+    ->Args({4, 4096, 4096, 1})
     ->Args({16, 4096, 4096, 1})
     ->Args({2048, 4096, 4096, 0})
+    ->Args({2048, 4096, 4096, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(mm::BM_weight_quant_matmul_naive)

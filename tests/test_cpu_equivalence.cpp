@@ -978,9 +978,10 @@ Placed random_q(DType dt, const Shape& shape, std::mt19937& rng) {
   return p;
 }
 
-// Sizes around the cpu kernel's 2 x 4 register blocks, 64 x 64 tiles, 64-column panels and every vector
-// width (int16 lanes: 8 / 16 / 32), with extreme values (-128 * -128 products, int32 wrap-around of the
-// bias) and edge scales (NaN, +-Inf, subnormal, huge).
+// Sizes around the cpu kernels (src/cpu/matmul.cpp): the dot kernel's 2 x 4 register blocks and 64 x 64
+// tiles (x2 transposed, M <= 32), the GEMM kernel's 4 / 8-row register blocks, 96 x 256 tiles and
+// 256-pair chunks of k (K = 520), odd K, every vector width (int16 lanes: 8 / 16 / 32), with extreme values (-128 *
+// -128 products, int32 wrap-around of the bias) and edge scales (NaN, +-Inf, subnormal, huge).
 TEST(CpuEquivalence, QuantMatmul) {
   const auto edges = edge_values();
   std::mt19937 rng(2024);
@@ -991,7 +992,7 @@ TEST(CpuEquivalence, QuantMatmul) {
   for (bool int4 : {false, true})
     for (bool transpose : {false, true})
       for (Sz z : {Sz{1, 8, 8}, Sz{2, 16, 8}, Sz{3, 24, 40}, Sz{5, 32, 64}, Sz{1, 40, 72}, Sz{66, 72, 136},
-                   Sz{7, 264, 16}, Sz{130, 8, 65 * 8}})
+                   Sz{7, 264, 16}, Sz{130, 8, 65 * 8}, Sz{37, 520, 24}})
         for (DType out_dt : {DType::int8, DType::float16, DType::bfloat16, DType::int32}) {
           if (!int4 && z.K == 8 && z.N == 8) z.K = 17, z.N = 5;  // odd int8 sizes
           const DType qdt = int4 ? DType::int32 : DType::int8;
@@ -1024,6 +1025,8 @@ TEST(CpuEquivalence, QuantMatmul) {
         }
 }
 
+// Decode (M <= 24: 128-column blocks, 16-row chunks of k) and prefill (M > 24: 96-row tiles, 128-column
+// blocks, 256-row chunks of k) paths, register blocks of 4 / 8 rows and their shorter tails.
 TEST(CpuEquivalence, WeightQuantBatchMatmul) {
   const auto edges = edge_values();
   std::mt19937 rng(77);
@@ -1034,7 +1037,8 @@ TEST(CpuEquivalence, WeightQuantBatchMatmul) {
   for (DType dt : {DType::float16, DType::bfloat16})
     for (bool int4 : {false, true})
       for (bool transpose : {false, true})
-        for (Sz z : {Sz{1, 8, 8}, Sz{3, 72, 24}, Sz{5, 96, 64}, Sz{6, 40, 72}, Sz{9, 128, 136}, Sz{1, 264, 200}})
+        for (Sz z : {Sz{1, 8, 8}, Sz{3, 72, 24}, Sz{5, 96, 64}, Sz{6, 40, 72}, Sz{9, 128, 136}, Sz{1, 264, 200},
+                     Sz{30, 264, 40}, Sz{100, 40, 136}})
           for (int kind : {0, 1, 2}) {  // per tensor, per channel, per group
             if (kind == 2 && z.K < 64) continue;
             const std::int64_t d = int4 ? 8 : 1;
