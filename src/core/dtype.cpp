@@ -18,6 +18,9 @@ std::size_t dtype_size(DType dt) noexcept {
       return 4;
     case DType::int64:
       return 8;
+    case DType::float8_e4m3fn:
+    case DType::float8_e5m2:
+      return 1;
   }
   return 0;
 }
@@ -38,6 +41,10 @@ std::string_view dtype_name(DType dt) noexcept {
       return "int32";
     case DType::int64:
       return "int64";
+    case DType::float8_e4m3fn:
+      return "float8_e4m3fn";
+    case DType::float8_e5m2:
+      return "float8_e5m2";
   }
   return "unknown";
 }
@@ -52,6 +59,10 @@ std::string_view quant_dtype_name(QuantDType q) noexcept {
       return "qint32";
     case QuantDType::quint4x2:
       return "quint4x2";
+    case QuantDType::float8_e4m3fn:
+      return "float8_e4m3fn";
+    case QuantDType::float8_e5m2:
+      return "float8_e5m2";
   }
   return "unknown";
 }
@@ -66,6 +77,10 @@ DType storage_dtype(QuantDType q) noexcept {
       return DType::int32;
     case QuantDType::quint4x2:
       return DType::int32;
+    case QuantDType::float8_e4m3fn:
+      return DType::float8_e4m3fn;
+    case QuantDType::float8_e5m2:
+      return DType::float8_e5m2;
   }
   return DType::int8;
 }
