@@ -8,6 +8,7 @@ import torch
 
 from .. import _core
 from .. import npu as _xnpu
+from . import _ops
 
 _STANDIN_FLAG = "__xquant_compat__"
 
@@ -20,19 +21,23 @@ def npu_quantize(input, scales, zero_points, dtype, axis=1, div_mode=True):
     return torch.ops.npu.npu_quantize(input, scales, zero_points, dtype, axis, div_mode)
 
 
-def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None):
-    """torch_npu.npu_dynamic_quant (xquant stand-in): symmetric per-token dynamic quantization, returns
-    (y, scale) with scale = rowMax(|x'|) / DST_MAX and y = sat(rint(x' / scale)) (SPEC section 6)."""
+def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                      dst_type_max=0.0):
+    """torch_npu.npu_dynamic_quant (xquant stand-in, op-plugin 26.x): symmetric dynamic quantization per token,
+    tensor or channel, returns (y, scale) with scale = rowMax(|x'|) / DST_MAX and y = sat(rint(x' / scale))
+    (float8: the float8 of x' / scale); dst_type a torch dtype or torch_npu's integer code; see
+    xquant.npu.npu_dynamic_quant."""
     return torch.ops.npu.npu_dynamic_quant(x, smooth_scales=smooth_scales, group_index=group_index,
-                                           dst_type=dst_type)
+                                           dst_type=_ops.dtype_code(dst_type), quant_mode=quant_mode,
+                                           dst_type_max=dst_type_max)
 
 
 def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
                                  dst_type_max=0.0):
-    """torch_npu.npu_dynamic_quant_asymmetric (xquant stand-in): returns (y, scale, offset); see
-    xquant.npu.npu_dynamic_quant_asymmetric. dst_type_max: only 0.0 (the maximum of dst_type)."""
+    """torch_npu.npu_dynamic_quant_asymmetric (xquant stand-in, op-plugin 26.x): returns (y, scale, offset);
+    see xquant.npu.npu_dynamic_quant_asymmetric. dst_type_max: only 0.0 (the NPU applies it to hifloat8)."""
     return torch.ops.npu.npu_dynamic_quant_asymmetric(x, smooth_scales=smooth_scales, group_index=group_index,
-                                                      dst_type=dst_type, quant_mode=quant_mode,
+                                                      dst_type=_ops.dtype_code(dst_type), quant_mode=quant_mode,
                                                       dst_type_max=dst_type_max)
 
 

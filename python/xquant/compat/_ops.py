@@ -16,15 +16,17 @@ from torch import Tensor
 
 from .. import _args, _core, npu as _xnpu
 
-# Schemas exactly as torch_npu publishes them (argument names, defaults, keyword-only markers). The
-# asymmetric form carries the two arguments the newest op-plugin added (quant_mode, dst_type_max).
+# Schemas exactly as torch_npu publishes them (argument names, defaults, keyword-only markers). The dynamic
+# quantizations are op-plugin 26.x's: integer dtype codes (`int? dst_type`, c10::ScalarType values or
+# torch_npu's own codes; torch dtypes are converted by the torch_npu.* functions and by torch itself),
+# quant_mode and dst_type_max.
 SCHEMAS = {
     "npu_quantize": "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, ScalarType dtype, int axis=1, "
                     "bool div_mode=True) -> Tensor",
     "npu_dynamic_quant": "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
-                         "ScalarType? dst_type=None) -> (Tensor, Tensor)",
+                         "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)",
     "npu_dynamic_quant_asymmetric": "npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, "
-                                    "Tensor? group_index=None, ScalarType? dst_type=None, "
+                                    "Tensor? group_index=None, int? dst_type=None, "
                                     "str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)",
     "npu_anti_quant": "npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, ScalarType? dst_dtype=None, "
                       "ScalarType? src_dtype=None) -> Tensor",
@@ -32,6 +34,21 @@ SCHEMAS = {
 
 _QUINT4X2 = getattr(torch, "quint4x2", None)
 _QINT8 = getattr(torch, "qint8", torch.int8)
+
+# torch dtypes as the c10::ScalarType codes an `int` dtype argument of torch_npu carries.
+TORCH_DTYPE_CODES = {d: code for name, code in (("uint8", 0), ("int8", 1), ("int16", 2), ("int32", 3), ("int64", 4),
+                                                ("float16", 5), ("float32", 6), ("float64", 7), ("bool", 11),
+                                                ("qint8", 12), ("quint8", 13), ("qint32", 14), ("bfloat16", 15),
+                                                ("quint4x2", 16), ("float8_e5m2", 23), ("float8_e4m3fn", 24))
+                     if (d := getattr(torch, name, None)) is not None}
+
+
+def dtype_code(d):
+    """An `int` dtype argument as torch_npu users pass it: a torch dtype -> its c10::ScalarType code; an int
+    (or None, or anything else, which the operator then rejects by name) unchanged."""
+    if isinstance(d, torch.dtype):
+        return TORCH_DTYPE_CODES.get(d, d)
+    return d
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------
@@ -54,14 +71,6 @@ def _back(out, device: torch.device):
     if isinstance(out, tuple):
         return tuple(o.to(device) for o in out)
     return out.to(device)
-
-
-def _int4_out(op: str, name: str, d: Optional[torch.dtype]) -> bool:
-    if d is None or d in (torch.int8, _QINT8):
-        return False
-    if _QUINT4X2 is not None and d == _QUINT4X2:
-        return True
-    raise _args.fail_value(op, f"{name} is {d} but expected None, torch.int8 / torch.qint8 or torch.quint4x2")
 
 
 def anti_quant_src(op: str, x: Tensor, src_dtype: Optional[torch.dtype]) -> torch.dtype:
@@ -93,48 +102,44 @@ def _quantize_fake(self, scales, zero_points, dtype, axis=1, div_mode=True):
     return self.new_empty(_args.quantized_shape(tuple(self.shape), code), dtype=_torch_ops._STORAGE[code])
 
 
-def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None):
-    int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
+# The two dynamic quantizations: dst_type an integer code (xquant.npu maps it, and names hifloat8 and the
+# other types torch lacks in its error), quant_mode and dst_type_max as op-plugin 26.x.
+def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                   dst_type_max=0.0):
     d = _where(input)
-    y, scale = _xnpu.npu_dynamic_quant(_on(input, d), smooth_scales=_on(smooth_scales, d),
-                                       group_index=_on(group_index, d), dst_type=_QUINT4X2 if int4 else torch.int8)
-    return _back((y, scale), input.device)
+    out = _xnpu.npu_dynamic_quant(_on(input, d), smooth_scales=_on(smooth_scales, d), group_index=_on(group_index, d),
+                                  dst_type=dst_type, quant_mode=quant_mode, dst_type_max=dst_type_max)
+    return _back(tuple(out), input.device)
 
 
-def _dynamic_quant_fake(input, *, smooth_scales=None, group_index=None, dst_type=None):
-    int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
-    shape = tuple(input.shape)
-    y_shape = shape[:-1] + (shape[-1] // 8,) if int4 and shape else shape
-    return (input.new_empty(y_shape, dtype=torch.int32 if int4 else torch.int8),
-            input.new_empty(shape[:-1], dtype=torch.float32))
+def _dynamic_shapes_fake(op: str, input, dst_type, quant_mode, dst_type_max):
+    from .. import _torch_ops
+
+    _args.dst_type_max(op, dst_type_max)
+    code = _args.dst_type_code(op, dst_type)
+    y_shape, p_shape = _args.dynamic_shapes(tuple(input.shape), code, _args.dynamic_mode(op, quant_mode))
+    return input.new_empty(y_shape, dtype=_torch_ops._STORAGE[code]), p_shape
 
 
-def _check_dst_type_max(v: float) -> None:
-    if v != 0.0:
-        raise _args.fail_value("dynamic_quant_asymmetric", f"dst_type_max is {v!r} but only 0.0 (the maximum of "
-                               "dst_type) is supported off the NPU")
+def _dynamic_quant_fake(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                        dst_type_max=0.0):
+    y, p_shape = _dynamic_shapes_fake("dynamic_quant", input, dst_type, quant_mode, dst_type_max)
+    return y, input.new_empty(p_shape, dtype=torch.float32)
 
 
 def _dynamic_quant_asymmetric(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
                               dst_type_max=0.0):
-    _check_dst_type_max(dst_type_max)
     d = _where(input)
     out = _xnpu.npu_dynamic_quant_asymmetric(_on(input, d), smooth_scales=_on(smooth_scales, d),
                                              group_index=_on(group_index, d), dst_type=dst_type,
-                                             quant_mode=quant_mode)
+                                             quant_mode=quant_mode, dst_type_max=dst_type_max)
     return _back(tuple(out), input.device)
 
 
 def _dynamic_quant_asymmetric_fake(input, *, smooth_scales=None, group_index=None, dst_type=None,
                                    quant_mode="pertoken", dst_type_max=0.0):
-    from .. import _torch_ops
-
-    op = "dynamic_quant_asymmetric"
-    _check_dst_type_max(dst_type_max)
-    code = _args.QINT8 if dst_type is None else _torch_ops._code(op, "dst_type", dst_type)
-    y_shape, p_shape = _args.dynamic_shapes(tuple(input.shape), code, _args.dynamic_mode(op, quant_mode))
-    return (input.new_empty(y_shape, dtype=_torch_ops._STORAGE[code]), input.new_empty(p_shape, dtype=torch.float32),
-            input.new_empty(p_shape, dtype=torch.float32))
+    y, p_shape = _dynamic_shapes_fake("dynamic_quant_asymmetric", input, dst_type, quant_mode, dst_type_max)
+    return y, input.new_empty(p_shape, dtype=torch.float32), input.new_empty(p_shape, dtype=torch.float32)
 
 
 def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
