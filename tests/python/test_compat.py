@@ -101,18 +101,19 @@ def torch_npu():
 
 # ---- schemas and signatures -----------------------------------------------------------------------------------
 
-# torch_npu's published schemas (op-plugin op_plugin_functions.yaml; the asymmetric form with the two
-# arguments the newest op-plugin added).
+# torch_npu's published schemas (op-plugin op_plugin_functions.yaml; the dynamic quantizations as op-plugin 26.x:
+# integer dtype codes, quant_mode, dst_type_max).
 ASCEND_SCHEMAS = {
-    "npu_quantize": "npu::npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, ScalarType dtype, "
+    "npu_quantize": "npu::npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, int dtype, "
                     "int axis=1, bool div_mode=True) -> Tensor",
     "npu_dynamic_quant": "npu::npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, "
-                         "Tensor? group_index=None, ScalarType? dst_type=None) -> (Tensor, Tensor)",
+                         "Tensor? group_index=None, int? dst_type=None, str quant_mode=\"pertoken\", "
+                         "float dst_type_max=0.) -> (Tensor, Tensor)",
     "npu_dynamic_quant_asymmetric": "npu::npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, "
-                                    "Tensor? group_index=None, ScalarType? dst_type=None, "
+                                    "Tensor? group_index=None, int? dst_type=None, "
                                     "str quant_mode=\"pertoken\", float dst_type_max=0.) -> (Tensor, Tensor, Tensor)",
     "npu_anti_quant": "npu::npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, "
-                      "ScalarType? dst_dtype=None, ScalarType? src_dtype=None) -> Tensor",
+                      "int? dst_dtype=None, int? src_dtype=None) -> Tensor",
 }
 
 
@@ -144,7 +145,8 @@ def test_python_signatures_are_the_documented_ones(torch_npu):
     assert _sig(torch_npu.npu_quantize) == [("input", P, None), ("scales", P, None), ("zero_points", P, None),
                                             ("dtype", P, None), ("axis", P, 1), ("div_mode", P, True)]
     assert _sig(torch_npu.npu_dynamic_quant) == [("x", P, None), ("smooth_scales", K, None),
-                                                 ("group_index", K, None), ("dst_type", K, None)]
+                                                 ("group_index", K, None), ("dst_type", K, None),
+                                                 ("quant_mode", K, "pertoken"), ("dst_type_max", K, 0.0)]
     assert _sig(torch_npu.npu_dynamic_quant_asymmetric) == [
         ("x", P, None), ("smooth_scales", K, None), ("group_index", K, None), ("dst_type", K, None),
         ("quant_mode", K, "pertoken"), ("dst_type_max", K, 0.0)]

@@ -136,8 +136,10 @@ def test_dynamic_quant_errors():
                 group_index=np.array([1, 4], np.float32)), TypeError,
            "xquant::dynamic_quant_asymmetric: group_index has dtype float32 but expected int32 or int64")
     expect(both(xquant.npu_dynamic_quant_asymmetric, x, dst_type="quint8"), ValueError,
-           "xquant::dynamic_quant_asymmetric: dst_type is quint8 but expected qint8 or quint4x2")
-    with pytest.raises(ValueError, match=r"quant_mode is 'pertoken2' but expected 'pertoken' or 'pertensor'"):
+           "xquant::dynamic_quant_asymmetric: dst_type is quint8 but expected qint8, quint4x2, float8_e4m3fn or "
+           "float8_e5m2")
+    with pytest.raises(ValueError, match=r"quant_mode is 'pertoken2' but expected 'pertoken', 'pertensor' or "
+                                         r"'perchannel'"):
         xquant.npu_dynamic_quant_asymmetric(x, quant_mode="pertoken2")
     with pytest.raises(TypeError):  # keyword-only, as in torch_npu
         xquant.npu_dynamic_quant_asymmetric(x, np.ones(16, f32))

@@ -18,7 +18,7 @@ _STANDIN_FLAG = "__xquant_compat__"
 def npu_quantize(input, scales, zero_points, dtype, axis=1, div_mode=True):
     """torch_npu.npu_quantize (xquant stand-in): y = sat(rint(input / scales + zero_points)) (div_mode=True)
     or sat(rint(input * scales + zero_points)) (div_mode=False); see xquant.npu.npu_quantize."""
-    return torch.ops.npu.npu_quantize(input, scales, zero_points, dtype, axis, div_mode)
+    return torch.ops.npu.npu_quantize(input, scales, zero_points, _ops.dtype_code(dtype), axis, div_mode)
 
 
 def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
@@ -44,7 +44,8 @@ def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst
 def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     """torch_npu.npu_anti_quant (xquant stand-in): out = narrow((x + offset) * scale) to dst_dtype (float16 by
     default); x int8, or int32 words of eight int4 (SPEC section 7)."""
-    return torch.ops.npu.npu_anti_quant(x, scale, offset=offset, dst_dtype=dst_dtype, src_dtype=src_dtype)
+    return torch.ops.npu.npu_anti_quant(x, scale, offset=offset, dst_dtype=_ops.dtype_code(dst_dtype),
+                                        src_dtype=_ops.dtype_code(src_dtype))
 
 
 TORCH_NPU_FUNCTIONS = (npu_quantize, npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_anti_quant)

@@ -21,15 +21,15 @@ from .. import _args, _core, npu as _xnpu
 # torch_npu's own codes; torch dtypes are converted by the torch_npu.* functions and by torch itself),
 # quant_mode and dst_type_max.
 SCHEMAS = {
-    "npu_quantize": "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, ScalarType dtype, int axis=1, "
+    "npu_quantize": "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, int dtype, int axis=1, "
                     "bool div_mode=True) -> Tensor",
     "npu_dynamic_quant": "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
                          "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)",
     "npu_dynamic_quant_asymmetric": "npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, "
                                     "Tensor? group_index=None, int? dst_type=None, "
                                     "str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)",
-    "npu_anti_quant": "npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, ScalarType? dst_dtype=None, "
-                      "ScalarType? src_dtype=None) -> Tensor",
+    "npu_anti_quant": "npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, int? dst_dtype=None, "
+                      "int? src_dtype=None) -> Tensor",
 }
 
 _QUINT4X2 = getattr(torch, "quint4x2", None)
@@ -49,6 +49,28 @@ def dtype_code(d):
     if isinstance(d, torch.dtype):
         return TORCH_DTYPE_CODES.get(d, d)
     return d
+
+
+# Codes -> torch dtypes: c10::ScalarType values, and torch_npu's own codes of the types torch has.
+_CODE_DTYPES = {**{code: d for d, code in TORCH_DTYPE_CODES.items()},
+                **{c: d for c, name in ((291, "float8_e5m2"), (292, "float8_e4m3fn"))
+                   if (d := getattr(torch, name, None)) is not None}}
+
+
+def code_dtype(op: str, name: str, code):
+    """An `int` dtype argument of npu_quantize / npu_anti_quant -> the torch dtype (None stays None); types
+    torch lacks and unknown codes are a ValueError naming the argument."""
+    if code is None or isinstance(code, torch.dtype):
+        return code
+    d = _CODE_DTYPES.get(code)
+    if d is not None:
+        return d
+    what = _args.NPU_DTYPES_WITHOUT_TORCH.get(code)
+    if what is not None:
+        raise _args.fail_value(op, f"{name} is {code} ({what}) but torch has no dtype to hold it, so xquant cannot "
+                                   "take it")
+    raise _args.fail_value(op, f"{name} is {code} but expected a dtype code such as 1 (int8), 5 (float16), "
+                               "15 (bfloat16) (torch_npu: Input dst_type must be valid, but got UNKNOWN_SCALAR)")
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------
@@ -90,6 +112,7 @@ def anti_quant_src(op: str, x: Tensor, src_dtype: Optional[torch.dtype]) -> torc
 # ---- kernels ----------------------------------------------------------------------------------------------
 
 def _quantize(self, scales, zero_points, dtype, axis=1, div_mode=True):
+    dtype = code_dtype("quantize", "dtype", dtype)
     d = _where(self)
     out = _xnpu.npu_quantize(_on(self, d), _on(scales, d), _on(zero_points, d), dtype, axis, div_mode)
     return _back(out, self.device)
@@ -98,7 +121,7 @@ def _quantize(self, scales, zero_points, dtype, axis=1, div_mode=True):
 def _quantize_fake(self, scales, zero_points, dtype, axis=1, div_mode=True):
     from .. import _torch_ops
 
-    code = _torch_ops._code("quantize", "dtype", dtype)
+    code = _torch_ops._code("quantize", "dtype", code_dtype("quantize", "dtype", dtype))
     return self.new_empty(_args.quantized_shape(tuple(self.shape), code), dtype=_torch_ops._STORAGE[code])
 
 
@@ -143,7 +166,8 @@ def _dynamic_quant_asymmetric_fake(input, *, smooth_scales=None, group_index=Non
 
 
 def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
-    src = anti_quant_src("anti_quant", x, src_dtype)
+    dst_dtype = code_dtype("anti_quant", "dst_dtype", dst_dtype)
+    src = anti_quant_src("anti_quant", x, code_dtype("anti_quant", "src_dtype", src_dtype))
     d = _where(x)
     out = _xnpu.npu_anti_quant(_on(x, d), _on(scale, d), offset=_on(offset, d),
                                dst_dtype=torch.float16 if dst_dtype is None else dst_dtype, src_dtype=src)
@@ -151,7 +175,8 @@ def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
 
 
 def _anti_quant_fake(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
-    src = anti_quant_src("anti_quant", x, src_dtype)
+    dst_dtype = code_dtype("anti_quant", "dst_dtype", dst_dtype)
+    src = anti_quant_src("anti_quant", x, code_dtype("anti_quant", "src_dtype", src_dtype))
     shape = tuple(x.shape)
     if src != torch.int8 and shape:
         shape = shape[:-1] + (shape[-1] * 8,)
