@@ -704,12 +704,13 @@ TEST(CpuEquivalence, DynamicQuantFloat8AndPerChannel) {
     for (const Shape& shape : shapes)
       for (QuantDType q : {QuantDType::qint8, QuantDType::float8_e4m3fn, QuantDType::float8_e5m2})
         for (bool symmetric : {true, false})
-          for (int variant = 0; variant < 5; ++variant) {  // pertoken, + smooth, pertensor, perchannel, + smooth
+          for (int variant = 0; variant < 5; ++variant) {         // pertoken, + smooth, pertensor, perchannel, + smooth
             if (q == QuantDType::qint8 && variant < 2) continue;  // pertoken int8: the two tests above
             const std::int64_t n = xquant::shape_numel(shape);
             const std::int64_t H = shape.back();
             const std::int64_t Srow = shape[shape.size() - 2];
-            std::vector<float> xv = test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(3 * n + variant), 3.f);
+            std::vector<float> xv =
+                test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(3 * n + variant), 3.f);
             for (std::size_t i = 0; i < xv.size(); i += 2)  // most values finite
               if (!std::isfinite(xv[i]) || std::fabs(xv[i]) > 1e6f) xv[i] = 0.75f;
             Placed x = placed_floats(dt, shape, xv, 1);

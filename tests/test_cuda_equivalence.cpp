@@ -385,10 +385,10 @@ TEST_F(CudaEquivalence, DynamicQuantFloat8AndPerChannel) {
         for (auto mode : {DynamicQuantMode::pertoken, DynamicQuantMode::pertensor, DynamicQuantMode::perchannel})
           for (bool with_smooth : {false, true}) {
             if (with_smooth && mode != DynamicQuantMode::perchannel) continue;
-            const std::optional<ConstTensorView> hs = with_smooth ? std::optional<ConstTensorView>(smooth.view())
-                                                                  : std::nullopt;
-            const std::optional<ConstTensorView> ds = with_smooth ? std::optional<ConstTensorView>(dsm.view())
-                                                                  : std::nullopt;
+            const std::optional<ConstTensorView> hs =
+                with_smooth ? std::optional<ConstTensorView>(smooth.view()) : std::nullopt;
+            const std::optional<ConstTensorView> ds =
+                with_smooth ? std::optional<ConstTensorView>(dsm.view()) : std::nullopt;
             const auto want = xquant::dynamic_quant_asymmetric(x, hs, std::nullopt, dst, mode);
             const auto got = xquant::dynamic_quant_asymmetric(dx.view(), ds, std::nullopt, dst, mode);
             expect_same_bytes(want.y, to_host(got.y), "dynamic_quant_asymmetric y " + what);

@@ -119,7 +119,8 @@ void run_case(DType dt, const Shape& shape, QuantDType q, bool symmetric, Dynami
   }
   const Tensor x = make_float(dt, shape, xv);
   std::vector<float> xw(xv.size());  // x widened as stored
-  for (std::size_t i = 0; i < xv.size(); ++i) xw[i] = xquant::detail::load_float(dt, x.data(), static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < xv.size(); ++i)
+    xw[i] = xquant::detail::load_float(dt, x.data(), static_cast<std::int64_t>(i));
   Tensor sm;
   std::optional<xquant::ConstTensorView> smv;
   std::vector<float> sv;
@@ -134,7 +135,8 @@ void run_case(DType dt, const Shape& shape, QuantDType q, bool symmetric, Dynami
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t h = i % H, s = (i / H) % std::max<std::int64_t>(S, 1);
     xs[static_cast<std::size_t>(i)] =
-        smooth ? xw[static_cast<std::size_t>(i)] * sv[static_cast<std::size_t>(mode == DynamicQuantMode::perchannel ? s : h)]
+        smooth ? xw[static_cast<std::size_t>(i)] *
+                     sv[static_cast<std::size_t>(mode == DynamicQuantMode::perchannel ? s : h)]
                : xw[static_cast<std::size_t>(i)];
   }
   if (mode == DynamicQuantMode::pertensor) {

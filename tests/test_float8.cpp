@@ -169,13 +169,13 @@ TEST(Float8, DecodeEveryCode) {
 TEST(Float8, Landmarks) {
   using xquant::detail::hd_float_to_float8;
   EXPECT_EQ(hd_float_to_float8(448.0f, DType::float8_e4m3fn, false), 0x7Eu);
-  EXPECT_EQ(hd_float_to_float8(464.0f, DType::float8_e4m3fn, false), 0x7Eu);  // tie above max: even, 448
+  EXPECT_EQ(hd_float_to_float8(464.0f, DType::float8_e4m3fn, false), 0x7Eu);      // tie above max: even, 448
   EXPECT_EQ(hd_float_to_float8(464.00003f, DType::float8_e4m3fn, false), 0x7Fu);  // past it: NaN
   EXPECT_EQ(hd_float_to_float8(464.00003f, DType::float8_e4m3fn, true), 0x7Eu);
   EXPECT_EQ(hd_float_to_float8(1e9f, DType::float8_e4m3fn, true), 0x7Eu);
   EXPECT_EQ(hd_float_to_float8(-INFINITY, DType::float8_e4m3fn, false), 0xFFu);
   EXPECT_EQ(hd_float_to_float8(-INFINITY, DType::float8_e4m3fn, true), 0xFEu);
-  EXPECT_EQ(hd_float_to_float8(0.001953125f, DType::float8_e4m3fn, false), 0x01u);  // 2^-9
+  EXPECT_EQ(hd_float_to_float8(0.001953125f, DType::float8_e4m3fn, false), 0x01u);   // 2^-9
   EXPECT_EQ(hd_float_to_float8(0.0009765625f, DType::float8_e4m3fn, false), 0x00u);  // 2^-10: tie to 0
   EXPECT_EQ(hd_float_to_float8(-0.0f, DType::float8_e4m3fn, false), 0x80u);
   EXPECT_EQ(hd_float_to_float8(57344.0f, DType::float8_e5m2, false), 0x7Bu);

@@ -31,10 +31,10 @@ constexpr bool is_floating(DType dt) noexcept {
 
 // Output kinds of the quantizing operators, named as in torch_npu.
 enum class QuantDType : std::uint8_t {
-  qint8,     // int8 in [-128, 127]
-  quint8,    // uint8 in [0, 255]
-  qint32,    // int32 (npu_quantize's torch.int32 / torch.qint32)
-  quint4x2,  // int4 in [-8, 7], eight per int32 word, element 8k+j in bits [4j, 4j+3] of word k
+  qint8,          // int8 in [-128, 127]
+  quint8,         // uint8 in [0, 255]
+  qint32,         // int32 (npu_quantize's torch.int32 / torch.qint32)
+  quint4x2,       // int4 in [-8, 7], eight per int32 word, element 8k+j in bits [4j, 4j+3] of word k
   float8_e4m3fn,  // torch.float8_e4m3fn (dynamic quantization only)
   float8_e5m2,    // torch.float8_e5m2 (dynamic quantization only)
 };

@@ -43,9 +43,9 @@ XQ_HD inline std::uint8_t hd_float_to_float8(float f, Float8Format fmt, bool sat
   const int exp_field = static_cast<int>(a >> 23);
   // float32 subnormals (< 2^-126) are far below half of either format's smallest subnormal: zero.
   if (exp_field == 0) return static_cast<std::uint8_t>(sign);
-  const int e = exp_field - 127;                      // unbiased exponent: |f| = sig * 2^(e - 23)
-  const std::uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;  // 24 significant bits
-  const int emin = 1 - fmt.bias;                        // exponent of the smallest normal
+  const int e = exp_field - 127;                               // unbiased exponent: |f| = sig * 2^(e - 23)
+  const std::uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;       // 24 significant bits
+  const int emin = 1 - fmt.bias;                               // exponent of the smallest normal
   const int emax = (1 << (7 - fmt.mant_bits)) - 1 - fmt.bias;  // largest exponent field value, unbiased
   if (e > emax) return static_cast<std::uint8_t>(sign | over);
   // Quantum 2^q of the target at this magnitude: q = max(e, emin) - M. The kept count n = sig / 2^s with
@@ -77,13 +77,14 @@ XQ_HD inline float hd_float8_to_float(std::uint8_t b, DType dt) noexcept {
   const std::uint32_t exp_field = mag >> fmt.mant_bits;
   const std::uint32_t mant = mag & mant_mask;
   if (dt == DType::float8_e5m2 && exp_field == 0x1Fu)
-    return hd_bits_float(sign | 0x7F800000u | (mant != 0 ? 0x400000u : 0u));  // Inf / quiet NaN
+    return hd_bits_float(sign | 0x7F800000u | (mant != 0 ? 0x400000u : 0u));               // Inf / quiet NaN
   if (dt != DType::float8_e5m2 && mag == 0x7Fu) return hd_bits_float(sign | 0x7FC00000u);  // NaN
   if (exp_field != 0)
     return hd_bits_float(sign | ((exp_field - static_cast<std::uint32_t>(fmt.bias) + 127u) << 23) |
                          (mant << (23 - fmt.mant_bits)));
   // Subnormal: mant * 2^(1 - B - M), a small integer times a power of two (exact in float32).
-  const float v = static_cast<float>(mant) * hd_bits_float(static_cast<std::uint32_t>(127 + 1 - fmt.bias - fmt.mant_bits) << 23);
+  const float v =
+      static_cast<float>(mant) * hd_bits_float(static_cast<std::uint32_t>(127 + 1 - fmt.bias - fmt.mant_bits) << 23);
   return sign != 0 ? -v : v;
 }
 

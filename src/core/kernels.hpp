@@ -84,14 +84,14 @@ struct DynamicQuantArgs {
   QuantDType dst;  // qint8, quint4x2, float8_e4m3fn or float8_e5m2
   bool symmetric;  // SPEC 6: scale = rowMax(|x'|) / DST_MAX, no offset
   bool per_tensor;
-  // perchannel (x = [channel_batches][channel_rows][cols], rows = channel_batches * channel_rows): one (scale, offset) per
-  // (batch, column), reduced over the channel_rows rows of the batch; smooth is then [channel_rows] (row s
-  // of every batch is multiplied by smooth[s]); no group_ends. cols-major reduction, int8 / float8 only.
+  // perchannel (x = [channel_batches][channel_rows][cols], rows = channel_batches * channel_rows): one (scale, offset)
+  // per (batch, column), reduced over the channel_rows rows of the batch; smooth is then [channel_rows] (row s of every
+  // batch is multiplied by smooth[s]); no group_ends. cols-major reduction, int8 / float8 only.
   bool per_channel;
   std::int64_t channel_batches, channel_rows;  // B and S (B * S == rows; S may be 0)
-  void* y;        // int8 / float8 [rows][cols] or int32 [rows][cols / 8]
-  float* scale;   // [rows] (pertoken), [1] (pertensor) or [batches][cols] (perchannel)
-  float* offset;  // nullptr when symmetric
+  void* y;                                     // int8 / float8 [rows][cols] or int32 [rows][cols / 8]
+  float* scale;                                // [rows] (pertoken), [1] (pertensor) or [batches][cols] (perchannel)
+  float* offset;                               // nullptr when symmetric
 };
 using DynamicQuantFn = void (*)(const DynamicQuantArgs& args);
 

@@ -531,7 +531,8 @@ struct Range {
 void float8_span(const DynamicQuantArgs& a, const float* xs, std::int64_t n, const DynamicQuantRowParams& p,
                  std::uint8_t* y) {
   if (a.symmetric) {
-    for (std::int64_t j = 0; j < n; ++j) y[j] = dynamic_quant_float8(dynamic_quant_symmetric_value(xs[j], p.scale), a.dst);
+    for (std::int64_t j = 0; j < n; ++j)
+      y[j] = dynamic_quant_float8(dynamic_quant_symmetric_value(xs[j], p.scale), a.dst);
   } else {
     for (std::int64_t j = 0; j < n; ++j) y[j] = dynamic_quant_float8(dynamic_quant_value(xs[j], p), a.dst);
   }
@@ -544,7 +545,8 @@ void float8_rows(const DynamicQuantArgs& a, std::int64_t bytes) {
     buf.resize(static_cast<std::size_t>(H));
     for (std::int64_t j = 0; j < H; ++j) buf[static_cast<std::size_t>(j)] = load_float(a.dt, a.x, r * H + j);
     if (a.smooth != nullptr)
-      for (std::int64_t j = 0; j < H; ++j) buf[static_cast<std::size_t>(j)] *= load_float(a.smooth_dt, a.smooth, e * H + j);
+      for (std::int64_t j = 0; j < H; ++j)
+        buf[static_cast<std::size_t>(j)] *= load_float(a.smooth_dt, a.smooth, e * H + j);
   };
   auto* y = static_cast<std::uint8_t*>(a.y);
   const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 14) / std::max<std::int64_t>(H, 1));

@@ -151,9 +151,9 @@ __global__ void per_channel_kernel(DynamicQuantArgs a, std::int64_t batches) {
     };
     MinMax m{0.0f, 0.0f, 0.0f, false};
     for (std::int64_t s = 0; s < S; ++s) m = MinMaxOp{}(m, mm_of(xs(s)));
-    const DynamicQuantRowParams p =
-        a.symmetric ? init_dynamic_quant_symmetric_params(m.any ? m.absmax : 0.0f, a.dst)
-                    : init_dynamic_quant_params(m.any ? m.max : 0.0f, m.any ? m.min : 0.0f, a.dst);
+    const DynamicQuantRowParams p = a.symmetric
+                                        ? init_dynamic_quant_symmetric_params(m.any ? m.absmax : 0.0f, a.dst)
+                                        : init_dynamic_quant_params(m.any ? m.max : 0.0f, m.any ? m.min : 0.0f, a.dst);
     a.scale[t] = p.scale;
     if (!a.symmetric) a.offset[t] = p.offset;
     for (std::int64_t s = 0; s < S; ++s) {

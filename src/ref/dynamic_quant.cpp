@@ -121,8 +121,8 @@ void per_channel(const DynamicQuantArgs& a) {
       a.scale[b * H + h] = p.scale;
       if (!a.symmetric) a.offset[b * H + h] = p.offset;
       for (std::int64_t s = 0; s < S; ++s) {
-        const float v = a.symmetric ? dynamic_quant_symmetric_value(xs(b, s, h), p.scale)
-                                    : dynamic_quant_value(xs(b, s, h), p);
+        const float v =
+            a.symmetric ? dynamic_quant_symmetric_value(xs(b, s, h), p.scale) : dynamic_quant_value(xs(b, s, h), p);
         const std::int64_t i = (b * S + s) * H + h;
         if (dynamic_quant_is_float8(a.dst))
           static_cast<std::uint8_t*>(a.y)[i] = dynamic_quant_float8(v, a.dst);
