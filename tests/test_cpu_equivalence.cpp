@@ -699,7 +699,7 @@ TEST(CpuEquivalence, DynamicQuantSymmetric) {
 TEST(CpuEquivalence, DynamicQuantFloat8AndPerChannel) {
   using xquant::DynamicQuantMode;
   using xquant::QuantDType;
-  const std::vector<Shape> shapes = {{3, 8}, {7, 24}, {2, 3, 40}, {9, 1000}, {5, 300, 7}, {1, 0}, {2, 0, 8}};
+  const std::vector<Shape> shapes = {{7, 24}, {2, 3, 40}, {9, 1000}, {5, 300, 7}, {2, 0, 8}};
   for (DType dt : kFloatTypes)
     for (const Shape& shape : shapes)
       for (QuantDType q : {QuantDType::qint8, QuantDType::float8_e4m3fn, QuantDType::float8_e5m2})
