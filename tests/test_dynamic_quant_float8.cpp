@@ -11,6 +11,7 @@
 
 #include "core/numeric.hpp"
 #include "test_util.hpp"
+#include "xquant/plan.hpp"
 #include "xquant/runtime.hpp"
 
 namespace {
@@ -231,6 +232,28 @@ TEST(DynamicQuantFloat8, HandComputed) {
   EXPECT_EQ(y[2], 0x7E);
   EXPECT_EQ(y[3], 0x00);
   for (int j = 4; j < 8; ++j) EXPECT_EQ(y[j], 0x7F) << j;
+}
+
+}  // namespace
+
+namespace {
+
+// Planning (shapes and dtypes without data) of the new forms.
+TEST(DynamicQuantPlan, Float8AndPerChannelShapes) {
+  using xquant::TensorSpec;
+  auto p = xquant::plan_dynamic_quant(TensorSpec{DType::bfloat16, {2, 32, 256}}, TensorSpec{DType::bfloat16, {32}},
+                                      std::nullopt, QuantDType::qint8, DynamicQuantMode::perchannel);
+  EXPECT_EQ(p.y_dtype, DType::int8);
+  EXPECT_EQ(p.y_shape, (Shape{2, 32, 256}));
+  EXPECT_EQ(p.param_shape, (Shape{2, 256}));
+  p = xquant::plan_dynamic_quant_asymmetric(TensorSpec{DType::float32, {4, 16}}, std::nullopt, std::nullopt,
+                                            QuantDType::float8_e5m2, DynamicQuantMode::pertensor);
+  EXPECT_EQ(p.y_dtype, DType::float8_e5m2);
+  EXPECT_EQ(p.y_shape, (Shape{4, 16}));
+  EXPECT_EQ(p.param_shape, (Shape{1}));
+  EXPECT_THROW(xquant::plan_dynamic_quant(TensorSpec{DType::float32, {4, 16}}, TensorSpec{DType::float32, {16}},
+                                          std::nullopt, QuantDType::qint8, DynamicQuantMode::perchannel),
+               xquant::Error);  // smooth_scales must be [S] = [4]
 }
 
 }  // namespace

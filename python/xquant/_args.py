@@ -118,7 +118,8 @@ def quant_dtype_code(op: str, name: str, d: Any) -> int:
         raise fail_value(
             op,
             f"{name} is {d} but expected one of torch.qint8, torch.quint8, torch.qint32 / torch.int32, "
-            "torch.quint4x2 (NumPy: int8, uint8, int32; strings: 'qint8', 'quint8', 'qint32', 'quint4x2')",
+            "torch.quint4x2, torch.float8_e4m3fn, torch.float8_e5m2 (NumPy: int8, uint8, int32, ml_dtypes float8; "
+            "strings: 'qint8', 'quint8', 'qint32', 'quint4x2', 'float8_e4m3fn', 'float8_e5m2')",
         )
     return code
 
