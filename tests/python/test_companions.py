@@ -313,7 +313,7 @@ DQ_ERRORS = [
     ("dst_type quint8", ValueError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type="quint8")),
     ("dst_type int32", ValueError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type="int32")),
     ("dst_type float", ValueError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type="float32")),
-    ("dst_type object", TypeError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type=8)),
+    ("dst_type object", TypeError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type=8.5)),
     ("int4 H", ValueError, "x", lambda c: xquant.npu_dynamic_quant(c(_x(2, 12)), dst_type="quint4x2")),
     ("group without smooth", ValueError, "group_index",
      lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), group_index=c(np.int32([2])))),

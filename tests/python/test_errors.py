@@ -180,7 +180,7 @@ def test_acts_ulq_errors():
     (lambda: xquant.quant(np.zeros((4, 8), np.int8), np.ones((4, 8), f32), np.ones((4, 1), f32), 0),
      "xquant::tile_quant: mode is 0 but expected 'SYM', 'ASYM' or xquant.QuantMode"),
     (lambda: xquant.npu_dynamic_quant_asymmetric(np.ones((2, 8), f32), quant_mode=None),
-     "xquant::dynamic_quant_asymmetric: quant_mode is None but expected 'pertoken' or 'pertensor'"),
+     "xquant::dynamic_quant_asymmetric: quant_mode is None but expected 'pertoken', 'pertensor' or 'perchannel'"),
     (lambda: xquant.acts_ulq(np.ones(3, f32), 0.0, 1.0, fixed_min="yes"),
      "xquant::acts_ulq: fixed_min is 'yes' but expected a bool"),
     (lambda: xquant.acts_ulq_backward(np.ones(3, f32), 3, np.zeros(1, f32), np.ones(1, f32), np.ones(3, f32),

@@ -46,7 +46,6 @@ VALID = {
     "dynamic_quant_asymmetric_moe": (ops.dynamic_quant_asymmetric,
                                      [T(4, 16), T(1, 16), T(1, dtype=i32, fill=4), None, "pertoken"]),
     "dynamic_quant": (ops.dynamic_quant, [T(4, 16), T(16), None, torch.qint8, "pertoken", 0.0]),
-    "dynamic_quant_float8": (ops.dynamic_quant, [T(2, 4, 16), None, None, torch.float8_e4m3fn, "pertensor", 0.0]),
     "dynamic_quant_perchannel": (ops.dynamic_quant_asymmetric,
                                  [T(2, 4, 16), T(4), None, torch.float8_e5m2, "perchannel", 0.0]),
     "anti_quant": (ops.anti_quant, [T(4, 8, dtype=i8), T(8), T(8), f32, None]),
