@@ -694,6 +694,67 @@ TEST(CpuEquivalence, DynamicQuantSymmetric) {
         }
 }
 
+// The op-plugin 26.x forms of both dynamic quantizations: float8 outputs (every mode), symmetric pertensor,
+// and perchannel (int8 / float8, with and without smooth scales [S]), shapes with empty dimensions included.
+TEST(CpuEquivalence, DynamicQuantFloat8AndPerChannel) {
+  using xquant::DynamicQuantMode;
+  using xquant::QuantDType;
+  const std::vector<Shape> shapes = {{7, 24}, {2, 3, 40}, {9, 1000}, {5, 300, 7}, {2, 0, 8}};
+  for (DType dt : kFloatTypes)
+    for (const Shape& shape : shapes)
+      for (QuantDType q : {QuantDType::qint8, QuantDType::float8_e4m3fn, QuantDType::float8_e5m2})
+        for (bool symmetric : {true, false})
+          for (int variant = 0; variant < 5; ++variant) {         // pertoken, + smooth, pertensor, perchannel, + smooth
+            if (q == QuantDType::qint8 && variant < 2) continue;  // pertoken int8: the two tests above
+            const std::int64_t n = xquant::shape_numel(shape);
+            const std::int64_t H = shape.back();
+            const std::int64_t Srow = shape[shape.size() - 2];
+            std::vector<float> xv =
+                test_data(static_cast<std::size_t>(n), static_cast<std::uint32_t>(3 * n + variant), 3.f);
+            for (std::size_t i = 0; i < xv.size(); i += 2)  // most values finite
+              if (!std::isfinite(xv[i]) || std::fabs(xv[i]) > 1e6f) xv[i] = 0.75f;
+            Placed x = placed_floats(dt, shape, xv, 1);
+            Tensor smooth;
+            std::optional<ConstTensorView> sm;
+            if (variant == 1 || variant == 4) {
+              const std::int64_t len = variant == 1 ? H : Srow;
+              std::vector<float> sv(static_cast<std::size_t>(len));
+              for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.019f * static_cast<float>(i % 83);
+              smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32, Shape{len}, sv);
+              sm = smooth.view();
+            }
+            const DynamicQuantMode mode = variant == 2   ? DynamicQuantMode::pertensor
+                                          : variant >= 3 ? DynamicQuantMode::perchannel
+                                                         : DynamicQuantMode::pertoken;
+            Shape sshape;
+            if (mode == DynamicQuantMode::pertensor) {
+              sshape = {1};
+            } else if (mode == DynamicQuantMode::perchannel) {
+              sshape.assign(shape.begin(), shape.end() - 2);
+              sshape.push_back(H);
+            } else {
+              sshape.assign(shape.begin(), shape.end() - 1);
+            }
+            const DType ydt = xquant::storage_dtype(q);
+            const std::string what = std::string(symmetric ? "dynamic_quant " : "dynamic_quant_asymmetric ") +
+                                     std::string(xquant::quant_dtype_name(q)) + " " + xquant::shape_str(shape) +
+                                     " variant " + std::to_string(variant);
+            if (symmetric) {
+              check_equivalent(
+                  [&](std::vector<TensorView>& o) {
+                    xquant::dynamic_quant_out(o[0], o[1], x.view, sm, std::nullopt, q, mode);
+                  },
+                  {{ydt, shape}, {DType::float32, sshape}}, what);
+            } else {
+              check_equivalent(
+                  [&](std::vector<TensorView>& o) {
+                    xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, sm, std::nullopt, q, mode);
+                  },
+                  {{ydt, shape}, {DType::float32, sshape}, {DType::float32, sshape}}, what);
+            }
+          }
+}
+
 TEST(CpuEquivalence, AntiQuant) {
   using xquant::QuantDType;
   const auto edges = edge_values();

@@ -367,6 +367,41 @@ TEST_F(CudaEquivalence, DynamicQuant) {
       }
 }
 
+// ---- dynamic quant, op-plugin 26.x forms: float8 outputs, symmetric pertensor, perchannel (with smooth [S]) ----
+TEST_F(CudaEquivalence, DynamicQuantFloat8AndPerChannel) {
+  REQUIRE_CUDA();
+  using xquant::DynamicQuantMode;
+  for (DType dt : kFloatTypes)
+    for (QuantDType dst : {QuantDType::qint8, QuantDType::float8_e4m3fn, QuantDType::float8_e5m2})
+      for (std::int64_t cols : {0, 8, 264, 1032}) {
+        std::vector<float> v = edge_values(6 * cols, static_cast<std::uint32_t>(cols) + 11u, 50.0f);
+        for (std::int64_t j = 0; j < cols; ++j) v[static_cast<std::size_t>(j)] = static_cast<float>(j % 13) - 6.5f;
+        const Tensor x = make_float(dt, {2, 3, cols}, v);
+        DevTensor dx = to_device(x, 1);
+        const Tensor smooth = make_float(dt, {3}, {0.5f, 1.25f, 2.0f});
+        DevTensor dsm = to_device(smooth);
+        const std::string what = std::string(xquant::dtype_name(dt)) + " " +
+                                 std::string(xquant::quant_dtype_name(dst)) + " cols=" + std::to_string(cols);
+        for (auto mode : {DynamicQuantMode::pertoken, DynamicQuantMode::pertensor, DynamicQuantMode::perchannel})
+          for (bool with_smooth : {false, true}) {
+            if (with_smooth && mode != DynamicQuantMode::perchannel) continue;
+            const std::optional<ConstTensorView> hs =
+                with_smooth ? std::optional<ConstTensorView>(smooth.view()) : std::nullopt;
+            const std::optional<ConstTensorView> ds =
+                with_smooth ? std::optional<ConstTensorView>(dsm.view()) : std::nullopt;
+            const auto want = xquant::dynamic_quant_asymmetric(x, hs, std::nullopt, dst, mode);
+            const auto got = xquant::dynamic_quant_asymmetric(dx.view(), ds, std::nullopt, dst, mode);
+            expect_same_bytes(want.y, to_host(got.y), "dynamic_quant_asymmetric y " + what);
+            expect_same_bytes(want.scale, to_host(got.scale), "dynamic_quant_asymmetric scale " + what);
+            expect_same_bytes(want.offset, to_host(got.offset), "dynamic_quant_asymmetric offset " + what);
+            const auto wsym = xquant::dynamic_quant(x, hs, std::nullopt, dst, mode);
+            const auto gsym = xquant::dynamic_quant(dx.view(), ds, std::nullopt, dst, mode);
+            expect_same_bytes(wsym.y, to_host(gsym.y), "dynamic_quant y " + what);
+            expect_same_bytes(wsym.scale, to_host(gsym.scale), "dynamic_quant scale " + what);
+          }
+      }
+}
+
 // Float outputs equal bit for bit, except that two NaNs of any bits count as equal (ActsULQ forward: NaN
 // bits are not promised across architectures, docs/semantics.md 1.5 / 1.11).
 void expect_same_floats_nan_any(const ConstTensorView& want, const ConstTensorView& got, const std::string& what) {

@@ -809,7 +809,7 @@ TEST(DynamicQuantErrors, XDtypeAndRank) {
 TEST(DynamicQuantErrors, DstTypeAndQuantMode) {
   const Tensor x = make_float(DType::float32, {2, 8}, iota_row(16, 0.0f, 1.0f));
   expect_input_error(x, std::nullopt, std::nullopt, QuantDType::quint8, kTok, ErrorCode::invalid_argument, "dst_type",
-                     {"quint8", "qint8 or quint4x2"});
+                     {"quint8", "qint8, quint4x2, float8_e4m3fn or float8_e5m2"});
   expect_input_error(x, std::nullopt, std::nullopt, QuantDType::qint32, kTok, ErrorCode::invalid_argument, "dst_type",
                      {"qint32"});
   expect_input_error(x, std::nullopt, std::nullopt, kI8, static_cast<DynamicQuantMode>(7), ErrorCode::invalid_argument,
@@ -827,6 +827,14 @@ TEST(DynamicQuantErrors, DstTypeAndQuantMode) {
   expect_input_error(x, std::nullopt, gi.view(), kI8, kTok, ErrorCode::invalid_argument, "group_index",
                      {"smooth_scales"});
   expect_input_error(x, std::nullopt, gi.view(), kI8, kTen, ErrorCode::invalid_argument, "group_index");
+  // perchannel: no int4, no group_index, smooth_scales [S] (x.shape[-2]).
+  constexpr auto kChan = DynamicQuantMode::perchannel;
+  expect_input_error(x, std::nullopt, std::nullopt, kI4, kChan, ErrorCode::invalid_argument, "dst_type",
+                     {"quint4x2", "perchannel"});
+  const Tensor s2 = make_float(DType::float32, {2, 8}, std::vector<float>(16, 1.0f));
+  expect_input_error(x, s2.view(), gi.view(), kI8, kChan, ErrorCode::invalid_argument, "group_index", {"perchannel"});
+  expect_input_error(x, s.view(), std::nullopt, kI8, kChan, ErrorCode::shape_mismatch, "smooth_scales",
+                     {"[8]", "[2]", "perchannel"});
 }
 
 TEST(DynamicQuantErrors, SmoothScales) {

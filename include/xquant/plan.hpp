@@ -57,7 +57,8 @@ DynamicQuantShapes plan_dynamic_quant_asymmetric(const TensorSpec& x, const std:
                                                  const std::optional<TensorSpec>& group_index, QuantDType dst_type,
                                                  DynamicQuantMode quant_mode);
 DynamicQuantShapes plan_dynamic_quant(const TensorSpec& x, const std::optional<TensorSpec>& smooth_scales,
-                                      const std::optional<TensorSpec>& group_index, QuantDType dst_type);
+                                      const std::optional<TensorSpec>& group_index, QuantDType dst_type,
+                                      DynamicQuantMode quant_mode = DynamicQuantMode::pertoken);
 
 // anti_quant: x's logical shape (the output's; its dtype is the caller's floating dst_dtype).
 Shape plan_anti_quant(const TensorSpec& x, const TensorSpec& scale, const std::optional<TensorSpec>& offset,

@@ -181,8 +181,8 @@ int to_int(std::int64_t v, const char* op, const char* arg) {
 }
 
 xquant::QuantDType to_quant_dtype(int code, const char* op, const char* arg) {
-  if (code < 0 || code > static_cast<int>(xquant::QuantDType::quint4x2))
-    throw nb::value_error((prefix(op) + arg + " code is " + std::to_string(code) + " but expected 0..3").c_str());
+  if (code < 0 || code > static_cast<int>(xquant::QuantDType::float8_e5m2))
+    throw nb::value_error((prefix(op) + arg + " code is " + std::to_string(code) + " but expected 0..5").c_str());
   return static_cast<xquant::QuantDType>(code);
 }
 
@@ -267,36 +267,51 @@ void tile_quant(const Array& out, const ConstArray& src, const ConstArray& scale
 
 // ---- npu_dynamic_quant_asymmetric -----------------------------------------------------------------------
 
+// quant_mode: 0 pertoken, 1 pertensor, 2 perchannel (xquant::DynamicQuantMode).
+xquant::DynamicQuantMode dq_mode_of(int mode, const char* op) {
+  if (mode < 0 || mode > 2)
+    throw nb::value_error((prefix(op) + "quant_mode code is " + std::to_string(mode) + " but expected 0..2").c_str());
+  return static_cast<xquant::DynamicQuantMode>(mode);
+}
+// A float8 y travels from NumPy as a uint8 view of the ml_dtypes array (same memory): its dtype is dst_type's.
+void retag_float8(TensorView& y, xquant::QuantDType q) {
+  if ((q == xquant::QuantDType::float8_e4m3fn || q == xquant::QuantDType::float8_e5m2) && y.dtype == DType::uint8)
+    y.dtype = xquant::storage_dtype(q);
+}
+
 void dynamic_quant_asymmetric(const Array& y, const Array& scale, const Array& offset, const ConstArray& x,
                               const std::optional<ConstArray>& smooth_scales,
-                              const std::optional<ConstArray>& group_index, int dst_type, bool per_tensor) {
+                              const std::optional<ConstArray>& group_index, int dst_type, int quant_mode) {
   const char* op = "dynamic_quant_asymmetric";
   const xquant::QuantDType q = to_quant_dtype(dst_type, op, "dst_type");
   const ConstTensorView xv = cview(x, op, "x");
   const std::optional<ConstTensorView> sm = opt_cview(smooth_scales, op, "smooth_scales");
   const std::optional<ConstTensorView> gi = opt_cview(group_index, op, "group_index");
-  const TensorView yv = wview(y, op, "y");
+  TensorView yv = wview(y, op, "y");
+  retag_float8(yv, q);
   const TensorView sv = wview(scale, op, "scale");
   const TensorView ov = wview(offset, op, "offset");
+  const xquant::DynamicQuantMode mode = dq_mode_of(quant_mode, op);
   nb::gil_scoped_release nogil;
-  xquant::dynamic_quant_asymmetric_out(
-      yv, sv, ov, xv, sm, gi, q, per_tensor ? xquant::DynamicQuantMode::pertensor : xquant::DynamicQuantMode::pertoken);
+  xquant::dynamic_quant_asymmetric_out(yv, sv, ov, xv, sm, gi, q, mode);
 }
 
 // ---- npu_dynamic_quant (symmetric) ----------------------------------------------------------------------
 
 void dynamic_quant(const Array& y, const Array& scale, const ConstArray& x,
                    const std::optional<ConstArray>& smooth_scales, const std::optional<ConstArray>& group_index,
-                   int dst_type) {
+                   int dst_type, int quant_mode) {
   const char* op = "dynamic_quant";
   const xquant::QuantDType q = to_quant_dtype(dst_type, op, "dst_type");
   const ConstTensorView xv = cview(x, op, "x");
   const std::optional<ConstTensorView> sm = opt_cview(smooth_scales, op, "smooth_scales");
   const std::optional<ConstTensorView> gi = opt_cview(group_index, op, "group_index");
-  const TensorView yv = wview(y, op, "y");
+  TensorView yv = wview(y, op, "y");
+  retag_float8(yv, q);
   const TensorView sv = wview(scale, op, "scale");
+  const xquant::DynamicQuantMode mode = dq_mode_of(quant_mode, op);
   nb::gil_scoped_release nogil;
-  xquant::dynamic_quant_out(yv, sv, xv, sm, gi, q);
+  xquant::dynamic_quant_out(yv, sv, xv, sm, gi, q, mode);
 }
 
 // ---- npu_anti_quant -------------------------------------------------------------------------------------
@@ -535,17 +550,15 @@ void tile_quant(Status& st, const xquant::TileView& out, const xquant::ConstTile
                 const std::optional<xquant::ConstTileView>& offset) {
   guarded(st, [&] { xquant::tile_quant(out, src, scale, mode, offset); });
 }
-xquant::DynamicQuantMode dq_mode(bool per_tensor) {
-  return per_tensor ? xquant::DynamicQuantMode::pertensor : xquant::DynamicQuantMode::pertoken;
-}
+xquant::DynamicQuantMode dq_mode(int mode) { return static_cast<xquant::DynamicQuantMode>(mode); }
 void dynamic_quant_asymmetric(Status& st, const TensorView& y, const TensorView& scale, const TensorView& offset,
                               const ConstTensorView& x, const OptView& sm, const OptView& gi, xquant::QuantDType q,
-                              bool per_tensor) {
-  guarded(st, [&] { xquant::dynamic_quant_asymmetric_out(y, scale, offset, x, sm, gi, q, dq_mode(per_tensor)); });
+                              int mode) {
+  guarded(st, [&] { xquant::dynamic_quant_asymmetric_out(y, scale, offset, x, sm, gi, q, dq_mode(mode)); });
 }
 void dynamic_quant(Status& st, const TensorView& y, const TensorView& scale, const ConstTensorView& x,
-                   const OptView& sm, const OptView& gi, xquant::QuantDType q) {
-  guarded(st, [&] { xquant::dynamic_quant_out(y, scale, x, sm, gi, q); });
+                   const OptView& sm, const OptView& gi, xquant::QuantDType q, int mode) {
+  guarded(st, [&] { xquant::dynamic_quant_out(y, scale, x, sm, gi, q, dq_mode(mode)); });
 }
 void anti_quant(Status& st, const TensorView& out, const ConstTensorView& x, const ConstTensorView& scale,
                 const OptView& offset, xquant::QuantDType q) {
@@ -584,10 +597,10 @@ void plan_tile_quant(Status& st, const TensorSpec& out, const TensorSpec& src, c
   guarded(st, [&] { xquant::plan_tile_quant(out, src, scale, mode, offset); });
 }
 void plan_dynamic_quant(Status& st, xquant::DynamicQuantShapes& out, bool symmetric, const TensorSpec& x,
-                        const OptSpec& sm, const OptSpec& gi, xquant::QuantDType q, bool per_tensor) {
+                        const OptSpec& sm, const OptSpec& gi, xquant::QuantDType q, int mode) {
   guarded(st, [&] {
-    out = symmetric ? xquant::plan_dynamic_quant(x, sm, gi, q)
-                    : xquant::plan_dynamic_quant_asymmetric(x, sm, gi, q, dq_mode(per_tensor));
+    out = symmetric ? xquant::plan_dynamic_quant(x, sm, gi, q, dq_mode(mode))
+                    : xquant::plan_dynamic_quant_asymmetric(x, sm, gi, q, dq_mode(mode));
   });
 }
 void plan_anti_quant(Status& st, Shape& out, const TensorSpec& x, const TensorSpec& scale, const OptSpec& offset,
@@ -695,6 +708,8 @@ NB_MODULE(_core, m) {
   m.attr("QUINT8") = static_cast<int>(xquant::QuantDType::quint8);
   m.attr("QINT32") = static_cast<int>(xquant::QuantDType::qint32);
   m.attr("QUINT4X2") = static_cast<int>(xquant::QuantDType::quint4x2);
+  m.attr("FLOAT8_E4M3FN") = static_cast<int>(xquant::QuantDType::float8_e4m3fn);
+  m.attr("FLOAT8_E5M2") = static_cast<int>(xquant::QuantDType::float8_e5m2);
   // The library for xquant._torch_ext (core_api.hpp; PyCapsule_Import("xquant._core._api")).
   m.attr("_api") = nb::capsule(static_cast<const void*>(&api::kApi), xquant_py::kCoreApiCapsule);
 
@@ -718,9 +733,9 @@ NB_MODULE(_core, m) {
         "div_mode"_a);
   m.def("tile_quant", &tile_quant, "out"_a, "src"_a, "scale"_a, "asym"_a, "offset"_a.none());
   m.def("dynamic_quant_asymmetric", &dynamic_quant_asymmetric, "y"_a, "scale"_a, "offset"_a, "x"_a,
-        "smooth_scales"_a.none(), "group_index"_a.none(), "dst_type"_a, "per_tensor"_a);
+        "smooth_scales"_a.none(), "group_index"_a.none(), "dst_type"_a, "quant_mode"_a);
   m.def("dynamic_quant", &dynamic_quant, "y"_a, "scale"_a, "x"_a, "smooth_scales"_a.none(), "group_index"_a.none(),
-        "dst_type"_a);
+        "dst_type"_a, "quant_mode"_a);
   m.def("anti_quant", &anti_quant, "out"_a, "x"_a, "scale"_a, "offset"_a.none(), "src_dtype"_a);
   m.def("acts_ulq", &acts_ulq, "y"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "x"_a, "clamp_min"_a,
         "clamp_max"_a, "fixed_min"_a, "num_bits"_a);

@@ -57,9 +57,9 @@ struct CoreApi {
                      xquant::QuantMode mode, const std::optional<ConstTileView>& offset);
   void (*dynamic_quant_asymmetric)(Status&, const TensorView& y, const TensorView& scale, const TensorView& offset,
                                    const ConstTensorView& x, const OptView& smooth_scales, const OptView& group_index,
-                                   QuantDType q, bool per_tensor);
+                                   QuantDType q, int quant_mode);  // 0 pertoken, 1 pertensor, 2 perchannel
   void (*dynamic_quant)(Status&, const TensorView& y, const TensorView& scale, const ConstTensorView& x,
-                        const OptView& smooth_scales, const OptView& group_index, QuantDType q);
+                        const OptView& smooth_scales, const OptView& group_index, QuantDType q, int quant_mode);
   void (*anti_quant)(Status&, const TensorView& out, const ConstTensorView& x, const ConstTensorView& scale,
                      const OptView& offset, QuantDType src_dtype);
   void (*acts_ulq)(Status&, const TensorView& y, const TensorView& m0, const TensorView& m1, const TensorView& loss,
@@ -80,9 +80,9 @@ struct CoreApi {
                         QuantDType q, std::int64_t axis, bool div_mode);
   void (*plan_tile_quant)(Status&, const TensorSpec& out, const TensorSpec& src, const TensorSpec& scale,
                           xquant::QuantMode mode, const OptSpec& offset);
-  // symmetric: the symmetric operator (quant mode pertoken).
+  // symmetric: the symmetric operator; quant_mode as above.
   void (*plan_dynamic_quant)(Status&, xquant::DynamicQuantShapes& out, bool symmetric, const TensorSpec& x,
-                             const OptSpec& smooth_scales, const OptSpec& group_index, QuantDType q, bool per_tensor);
+                             const OptSpec& smooth_scales, const OptSpec& group_index, QuantDType q, int quant_mode);
   void (*plan_anti_quant)(Status&, Shape& out, const TensorSpec& x, const TensorSpec& scale, const OptSpec& offset,
                           QuantDType src_dtype);
   void (*plan_acts_ulq)(Status&, Shape& out, const TensorSpec& x, const TensorSpec& lo, const TensorSpec& hi,

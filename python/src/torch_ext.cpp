@@ -140,6 +140,10 @@ at::ScalarType to_scalar(DType d) {
       return at::kInt;
     case DType::int64:
       return at::kLong;
+    case DType::float8_e4m3fn:
+      return at::kFloat8_e4m3fn;
+    case DType::float8_e5m2:
+      return at::kFloat8_e5m2;
   }
   return at::kFloat;
 }
@@ -154,6 +158,8 @@ std::size_t bytes_per(DType d) {
       return 2;
     case DType::int8:
     case DType::uint8:
+    case DType::float8_e4m3fn:
+    case DType::float8_e5m2:
       return 1;
     case DType::int64:
       return 8;
@@ -220,6 +226,10 @@ std::optional<QuantDType> to_quant(at::ScalarType s) {
       return QuantDType::qint32;
     case at::kQUInt4x2:
       return QuantDType::quint4x2;
+    case at::kFloat8_e4m3fn:
+      return QuantDType::float8_e4m3fn;
+    case at::kFloat8_e5m2:
+      return QuantDType::float8_e5m2;
     default:
       return std::nullopt;
   }
@@ -228,8 +238,9 @@ std::optional<QuantDType> to_quant(at::ScalarType s) {
 QuantDType quant_of(const char* op, const char* name, at::ScalarType s) {
   if (auto q = to_quant(s)) return *q;
   value_error(op, std::string(name) + " is torch." + torch_name(s) +
-                      " but expected one of torch.qint8, torch.quint8, torch.qint32 / torch.int32, torch.quint4x2 "
-                      "(NumPy: int8, uint8, int32; strings: 'qint8', 'quint8', 'qint32', 'quint4x2')");
+                      " but expected one of torch.qint8, torch.quint8, torch.qint32 / torch.int32, torch.quint4x2, "
+                      "torch.float8_e4m3fn, torch.float8_e5m2 (NumPy: int8, uint8, int32, ml_dtypes float8; strings: "
+                      "'qint8', 'quint8', 'qint32', 'quint4x2', 'float8_e4m3fn', 'float8_e5m2')");
 }
 
 DType storage_of(QuantDType q) {
@@ -241,6 +252,10 @@ DType storage_of(QuantDType q) {
     case QuantDType::qint32:
     case QuantDType::quint4x2:
       return DType::int32;
+    case QuantDType::float8_e4m3fn:
+      return DType::float8_e4m3fn;
+    case QuantDType::float8_e5m2:
+      return DType::float8_e5m2;
   }
   return DType::int8;
 }
@@ -456,8 +471,8 @@ Shape p_quantize(const TensorSpec& x, const TensorSpec& s, const OptSpec& zp, Qu
   return plan_call(&xquant_py::CoreApi::plan_quantize, x, s, zp, q, axis, div_mode);
 }
 xquant::DynamicQuantShapes plan_dynamic(bool symmetric, const TensorSpec& x, const OptSpec& sm, const OptSpec& gi,
-                                        QuantDType q, bool per_tensor) {
-  return plan_call(&xquant_py::CoreApi::plan_dynamic_quant, symmetric, x, sm, gi, q, per_tensor);
+                                        QuantDType q, int mode) {
+  return plan_call(&xquant_py::CoreApi::plan_dynamic_quant, symmetric, x, sm, gi, q, mode);
 }
 Shape p_anti_quant(const TensorSpec& x, const TensorSpec& s, const OptSpec& off, QuantDType q) {
   return plan_call(&xquant_py::CoreApi::plan_anti_quant, x, s, off, q);
@@ -474,10 +489,19 @@ bool tile_asym(const char* op, c10::string_view mode) {
   value_error(op, "mode is '" + std::string(mode) + "' but expected 'SYM' or 'ASYM'");
 }
 
-bool per_tensor_mode(const char* op, c10::string_view mode) {
-  if (mode == "pertoken") return false;
-  if (mode == "pertensor") return true;
-  value_error(op, "quant_mode is '" + std::string(mode) + "' but expected 'pertoken' or 'pertensor'");
+// The dynamic quantizations' quant_mode: 0 pertoken, 1 pertensor, 2 perchannel (xquant::DynamicQuantMode).
+int dq_mode(const char* op, c10::string_view mode) {
+  if (mode == "pertoken") return 0;
+  if (mode == "pertensor") return 1;
+  if (mode == "perchannel") return 2;
+  value_error(op, "quant_mode is '" + std::string(mode) + "' but expected 'pertoken', 'pertensor' or 'perchannel'");
+}
+// dst_type_max: on the NPU the range of hifloat8 outputs only (0.0: the type's own); xquant makes no hifloat8.
+void check_dst_type_max(const char* op, double v) {
+  if (v != 0.0)
+    value_error(op, "dst_type_max is " + std::to_string(v) +
+                        " but expected 0.0: the NPU applies it to hifloat8 outputs only, which torch (and xquant) "
+                        "lack; int8 / int4 / float8 use their own maximum");
 }
 
 QuantDType opt_quant(const char* op, const char* name, std::optional<at::ScalarType> s) {
@@ -770,19 +794,25 @@ void m_tile_quant(at::Tensor& out, const at::Tensor& src, const at::Tensor& scal
 
 // offset: nullptr for the symmetric operator.
 std::vector<at::Tensor> impl_dynamic_quant(bool symmetric, const Arg& x, const std::optional<Arg>& sm,
-                                           const std::optional<Arg>& gi, QuantDType q, bool per_tensor,
+                                           const std::optional<Arg>& gi, QuantDType q, int mode,
                                            const at::Device& dev) {
   const Shape& xs = x.v.shape;
-  const Shape p_shape = per_tensor ? Shape{1} : Shape(xs.begin(), xs.end() - (xs.empty() ? 0 : 1));
+  // Lenient (the library validates x before it looks at the outputs): pertensor [1], perchannel
+  // x.shape[:-2] + [H], pertoken x.shape[:-1].
+  Shape p_shape = mode == 1 ? Shape{1} : Shape(xs.begin(), xs.end() - (xs.empty() ? 0 : 1));
+  if (mode == 2 && xs.size() >= 2) {
+    p_shape.assign(xs.begin(), xs.end() - 2);
+    p_shape.push_back(xs.back());
+  }
   Out y = alloc(quantized_shape(xs, q), storage_of(q), dev), scale = alloc(p_shape, DType::float32, dev);
   Status st;
   if (symmetric) {
-    g_api->dynamic_quant(st, y.v, scale.v, x.v, opt_view(sm), opt_view(gi), q);
+    g_api->dynamic_quant(st, y.v, scale.v, x.v, opt_view(sm), opt_view(gi), q, mode);
     check(st);
     return {y.t, scale.t};
   }
   Out offset = alloc(p_shape, DType::float32, dev);
-  g_api->dynamic_quant_asymmetric(st, y.v, scale.v, offset.v, x.v, opt_view(sm), opt_view(gi), q, per_tensor);
+  g_api->dynamic_quant_asymmetric(st, y.v, scale.v, offset.v, x.v, opt_view(sm), opt_view(gi), q, mode);
   check(st);
   return {y.t, scale.t, offset.t};
 }
@@ -790,28 +820,30 @@ std::vector<at::Tensor> impl_dynamic_quant(bool symmetric, const Arg& x, const s
 template <bool kCuda>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> k_dynamic_quant_asymmetric(
     const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index,
-    std::optional<at::ScalarType> dst_type, c10::string_view quant_mode) {
+    std::optional<at::ScalarType> dst_type, c10::string_view quant_mode, double dst_type_max) {
   const char* op = "dynamic_quant_asymmetric";
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
-  const bool per_tensor = per_tensor_mode(op, quant_mode);
+  const int mode = dq_mode(op, quant_mode);
+  check_dst_type_max(op, dst_type_max);
   const Arg xa = arg_of(op, "x", x);
   const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
                            gi = opt_arg(op, "group_index", group_index);
   const CudaScope cuda(kCuda, op, "x", x);
-  auto r = impl_dynamic_quant(false, xa, sm, gi, q, per_tensor, x.device());
+  auto r = impl_dynamic_quant(false, xa, sm, gi, q, mode, x.device());
   return {r[0], r[1], r[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> m_dynamic_quant_asymmetric(
     const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index,
-    std::optional<at::ScalarType> dst_type, c10::string_view quant_mode) {
+    std::optional<at::ScalarType> dst_type, c10::string_view quant_mode, double dst_type_max) {
   const char* op = "dynamic_quant_asymmetric";
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
-  const bool per_tensor = per_tensor_mode(op, quant_mode);
+  const int mode = dq_mode(op, quant_mode);
+  check_dst_type_max(op, dst_type_max);
   const Arg xa = arg_of(op, "x", x);
   const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
                            gi = opt_arg(op, "group_index", group_index);
-  const auto p = plan_dynamic(false, xa.spec(), opt_spec(sm), opt_spec(gi), q, per_tensor);
+  const auto p = plan_dynamic(false, xa.spec(), opt_spec(sm), opt_spec(gi), q, mode);
   return {alloc(p.y_shape, p.y_dtype, x.device()).t, alloc(p.param_shape, DType::float32, x.device()).t,
           alloc(p.param_shape, DType::float32, x.device()).t};
 }
@@ -819,26 +851,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> m_dynamic_quant_asymmetric(
 template <bool kCuda>
 std::tuple<at::Tensor, at::Tensor> k_dynamic_quant(const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales,
                                                    const std::optional<at::Tensor>& group_index,
-                                                   std::optional<at::ScalarType> dst_type) {
+                                                   std::optional<at::ScalarType> dst_type, c10::string_view quant_mode,
+                                                   double dst_type_max) {
   const char* op = "dynamic_quant";
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
+  const int mode = dq_mode(op, quant_mode);
+  check_dst_type_max(op, dst_type_max);
   const Arg xa = arg_of(op, "x", x);
   const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
                            gi = opt_arg(op, "group_index", group_index);
   const CudaScope cuda(kCuda, op, "x", x);
-  auto r = impl_dynamic_quant(true, xa, sm, gi, q, false, x.device());
+  auto r = impl_dynamic_quant(true, xa, sm, gi, q, mode, x.device());
   return {r[0], r[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor> m_dynamic_quant(const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales,
                                                    const std::optional<at::Tensor>& group_index,
-                                                   std::optional<at::ScalarType> dst_type) {
+                                                   std::optional<at::ScalarType> dst_type, c10::string_view quant_mode,
+                                                   double dst_type_max) {
   const char* op = "dynamic_quant";
   const QuantDType q = opt_quant(op, "dst_type", dst_type);
+  const int mode = dq_mode(op, quant_mode);
+  check_dst_type_max(op, dst_type_max);
   const Arg xa = arg_of(op, "x", x);
   const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
                            gi = opt_arg(op, "group_index", group_index);
-  const auto p = plan_dynamic(true, xa.spec(), opt_spec(sm), opt_spec(gi), q, false);
+  const auto p = plan_dynamic(true, xa.spec(), opt_spec(sm), opt_spec(gi), q, mode);
   return {alloc(p.y_shape, p.y_dtype, x.device()).t, alloc(p.param_shape, DType::float32, x.device()).t};
 }
 
@@ -1294,10 +1332,10 @@ TORCH_LIBRARY(xquant, m) {
   m.def("tile_quant(Tensor(a!) out, Tensor src, Tensor scale, str tile_mode=\"SYM\", Tensor? offset=None) -> ()");
   m.def(
       "dynamic_quant_asymmetric(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, "
-      "ScalarType? dst_type=None, str quant_mode=\"pertoken\") -> (Tensor, Tensor, Tensor)");
+      "ScalarType? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, ScalarType? dst_type=None) "
-      "-> (Tensor, Tensor)");
+      "dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, ScalarType? dst_type=None, "
+      "str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)");
   m.def(
       "anti_quant(Tensor x, Tensor scale, Tensor? offset=None, ScalarType? dst_dtype=None, "
       "ScalarType? src_dtype=None) -> Tensor");
@@ -1668,39 +1706,45 @@ PyObject* f_tile_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
 }
 
 // The tensor arguments (x, smooth_scales, group_index) of both dynamic quantizations' fast paths, and the call.
-PyObject* dynamic_quant_fast(PyObject* const* args, bool symmetric, QuantDType q, bool per_tensor) {
+PyObject* dynamic_quant_fast(PyObject* const* args, bool symmetric, QuantDType q, int mode) {
   Arg x;
   std::optional<Arg> sm, gi;
   bool rg = false;
   XQ_TRY(targ(args[0], x, rg) && opt_targ(args[1], sm, rg) && opt_targ(args[2], gi, rg) && plain(rg));
   return run(numel_of(x.v.shape), [&] {
-    auto r = impl_dynamic_quant(symmetric, x, sm, gi, q, per_tensor, kCpu);
+    auto r = impl_dynamic_quant(symmetric, x, sm, gi, q, mode, kCpu);
     return [r = std::move(r)] { return wrap_all(r); };
   });
 }
 
-// f_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode)
+// quant_mode 'pertoken' / 'pertensor' / 'perchannel' -> 0 / 1 / 2; -1 otherwise (the slow path says why).
+int py_dq_mode(PyObject* mode) {
+  if (!PyUnicode_Check(mode)) return -1;
+  if (PyUnicode_CompareWithASCIIString(mode, "pertoken") == 0) return 0;
+  if (PyUnicode_CompareWithASCIIString(mode, "pertensor") == 0) return 1;
+  if (PyUnicode_CompareWithASCIIString(mode, "perchannel") == 0) return 2;
+  return -1;
+}
+
+// f_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode) and
+// f_dynamic_quant(x, smooth_scales, group_index, dst_type, quant_mode) (dst_type_max is 0.0 here: the
+// Python wrappers take the slow path, which checks it, for any other value)
 PyObject* f_dynamic_quant_asymmetric(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (!nargs_ok("f_dynamic_quant_asymmetric", n, 5)) return nullptr;
   QuantDType q;
   XQ_TRY(py_quant(args[3], q, true));
-  PyObject* mode = args[4];
-  bool per_tensor;
-  if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "pertoken") == 0)
-    per_tensor = false;
-  else if (PyUnicode_Check(mode) && PyUnicode_CompareWithASCIIString(mode, "pertensor") == 0)
-    per_tensor = true;
-  else
-    return none();
-  return dynamic_quant_fast(args, false, q, per_tensor);
+  const int mode = py_dq_mode(args[4]);
+  XQ_TRY(mode >= 0);
+  return dynamic_quant_fast(args, false, q, mode);
 }
 
-// f_dynamic_quant(x, smooth_scales, group_index, dst_type)
 PyObject* f_dynamic_quant(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  if (!nargs_ok("f_dynamic_quant", n, 4)) return nullptr;
+  if (!nargs_ok("f_dynamic_quant", n, 5)) return nullptr;
   QuantDType q;
   XQ_TRY(py_quant(args[3], q, true));
-  return dynamic_quant_fast(args, true, q, false);
+  const int mode = py_dq_mode(args[4]);
+  XQ_TRY(mode >= 0);
+  return dynamic_quant_fast(args, true, q, mode);
 }
 
 // f_anti_quant(x, scale, offset, dst_dtype, src_dtype)
@@ -1795,7 +1839,7 @@ PyMethodDef g_methods[] = {
     {"f_dynamic_quant_asymmetric", XQ_FASTCALL(f_dynamic_quant_asymmetric), METH_FASTCALL,
      "f_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode)"},
     {"f_dynamic_quant", XQ_FASTCALL(f_dynamic_quant), METH_FASTCALL,
-     "f_dynamic_quant(x, smooth_scales, group_index, dst_type)"},
+     "f_dynamic_quant(x, smooth_scales, group_index, dst_type, quant_mode)"},
     {"f_anti_quant", XQ_FASTCALL(f_anti_quant), METH_FASTCALL, "f_anti_quant(x, scale, offset, dst_dtype, src_dtype)"},
     {"f_acts_ulq", XQ_FASTCALL(f_acts_ulq), METH_FASTCALL, "f_acts_ulq(x, clamp_min, clamp_max, fixed_min, num_bits)"},
     {nullptr, nullptr, 0, nullptr}};

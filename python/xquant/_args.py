@@ -17,8 +17,11 @@ try:  # NumPy bfloat16 is optional (ml_dtypes)
     import ml_dtypes as _ml_dtypes
 
     NP_BFLOAT16: np.dtype | None = np.dtype(_ml_dtypes.bfloat16)
+    NP_FLOAT8: dict[str, np.dtype] = {"float8_e4m3fn": np.dtype(_ml_dtypes.float8_e4m3fn),
+                                      "float8_e5m2": np.dtype(_ml_dtypes.float8_e5m2)}
 except ImportError:  # pragma: no cover - exercised only where ml_dtypes is missing
     NP_BFLOAT16 = None
+    NP_FLOAT8 = {}
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -26,6 +29,8 @@ QINT8: int = _core.QINT8
 QUINT8: int = _core.QUINT8
 QINT32: int = _core.QINT32
 QUINT4X2: int = _core.QUINT4X2
+FLOAT8_E4M3FN: int = _core.FLOAT8_E4M3FN
+FLOAT8_E5M2: int = _core.FLOAT8_E5M2
 
 # Spellings of the quantized output kinds accepted for every input kind (torch dtypes are matched by
 # name, so that this module never imports torch).
@@ -37,8 +42,20 @@ _QDTYPE_NAMES = {
     "qint32": QINT32,
     "int32": QINT32,
     "quint4x2": QUINT4X2,
+    "float8_e4m3fn": FLOAT8_E4M3FN,
+    "float8_e5m2": FLOAT8_E5M2,
 }
-QDTYPE_NAME = {QINT8: "qint8", QUINT8: "quint8", QINT32: "qint32", QUINT4X2: "quint4x2"}
+QDTYPE_NAME = {QINT8: "qint8", QUINT8: "quint8", QINT32: "qint32", QUINT4X2: "quint4x2",
+               FLOAT8_E4M3FN: "float8_e4m3fn", FLOAT8_E5M2: "float8_e5m2"}
+
+# torch_npu's integer dtype codes (op-plugin 26.x `int? dst_type`): c10::ScalarType values, and torch_npu's own
+# codes (>= 256) for the types it adds. The ones torch has a dtype for map to it; the others (hifloat8, int4,
+# float4) have no torch tensor to hold them.
+NPU_DTYPE_CODES = {1: "int8", 12: "qint8", 16: "quint4x2", 23: "float8_e5m2", 24: "float8_e4m3fn",
+                   291: "float8_e5m2", 292: "float8_e4m3fn"}
+NPU_DTYPES_WITHOUT_TORCH = {285: "torch_npu.int4", 290: "torch_npu.hifloat8", 293: "torch_npu.float8_e8m0fnu",
+                            296: "torch_npu.float4_e2m1fn_x2", 297: "torch_npu.float4_e1m2fn_x2"}
+DYNAMIC_DST_NAMES = "int8 (1), quint4x2 (16), float8_e5m2 (23 / 291) or float8_e4m3fn (24 / 292)"
 
 
 class QuantMode(str, enum.Enum):
@@ -105,14 +122,21 @@ def quant_dtype_code(op: str, name: str, d: Any) -> int:
         raise fail_value(
             op,
             f"{name} is {d} but expected one of torch.qint8, torch.quint8, torch.qint32 / torch.int32, "
-            "torch.quint4x2 (NumPy: int8, uint8, int32; strings: 'qint8', 'quint8', 'qint32', 'quint4x2')",
+            "torch.quint4x2, torch.float8_e4m3fn, torch.float8_e5m2 (NumPy: int8, uint8, int32, ml_dtypes float8; "
+            "strings: 'qint8', 'quint8', 'qint32', 'quint4x2', 'float8_e4m3fn', 'float8_e5m2')",
         )
     return code
 
 
-def storage_of(code: int) -> str:
-    """Name of the integer dtype that stores a quantized output (quint4x2 packs 8 int4 per int32)."""
-    return {QINT8: "int8", QUINT8: "uint8", QINT32: "int32", QUINT4X2: "int32"}[code]
+def storage_of(op: str, code: int) -> np.dtype:
+    """The NumPy dtype that stores a quantized output (quint4x2 packs 8 int4 per int32; float8 through
+    ml_dtypes)."""
+    if code in (FLOAT8_E4M3FN, FLOAT8_E5M2):
+        name = QDTYPE_NAME[code]
+        if name not in NP_FLOAT8:  # pragma: no cover - exercised only where ml_dtypes is missing
+            raise fail_value(op, f"dst_type is {name} but NumPy float8 needs the ml_dtypes package")
+        return NP_FLOAT8[name]
+    return np.dtype({QINT8: "int8", QUINT8: "uint8", QINT32: "int32", QUINT4X2: "int32"}[code])
 
 
 def quant_mode(op: str, mode: Any) -> bool:
@@ -129,18 +153,47 @@ def quant_mode(op: str, mode: Any) -> bool:
     return m == "ASYM"
 
 
-def dynamic_mode(op: str, quant_mode: Any) -> bool:
-    """'pertoken' / 'pertensor' -> per_tensor flag."""
+DYNAMIC_MODES = ("pertoken", "pertensor", "perchannel")
+
+
+def dynamic_mode(op: str, quant_mode: Any) -> int:
+    """'pertoken' / 'pertensor' / 'perchannel' -> 0 / 1 / 2 (xquant::DynamicQuantMode)."""
     if not isinstance(quant_mode, str):
-        raise fail_type(op, f"quant_mode is {describe(quant_mode)} but expected 'pertoken' or 'pertensor'")
-    if quant_mode not in ("pertoken", "pertensor"):
-        raise fail_value(op, f"quant_mode is {quant_mode!r} but expected 'pertoken' or 'pertensor'")
-    return quant_mode == "pertensor"
+        raise fail_type(op, f"quant_mode is {describe(quant_mode)} but expected 'pertoken', 'pertensor' or "
+                            "'perchannel'")
+    if quant_mode not in DYNAMIC_MODES:
+        raise fail_value(op, f"quant_mode is {quant_mode!r} but expected 'pertoken', 'pertensor' or 'perchannel'")
+    return DYNAMIC_MODES.index(quant_mode)
+
+
+def dst_type_max(op: str, v: Any) -> None:
+    """dst_type_max: only 0.0 (on the NPU it sets the range of hifloat8 outputs, which torch lacks)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise fail_type(op, f"dst_type_max is {describe(v)} but expected a float")
+    if float(v) != 0.0:
+        raise fail_value(op, f"dst_type_max is {v} but expected 0.0: the NPU applies it to hifloat8 outputs only, "
+                             "which torch (and xquant) lack; int8 / int4 / float8 use their own maximum")
+
+
+def dynamic_dst_name(op: str, dst_type: Any) -> Any:
+    """The dynamic quantizations' dst_type as torch_npu takes it: an integer dtype code (op-plugin 26.x
+    ``int? dst_type``) -> the name of its dtype; anything else unchanged (dtypes and names are checked
+    later). torch_npu types torch has no tensor for (hifloat8, int4, float4) are a clear ValueError."""
+    if isinstance(dst_type, bool) or not isinstance(dst_type, (int, np.integer)):
+        return dst_type
+    code = int(dst_type)
+    if code in NPU_DTYPES_WITHOUT_TORCH:
+        raise fail_value(op, f"dst_type is {code} ({NPU_DTYPES_WITHOUT_TORCH[code]}) but torch has no dtype to hold "
+                             f"it, so xquant cannot produce it; expected {DYNAMIC_DST_NAMES}")
+    name = NPU_DTYPE_CODES.get(code)
+    if name is None:
+        raise fail_value(op, f"dst_type is {code} but expected a dtype code of {DYNAMIC_DST_NAMES}, or a torch dtype")
+    return name
 
 
 def dst_type_code(op: str, dst_type: Any) -> int:
-    """npu_dynamic_quant_asymmetric's dst_type: None -> qint8."""
-    return QINT8 if dst_type is None else quant_dtype_code(op, "dst_type", dst_type)
+    """The dynamic quantizations' dst_type: None -> qint8; integer codes as torch_npu's."""
+    return QINT8 if dst_type is None else quant_dtype_code(op, "dst_type", dynamic_dst_name(op, dst_type))
 
 
 def src_dtype_code(op: str, src_dtype: Any) -> int:
@@ -178,10 +231,16 @@ def quantized_shape(shape: tuple, code: int) -> tuple:
     return tuple(shape)
 
 
-def dynamic_shapes(shape: tuple, code: int, per_tensor: bool) -> tuple[tuple, tuple]:
-    """(y shape, scale / offset shape) of npu_dynamic_quant_asymmetric (lenient, as quantized_shape)."""
+def dynamic_shapes(shape: tuple, code: int, mode: int) -> tuple[tuple, tuple]:
+    """(y shape, scale / offset shape) of the dynamic quantizations (lenient, as quantized_shape): pertoken
+    x.shape[:-1], pertensor (1,), perchannel x.shape[:-2] + (H,)."""
     y = quantized_shape(shape, code)
-    params = (1,) if per_tensor else tuple(shape[:-1])
+    if mode == 1:
+        params = (1,)
+    elif mode == 2 and len(shape) >= 2:
+        params = tuple(shape[:-2]) + (shape[-1],)
+    else:
+        params = tuple(shape[:-1])
     return y, params
 
 

@@ -124,7 +124,7 @@ def quantize(op: str, input: np.ndarray, scales: Any, zero_points: Any, dtype: A
     x = arg(op, "input", input)
     s = arg(op, "scales", scales)
     zp = opt_arg(op, "zero_points", zero_points)
-    out = np.empty(_args.quantized_shape(x.shape, code), dtype=_args.storage_of(code))
+    out = np.empty(_args.quantized_shape(x.shape, code), dtype=_args.storage_of(op, code))
     _core.quantize(out, x, s, zp, code, axis, div_mode)
     return out
 
@@ -170,33 +170,41 @@ def tile_quant(op: str, out: Any, src: Any, scale: Any, mode: Any, offset: Any) 
 
 # ---- npu_dynamic_quant_asymmetric --------------------------------------------------------------------------
 
+def _y_raw(y: np.ndarray) -> np.ndarray:
+    """A float8 output as C++ sees it: uint8 bits (same memory; the core tags it with dst_type's dtype)."""
+    return y.view(np.uint8) if y.dtype.name.startswith("float8") else y
+
+
 def dynamic_quant_asymmetric(op: str, x: Any, smooth_scales: Any, group_index: Any, dst_type: Any,
-                             quant_mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                             quant_mode: str, dst_type_max: Any = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     code = _args.dst_type_code(op, dst_type)
-    per_tensor = _args.dynamic_mode(op, quant_mode)
+    mode = _args.dynamic_mode(op, quant_mode)
+    _args.dst_type_max(op, dst_type_max)
     xv = arg(op, "x", x)
     sm = opt_arg(op, "smooth_scales", smooth_scales)
     gi = opt_arg(op, "group_index", group_index)
-    y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, per_tensor)
-    y = np.empty(y_shape, dtype=_args.storage_of(code))
+    y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, mode)
+    y = np.empty(y_shape, dtype=_args.storage_of(op, code))
     scale = np.empty(p_shape, dtype=np.float32)
     offset = np.empty(p_shape, dtype=np.float32)
-    _core.dynamic_quant_asymmetric(y, scale, offset, xv, sm, gi, code, per_tensor)
+    _core.dynamic_quant_asymmetric(_y_raw(y), scale, offset, xv, sm, gi, code, mode)
     return y, scale, offset
 
 
 # ---- npu_dynamic_quant (symmetric) -----------------------------------------------------------------------
 
-def dynamic_quant(op: str, x: Any, smooth_scales: Any, group_index: Any,
-                  dst_type: Any) -> tuple[np.ndarray, np.ndarray]:
+def dynamic_quant(op: str, x: Any, smooth_scales: Any, group_index: Any, dst_type: Any,
+                  quant_mode: str = "pertoken", dst_type_max: Any = 0.0) -> tuple[np.ndarray, np.ndarray]:
     code = _args.dst_type_code(op, dst_type)
+    mode = _args.dynamic_mode(op, quant_mode)
+    _args.dst_type_max(op, dst_type_max)
     xv = arg(op, "x", x)
     sm = opt_arg(op, "smooth_scales", smooth_scales)
     gi = opt_arg(op, "group_index", group_index)
-    y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, False)
-    y = np.empty(y_shape, dtype=_args.storage_of(code))
+    y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, mode)
+    y = np.empty(y_shape, dtype=_args.storage_of(op, code))
     scale = np.empty(p_shape, dtype=np.float32)
-    _core.dynamic_quant(y, scale, xv, sm, gi, code)
+    _core.dynamic_quant(_y_raw(y), scale, xv, sm, gi, code, mode)
     return y, scale
 
 

@@ -23,8 +23,9 @@ another torch than the running one, importing this module raises ImportError say
     torch.ops.xquant.quantize(input, scales, zero_points, dtype, axis=1, div_mode=True)
     torch.ops.xquant.tile_quant(out, src, scale, tile_mode="SYM", offset=None)      (mutates out)
     torch.ops.xquant.dynamic_quant_asymmetric(x, smooth_scales=None, group_index=None, dst_type=None,
-                                              quant_mode="pertoken") -> (y, scale, offset)
-    torch.ops.xquant.dynamic_quant(x, smooth_scales=None, group_index=None, dst_type=None) -> (y, scale)
+                                              quant_mode="pertoken", dst_type_max=0.0) -> (y, scale, offset)
+    torch.ops.xquant.dynamic_quant(x, smooth_scales=None, group_index=None, dst_type=None,
+                                   quant_mode="pertoken", dst_type_max=0.0) -> (y, scale)
     torch.ops.xquant.anti_quant(x, scale, offset=None, dst_dtype=None, src_dtype=None) -> out
     torch.ops.xquant.acts_ulq(x, clamp_min, clamp_max, fixed_min=False, num_bits=8)
         -> (y, clamp_min_mask, clamp_max_mask, x_clamped_loss)
@@ -82,13 +83,17 @@ EXT = _load_extension()
 # torch dtypes accepted as quantized output kinds, and the integer dtype storing each. (getattr: PyTorch has
 # deprecated its quantized dtypes; a release without them still gets the plain integer spellings.)
 _QDTYPES = {d: code for name, code in (("qint8", QINT8), ("int8", QINT8), ("quint8", QUINT8), ("uint8", QUINT8),
-                                       ("qint32", QINT32), ("int32", QINT32), ("quint4x2", QUINT4X2))
+                                       ("qint32", QINT32), ("int32", QINT32), ("quint4x2", QUINT4X2),
+                                       ("float8_e4m3fn", _args.FLOAT8_E4M3FN), ("float8_e5m2", _args.FLOAT8_E5M2))
             if (d := getattr(torch, name, None)) is not None}
 _CODE_TO_TORCH = {code: d for code, d in ((QINT8, getattr(torch, "qint8", torch.int8)),
                                           (QUINT8, getattr(torch, "quint8", torch.uint8)),
                                           (QINT32, getattr(torch, "qint32", torch.int32)),
-                                          (QUINT4X2, getattr(torch, "quint4x2", None))) if d is not None}
-_STORAGE = {QINT8: torch.int8, QUINT8: torch.uint8, QINT32: torch.int32, QUINT4X2: torch.int32}
+                                          (QUINT4X2, getattr(torch, "quint4x2", None)),
+                                          (_args.FLOAT8_E4M3FN, getattr(torch, "float8_e4m3fn", None)),
+                                          (_args.FLOAT8_E5M2, getattr(torch, "float8_e5m2", None))) if d is not None}
+_STORAGE = {QINT8: torch.int8, QUINT8: torch.uint8, QINT32: torch.int32, QUINT4X2: torch.int32,
+            **{c: d for c, d in _CODE_TO_TORCH.items() if c in (_args.FLOAT8_E4M3FN, _args.FLOAT8_E5M2)}}
 _SPARSE_LAYOUTS = tuple(getattr(torch, n) for n in ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
                                                     "sparse_bsc") if hasattr(torch, n))
 _FLOAT_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -229,21 +234,25 @@ def tile_quant(op: str, out: Tensor, src: Any, scale: Any, mode: Any, offset: An
 
 
 def dynamic_quant_asymmetric(op: str, x: Tensor, smooth_scales: Any, group_index: Any, dst_type: Any,
-                             quant_mode: str) -> tuple[Tensor, Tensor, Tensor]:
+                             quant_mode: str, dst_type_max: Any = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     check_tensor(op, "x", x)
-    d = None if dst_type is None else quant_dtype(op, "dst_type", dst_type)
+    d = None if dst_type is None else quant_dtype(op, "dst_type", _args.dynamic_dst_name(op, dst_type))
+    _args.dst_type_max(op, dst_type_max)
     sm, gi = opt_tensor(op, "smooth_scales", smooth_scales), opt_tensor(op, "group_index", group_index)
     _one_device(op, x=x, smooth_scales=sm, group_index=gi)
     return torch.ops.xquant.dynamic_quant_asymmetric(x, smooth_scales=sm, group_index=gi, dst_type=d,
-                                                     quant_mode=quant_mode)
+                                                     quant_mode=quant_mode, dst_type_max=float(dst_type_max))
 
 
-def dynamic_quant(op: str, x: Tensor, smooth_scales: Any, group_index: Any, dst_type: Any) -> tuple[Tensor, Tensor]:
+def dynamic_quant(op: str, x: Tensor, smooth_scales: Any, group_index: Any, dst_type: Any,
+                  quant_mode: str = "pertoken", dst_type_max: Any = 0.0) -> tuple[Tensor, Tensor]:
     check_tensor(op, "x", x)
-    d = None if dst_type is None else quant_dtype(op, "dst_type", dst_type)
+    d = None if dst_type is None else quant_dtype(op, "dst_type", _args.dynamic_dst_name(op, dst_type))
+    _args.dst_type_max(op, dst_type_max)
     sm, gi = opt_tensor(op, "smooth_scales", smooth_scales), opt_tensor(op, "group_index", group_index)
     _one_device(op, x=x, smooth_scales=sm, group_index=gi)
-    return torch.ops.xquant.dynamic_quant(x, smooth_scales=sm, group_index=gi, dst_type=d)
+    return torch.ops.xquant.dynamic_quant(x, smooth_scales=sm, group_index=gi, dst_type=d, quant_mode=quant_mode,
+                                          dst_type_max=float(dst_type_max))
 
 
 def anti_quant(op: str, x: Tensor, scale: Any, offset: Any, dst_dtype: Any, src_dtype: Any) -> Tensor:

@@ -240,51 +240,63 @@ def quant(out, src, scale, mode: Any = QuantMode.SYM, offset=None) -> None:
 # ---- seed 04: torch_npu.npu_dynamic_quant_asymmetric ------------------------------------------------------
 
 def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst_type=None,
-                                 quant_mode: str = "pertoken"):
-    """Dynamic asymmetric quantization per token (row) or per tensor; returns ``(y, scale, offset)``::
+                                 quant_mode: str = "pertoken", dst_type_max: float = 0.0):
+    """Dynamic asymmetric quantization per token (row), per tensor or per channel; returns
+    ``(y, scale, offset)`` (torch_npu / op-plugin 26.x signature)::
 
         x'     = smooth_scales ? x * smooth_scales[expert(row)] : x               (float32)
         scale  = max((rowMax(x') - rowMin(x')) / (DST_MAX - DST_MIN), 1e-12)
         offset = DST_MAX - rowMax(x') / scale
-        y      = sat(rint(x' / scale + offset))
+        y      = sat(rint(x' / scale + offset))       (float8: float8(x' / scale + offset), see below)
 
     ``x`` rank >= 2 (rows: every dimension but the last). ``smooth_scales`` [H], or [E, H] with
-    ``group_index`` (int32 / int64 [E], non-decreasing cumulative row ends, the last == rows). ``dst_type``
-    None / torch.qint8 / torch.int8 -> int8 [-128, 127]; torch.quint4x2 -> int4 [-8, 7] packed eight per
-    int32 (H % 8 == 0). ``scale`` and ``offset`` are float32 of shape x.shape[:-1] ("pertoken") or (1,)
-    ("pertensor"; not with smooth_scales). A row containing NaN gets NaN scale / offset and y = 0.
+    ``group_index`` (int32 / int64 [E], non-decreasing cumulative row ends, the last == rows).
+    ``dst_type``: a torch dtype or torch_npu's integer code: None / torch.int8 / torch.qint8 / 1 -> int8
+    [-128, 127]; torch.quint4x2 / 16 -> int4 [-8, 7] packed eight per int32 (H % 8 == 0);
+    torch.float8_e4m3fn / 24 / 292 and torch.float8_e5m2 / 23 / 291 -> float8 with DST = +-448 / +-57344,
+    y = the round-to-nearest-even float8 of x' / scale + offset without saturation (NaN -> NaN).
+    torch_npu.hifloat8 (290) and the other types torch has no dtype for are a ValueError.
+    ``quant_mode``: "pertoken" (scale / offset of shape x.shape[:-1]), "pertensor" ((1,), no
+    smooth_scales) or "perchannel" (x seen as [B, S, H]: min / max down each column of each batch, scale /
+    offset of shape x.shape[:-2] + (H,), ``smooth_scales`` [S] scaling row s, no group_index, no int4).
+    ``dst_type_max``: 0.0 only (on the NPU it sets the range of hifloat8 outputs). A row containing NaN gets
+    NaN scale / offset and y = 0 (float8: NaN).
     """
-    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
+    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling() and dst_type_max == 0.0:
         out = _fast.f_dynamic_quant_asymmetric(x, smooth_scales, group_index, dst_type, quant_mode)
         if out is not None:
             return out
     op = "dynamic_quant_asymmetric"
     b = _backend(op, "x", x)
     _args.dynamic_mode(op, quant_mode)
-    return b.dynamic_quant_asymmetric(op, x, smooth_scales, group_index, dst_type, quant_mode)
+    return b.dynamic_quant_asymmetric(op, x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max)
 
 
 # ---- companions of seeds 02 / 04: torch_npu.npu_dynamic_quant and torch_npu.npu_anti_quant -----------------
 
-def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None):
-    """Dynamic symmetric quantization per token (row); returns ``(y, scale)`` (SPEC section 6)::
+def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode: str = "pertoken",
+                      dst_type_max: float = 0.0):
+    """Dynamic symmetric quantization per token (row), per tensor or per channel; returns ``(y, scale)``
+    (SPEC section 6; torch_npu / op-plugin 26.x signature)::
 
         x'    = smooth_scales ? x * smooth_scales[expert(row)] : x                (float32)
         scale = rowMax(|x'|) / DST_MAX                                             (float32 division)
-        y     = sat(rint(x' / scale))
+        y     = sat(rint(x' / scale))                  (float8: float8(x' / scale))
 
-    ``x``, ``smooth_scales``, ``group_index`` and ``dst_type`` as for :func:`npu_dynamic_quant_asymmetric`
-    (``dst_type`` None / torch.qint8 / torch.int8 -> int8, DST_MAX 127; torch.quint4x2 -> int4, DST_MAX 7,
-    packed eight per int32, H % 8 == 0). ``scale`` is float32 of shape x.shape[:-1]. A row of zeros gets
-    scale 0 and y = 0; a row containing NaN gets a NaN scale and y = 0.
+    ``x``, ``smooth_scales``, ``group_index``, ``dst_type``, ``quant_mode`` and ``dst_type_max`` as for
+    :func:`npu_dynamic_quant_asymmetric` (DST_MAX 127 for int8, 7 for int4, 448 for float8_e4m3fn, 57344
+    for float8_e5m2). ``scale`` is float32 of shape x.shape[:-1] (pertoken), (1,) (pertensor) or
+    x.shape[:-2] + (H,) (perchannel). A row of zeros gets scale 0 and y = 0 (float8: NaN, 0 / 0); a row
+    containing NaN gets a NaN scale and y = 0 (float8: NaN).
     """
-    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling():
-        out = _fast.f_dynamic_quant(x, smooth_scales, group_index, dst_type)
+    if (type(x) is _Tensor or type(x) is _Parameter) and not _is_compiling() and dst_type_max == 0.0:
+        out = _fast.f_dynamic_quant(x, smooth_scales, group_index, dst_type, quant_mode)
         if out is not None:
             return out
     op = "dynamic_quant"
     b = _backend(op, "x", x)
-    return b.dynamic_quant(op, x, smooth_scales, group_index, dst_type)
+    _args.dynamic_mode(op, quant_mode)
+    return b.dynamic_quant(op, x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max)
 
 
 def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):

@@ -6,29 +6,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/float8.hpp"
 #include "core/hd.hpp"
 #include "xquant/dtype.hpp"
 
 namespace xquant::detail {
-
-XQ_HD inline std::uint32_t hd_float_bits(float f) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-XQ_HD inline float hd_bits_float(std::uint32_t u) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
 
 XQ_HD inline float hd_half_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
@@ -103,13 +85,16 @@ XQ_HD inline float hd_load_float(DType dt, const void* base, std::int64_t i) noe
       return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
     case DType::int64:
       return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
+    case DType::float8_e4m3fn:
+    case DType::float8_e5m2:
+      return hd_float8_to_float(static_cast<const std::uint8_t*>(base)[i], dt);
     case DType::float32:
       break;
   }
   return static_cast<const float*>(base)[i];
 }
 
-// ... and floating results are narrowed once, round-to-nearest-even (float16 / bfloat16 only).
+// ... and floating results are narrowed once, round-to-nearest-even (float16 / bfloat16 / float8).
 XQ_HD inline void hd_store_float(DType dt, void* base, std::int64_t i, float v) noexcept {
   switch (dt) {
     case DType::float16:
@@ -117,6 +102,10 @@ XQ_HD inline void hd_store_float(DType dt, void* base, std::int64_t i, float v) 
       return;
     case DType::bfloat16:
       static_cast<std::uint16_t*>(base)[i] = hd_float_to_bfloat16(v);
+      return;
+    case DType::float8_e4m3fn:
+    case DType::float8_e5m2:  // torch's cast: no saturation (core/float8.hpp)
+      static_cast<std::uint8_t*>(base)[i] = hd_float_to_float8(v, dt, false);
       return;
     default:
       static_cast<float*>(base)[i] = v;

@@ -16,6 +16,9 @@ std::size_t dtype_size(DType dt) noexcept {
       return 4;
     case DType::int64:
       return 8;
+    case DType::float8_e4m3fn:
+    case DType::float8_e5m2:
+      return 1;
   }
   return 0;
 }
@@ -36,6 +39,10 @@ std::string_view dtype_name(DType dt) noexcept {
       return "int32";
     case DType::int64:
       return "int64";
+    case DType::float8_e4m3fn:
+      return "float8_e4m3fn";
+    case DType::float8_e5m2:
+      return "float8_e5m2";
   }
   return "unknown";
 }
@@ -50,6 +57,10 @@ std::string_view quant_dtype_name(QuantDType q) noexcept {
       return "qint32";
     case QuantDType::quint4x2:
       return "quint4x2";
+    case QuantDType::float8_e4m3fn:
+      return "float8_e4m3fn";
+    case QuantDType::float8_e5m2:
+      return "float8_e5m2";
   }
   return "unknown";
 }
@@ -63,6 +74,10 @@ DType storage_dtype(QuantDType q) noexcept {
     case QuantDType::qint32:
     case QuantDType::quint4x2:  // eight int4 per int32
       return DType::int32;
+    case QuantDType::float8_e4m3fn:
+      return DType::float8_e4m3fn;
+    case QuantDType::float8_e5m2:
+      return DType::float8_e5m2;
   }
   return DType::int8;
 }

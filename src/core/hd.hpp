@@ -3,6 +3,8 @@
 // code lacks, plain float arithmetic otherwise.
 #pragma once
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 #if defined(__CUDACC__)
@@ -12,6 +14,26 @@
 #endif
 
 namespace xquant::detail {
+
+// The bits of a float32 and back.
+XQ_HD inline std::uint32_t hd_float_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+XQ_HD inline float hd_bits_float(std::uint32_t u) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
 
 // NaN test without <cmath> (the build never uses -ffast-math, so v != v holds exactly for NaN).
 XQ_HD inline bool hd_isnan(float v) noexcept { return v != v; }

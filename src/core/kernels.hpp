@@ -81,12 +81,17 @@ struct DynamicQuantArgs {
   const void* smooth;              // nullptr, [cols] or [num_groups][cols]
   const std::int64_t* group_ends;  // nullptr or [num_groups] cumulative row ends (validated)
   std::int64_t num_groups;
-  QuantDType dst;  // qint8 or quint4x2
-  bool symmetric;  // SPEC 6: scale = rowMax(|x'|) / DST_MAX, no offset (pertoken only)
+  QuantDType dst;  // qint8, quint4x2, float8_e4m3fn or float8_e5m2
+  bool symmetric;  // SPEC 6: scale = rowMax(|x'|) / DST_MAX, no offset
   bool per_tensor;
-  void* y;        // int8 [rows][cols] or int32 [rows][cols / 8]
-  float* scale;   // [rows] (pertoken) or [1]
-  float* offset;  // nullptr when symmetric
+  // perchannel (x = [channel_batches][channel_rows][cols], rows = channel_batches * channel_rows): one (scale, offset)
+  // per (batch, column), reduced over the channel_rows rows of the batch; smooth is then [channel_rows] (row s of every
+  // batch is multiplied by smooth[s]); no group_ends. cols-major reduction, int8 / float8 only.
+  bool per_channel;
+  std::int64_t channel_batches, channel_rows;  // B and S (B * S == rows; S may be 0)
+  void* y;                                     // int8 / float8 [rows][cols] or int32 [rows][cols / 8]
+  float* scale;                                // [rows] (pertoken), [1] (pertensor) or [batches][cols] (perchannel)
+  float* offset;                               // nullptr when symmetric
 };
 using DynamicQuantFn = void (*)(const DynamicQuantArgs& args);
 

@@ -8,6 +8,10 @@
 // buffer while it is in cache. Rows are independent, so any thread partition gives the same bits.
 // Pertensor needs the global min / max first: a parallel reduction (exact, order-free), then an
 // elementwise pass.
+//
+// float8 outputs and perchannel run plain C++ loops (float8_rows / per_channel below, outside the Highway
+// targets): each element is one IEEE division (and addition) and the one float32 -> float8 conversion of
+// core/float8.hpp, so they are bit-identical to the reference whatever the compiler vectorizes.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/dynamic_quant.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -484,8 +488,163 @@ HWY_EXPORT(SelectRows);
 HWY_EXPORT(SelectRangeMinMax);
 HWY_EXPORT(SelectRangeQuant);
 
+namespace {
+
+// min / max / max|.| with NaN tracking (NaN anywhere: all three NaN; nothing added: all 0).
+struct Range {
+  float max = 0.f, min = 0.f, absmax = 0.f;
+  bool nan = false, empty = true;
+  void add(float v) noexcept {
+    if (v != v) {
+      nan = true;
+      return;
+    }
+    if (empty) {
+      max = min = v;
+      empty = false;
+    } else {
+      max = v > max ? v : max;
+      min = v < min ? v : min;
+    }
+    const float m = std::fabs(v);
+    absmax = m > absmax ? m : absmax;
+  }
+  void merge(const Range& o) noexcept {
+    nan = nan || o.nan;
+    if (o.empty) return;
+    if (empty) {
+      max = o.max, min = o.min;
+      empty = false;
+    } else {
+      max = std::max(max, o.max), min = std::min(min, o.min);
+    }
+    absmax = std::max(absmax, o.absmax);
+  }
+  DynamicQuantRowParams params(const DynamicQuantArgs& a) const noexcept {
+    const float q = std::numeric_limits<float>::quiet_NaN();
+    if (a.symmetric) return init_dynamic_quant_symmetric_params(nan ? q : absmax, a.dst);
+    return init_dynamic_quant_params(nan ? q : max, nan ? q : min, a.dst);
+  }
+};
+
+// y[i] for i in [0, n) of one run sharing p: float8(x' / scale [+ offset]).
+void float8_span(const DynamicQuantArgs& a, const float* xs, std::int64_t n, const DynamicQuantRowParams& p,
+                 std::uint8_t* y) {
+  if (a.symmetric) {
+    for (std::int64_t j = 0; j < n; ++j)
+      y[j] = dynamic_quant_float8(dynamic_quant_symmetric_value(xs[j], p.scale), a.dst);
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) y[j] = dynamic_quant_float8(dynamic_quant_value(xs[j], p), a.dst);
+  }
+}
+
+// float8 outputs, pertoken or pertensor: rows widened (and smoothed) into a float32 buffer.
+void float8_rows(const DynamicQuantArgs& a, std::int64_t bytes) {
+  const std::int64_t H = a.cols;
+  auto widen = [&](std::int64_t r, std::int64_t e, std::vector<float>& buf) {
+    buf.resize(static_cast<std::size_t>(H));
+    for (std::int64_t j = 0; j < H; ++j) buf[static_cast<std::size_t>(j)] = load_float(a.dt, a.x, r * H + j);
+    if (a.smooth != nullptr)
+      for (std::int64_t j = 0; j < H; ++j)
+        buf[static_cast<std::size_t>(j)] *= load_float(a.smooth_dt, a.smooth, e * H + j);
+  };
+  auto* y = static_cast<std::uint8_t*>(a.y);
+  const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 14) / std::max<std::int64_t>(H, 1));
+  if (a.per_tensor) {  // no smooth scales in this mode
+    const std::int64_t pieces = (a.rows + grain - 1) / grain;
+    std::vector<Range> part(static_cast<std::size_t>(std::max<std::int64_t>(pieces, 1)));
+    parallel_ranges(a.rows, grain, bytes, [&](std::int64_t r0, std::int64_t r1) {
+      Range& rg = part[static_cast<std::size_t>(r0 / grain)];
+      for (std::int64_t i = r0 * H; i < r1 * H; ++i) rg.add(load_float(a.dt, a.x, i));
+    });
+    Range all;
+    for (const Range& rg : part) all.merge(rg);
+    const DynamicQuantRowParams p = all.params(a);
+    a.scale[0] = p.scale;
+    if (!a.symmetric) a.offset[0] = p.offset;
+    parallel_ranges(a.rows, grain, bytes, [&](std::int64_t r0, std::int64_t r1) {
+      std::vector<float> buf;
+      for (std::int64_t r = r0; r < r1; ++r) {
+        widen(r, 0, buf);
+        float8_span(a, buf.data(), H, p, y + r * H);
+      }
+    });
+    return;
+  }
+  parallel_ranges(a.rows, grain, bytes, [&](std::int64_t r0, std::int64_t r1) {
+    std::vector<float> buf;
+    std::int64_t e = 0;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      if (a.group_ends != nullptr) {
+        e = std::upper_bound(a.group_ends, a.group_ends + a.num_groups, r) - a.group_ends;
+      }
+      widen(r, e, buf);
+      Range rg;
+      for (float v : buf) rg.add(v);
+      const DynamicQuantRowParams p = rg.params(a);
+      a.scale[r] = p.scale;
+      if (!a.symmetric) a.offset[r] = p.offset;
+      float8_span(a, buf.data(), H, p, y + r * H);
+    }
+  });
+}
+
+// Perchannel: per batch, blocks of columns; the S rows of a block are streamed twice (reduce, quantize).
+void per_channel(const DynamicQuantArgs& a, std::int64_t bytes) {
+  const std::int64_t S = a.channel_rows, H = a.cols;
+  const std::int64_t batches = a.channel_batches;
+  constexpr std::int64_t kBlockCols = 256;
+  const std::int64_t blocks_per_batch = (H + kBlockCols - 1) / kBlockCols;
+  const bool f8 = dynamic_quant_is_float8(a.dst);
+  parallel_ranges(batches * blocks_per_batch, 1, bytes, [&](std::int64_t t0, std::int64_t t1) {
+    std::vector<Range> rg(static_cast<std::size_t>(kBlockCols));
+    std::vector<DynamicQuantRowParams> ps(static_cast<std::size_t>(kBlockCols));
+    std::vector<float> row(static_cast<std::size_t>(kBlockCols));
+    std::vector<std::uint8_t> q8(static_cast<std::size_t>(kBlockCols));
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t b = t / blocks_per_batch;
+      const std::int64_t h0 = (t % blocks_per_batch) * kBlockCols;
+      const std::int64_t w = std::min(kBlockCols, H - h0);
+      auto load_row = [&](std::int64_t s) {
+        const std::int64_t base = (b * S + s) * H + h0;
+        for (std::int64_t k = 0; k < w; ++k) row[static_cast<std::size_t>(k)] = load_float(a.dt, a.x, base + k);
+        if (a.smooth != nullptr) {
+          const float sm = load_float(a.smooth_dt, a.smooth, s);
+          for (std::int64_t k = 0; k < w; ++k) row[static_cast<std::size_t>(k)] *= sm;
+        }
+      };
+      std::fill(rg.begin(), rg.end(), Range{});
+      for (std::int64_t s = 0; s < S; ++s) {
+        load_row(s);
+        for (std::int64_t k = 0; k < w; ++k) rg[static_cast<std::size_t>(k)].add(row[static_cast<std::size_t>(k)]);
+      }
+      for (std::int64_t k = 0; k < w; ++k) {
+        const DynamicQuantRowParams p = rg[static_cast<std::size_t>(k)].params(a);
+        ps[static_cast<std::size_t>(k)] = p;
+        a.scale[b * H + h0 + k] = p.scale;
+        if (!a.symmetric) a.offset[b * H + h0 + k] = p.offset;
+      }
+      for (std::int64_t s = 0; s < S; ++s) {
+        load_row(s);
+        auto* out = static_cast<std::uint8_t*>(a.y) + (b * S + s) * H + h0;
+        for (std::int64_t k = 0; k < w; ++k) {
+          const DynamicQuantRowParams& p = ps[static_cast<std::size_t>(k)];
+          const float xs = row[static_cast<std::size_t>(k)];
+          const float v = a.symmetric ? dynamic_quant_symmetric_value(xs, p.scale) : dynamic_quant_value(xs, p);
+          out[k] = f8 ? dynamic_quant_float8(v, a.dst)
+                      : static_cast<std::uint8_t>(saturate_rounded<std::int8_t>(round_half_even(v)));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
 void cpu_dynamic_quant(const DynamicQuantArgs& a) {
   const std::int64_t n = a.rows * a.cols;
+  if (a.per_channel) return per_channel(a, n * static_cast<std::int64_t>(dtype_size(a.dt) + 1));
+  if (dynamic_quant_is_float8(a.dst)) return float8_rows(a, n * static_cast<std::int64_t>(dtype_size(a.dt) + 1));
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
   const bool stream = use_stream(n);  // int8 output bytes (int4 output is never streamed)
   if (a.per_tensor) {
@@ -508,9 +667,10 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
     }
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = all.empty ? 0.f : (all.nan ? nan : all.max), rmin = all.empty ? 0.f : (all.nan ? nan : all.min);
-    const auto p = init_dynamic_quant_params(rmax, rmin, a.dst);
+    const auto p = a.symmetric ? init_dynamic_quant_symmetric_params(dynamic_quant_row_absmax(rmax, rmin), a.dst)
+                               : init_dynamic_quant_params(rmax, rmin, a.dst);
     a.scale[0] = p.scale;
-    a.offset[0] = p.offset;
+    if (!a.symmetric) a.offset[0] = p.offset;
     const RangeParams rp{.min = rmin, .max = rmax, .scale = p.scale, .offset = p.offset};
     parallel_ranges(n, kGrain, bytes, [&](std::int64_t b0, std::int64_t b1) { range_quant(a, b0, b1, rp, stream); });
     return;

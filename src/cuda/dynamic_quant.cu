@@ -49,7 +49,13 @@ __device__ inline float smoothed(const DynamicQuantArgs& a, std::int64_t r, std:
 // Quantizes row r with p (j over this thread's share of the row).
 __device__ inline void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e,
                                     const DynamicQuantRowParams& p, std::int64_t tid, std::int64_t nthreads) {
-  if (a.dst == QuantDType::quint4x2) {
+  if (dynamic_quant_is_float8(a.dst)) {
+    for (std::int64_t j = tid; j < a.cols; j += nthreads) {
+      const float xs = smoothed(a, r, e, j);
+      const float v = a.symmetric ? dynamic_quant_symmetric_value(xs, p.scale) : dynamic_quant_value(xs, p);
+      static_cast<std::uint8_t*>(a.y)[r * a.cols + j] = dynamic_quant_float8(v, a.dst);
+    }
+  } else if (a.dst == QuantDType::quint4x2) {
     for (std::int64_t k = tid; k < a.cols / 8; k += nthreads) {
       std::uint32_t w = 0;
       for (int j = 0; j < 8; ++j) {
@@ -119,16 +125,46 @@ __global__ void minmax_final_kernel(DynamicQuantArgs a, const MinMax* partial, i
   const MinMax total = BlockMinMax(temp).Reduce(m, MinMaxOp{});
   if (threadIdx.x == 0) {
     const DynamicQuantRowParams p =
-        init_dynamic_quant_params(total.any ? total.max : 0.0f, total.any ? total.min : 0.0f, a.dst);
+        a.symmetric ? init_dynamic_quant_symmetric_params(total.any ? total.absmax : 0.0f, a.dst)
+                    : init_dynamic_quant_params(total.any ? total.max : 0.0f, total.any ? total.min : 0.0f, a.dst);
     a.scale[0] = p.scale;
-    a.offset[0] = p.offset;
+    if (!a.symmetric) a.offset[0] = p.offset;
   }
 }
 
 // Pertensor, pass 3: every row with the tensor's parameters (one block per row).
 __global__ void quantize_rows_kernel(DynamicQuantArgs a) {
-  const DynamicQuantRowParams p{a.scale[0], a.offset[0]};
+  const DynamicQuantRowParams p{a.scale[0], a.symmetric ? 0.0f : a.offset[0]};
   for (std::int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) quantize_row(a, r, 0, p, threadIdx.x, blockDim.x);
+}
+
+// Perchannel: one thread per (batch, column), down the channel_rows rows of its batch (coalesced across
+// the threads of a warp), twice: the reduction, then the quantization.
+__global__ void per_channel_kernel(DynamicQuantArgs a, std::int64_t batches) {
+  const std::int64_t S = a.channel_rows, H = a.cols;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < batches * H;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t b = t / H, h = t % H;
+    auto xs = [&](std::int64_t s) {
+      const float x = hd_load_float(a.dt, a.x, (b * S + s) * H + h);
+      return a.smooth == nullptr ? x : x * hd_load_float(a.smooth_dt, a.smooth, s);
+    };
+    MinMax m{0.0f, 0.0f, 0.0f, false};
+    for (std::int64_t s = 0; s < S; ++s) m = MinMaxOp{}(m, mm_of(xs(s)));
+    const DynamicQuantRowParams p = a.symmetric
+                                        ? init_dynamic_quant_symmetric_params(m.any ? m.absmax : 0.0f, a.dst)
+                                        : init_dynamic_quant_params(m.any ? m.max : 0.0f, m.any ? m.min : 0.0f, a.dst);
+    a.scale[t] = p.scale;
+    if (!a.symmetric) a.offset[t] = p.offset;
+    for (std::int64_t s = 0; s < S; ++s) {
+      const float v = a.symmetric ? dynamic_quant_symmetric_value(xs(s), p.scale) : dynamic_quant_value(xs(s), p);
+      const std::int64_t i = (b * S + s) * H + h;
+      if (dynamic_quant_is_float8(a.dst))
+        static_cast<std::uint8_t*>(a.y)[i] = dynamic_quant_float8(v, a.dst);
+      else
+        d_store_q(QuantDType::qint8, a.y, i, hd_rint(v));
+    }
+  }
 }
 
 }  // namespace
@@ -138,6 +174,13 @@ void dynamic_quant(const DynamicQuantArgs& host_args) {
   Upload<std::int64_t> ends(a.group_ends, a.num_groups, "group_index");
   a.group_ends = ends.get();
   const unsigned row_grid = static_cast<unsigned>(a.rows < 65536 * 4 ? (a.rows > 0 ? a.rows : 1) : 65536 * 4);
+  if (a.per_channel) {
+    const std::int64_t batches = a.channel_batches;
+    if (batches * a.cols == 0) return;
+    per_channel_kernel<<<grid_for(batches * a.cols, kBlock), kBlock, 0, stream()>>>(a, batches);
+    check_launch("per_channel_kernel");
+    return;
+  }
   if (!a.per_tensor) {
     if (a.rows == 0) return;
     dynamic_quant_rows_kernel<<<row_grid, kBlock, 0, stream()>>>(a);

@@ -32,9 +32,12 @@ struct Plan {
   std::int64_t rows = 0;  // S: product of every dimension of x but the last
   std::int64_t cols = 0;  // H: the last dimension of x
   bool per_tensor = false;
+  bool per_channel = false;
+  std::int64_t channel_batches = 0;  // perchannel: B = prod(x.shape[:-2]) ...
+  std::int64_t channel_rows = 0;     // ... and S = x.shape[-2]
   DType y_dtype = DType::int8;
   Shape y_shape;
-  Shape param_shape;                     // x.shape[:-1] (pertoken) or [1] (pertensor)
+  Shape param_shape;                     // x.shape[:-1] (pertoken), [1] (pertensor), x.shape[:-2] + [H] (perchannel)
   std::vector<std::int64_t> group_ends;  // empty when group_index is absent
 };
 
@@ -60,17 +63,29 @@ Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::o
     fail(ErrorCode::shape_mismatch, op, "x",
          "x has shape " + shape_str(x.shape) + " (rank " + str(x.dim()) + ") but expected rank >= 2");
 
-  // dst_type: qint8 or quint4x2 (int4 needs H % 8 == 0).
-  if (dst_type != QuantDType::qint8 && dst_type != QuantDType::quint4x2)
+  // dst_type: qint8, quint4x2 (int4 needs H % 8 == 0), float8_e4m3fn or float8_e5m2.
+  if (dst_type != QuantDType::qint8 && dst_type != QuantDType::quint4x2 && dst_type != QuantDType::float8_e4m3fn &&
+      dst_type != QuantDType::float8_e5m2)
     fail(ErrorCode::invalid_argument, op, "dst_type",
-         "dst_type is " + std::string(quant_dtype_name(dst_type)) + " but expected qint8 or quint4x2");
-  if (quant_mode != DynamicQuantMode::pertoken && quant_mode != DynamicQuantMode::pertensor)
+         "dst_type is " + std::string(quant_dtype_name(dst_type)) +
+             " but expected qint8, quint4x2, float8_e4m3fn or float8_e5m2");
+  if (quant_mode != DynamicQuantMode::pertoken && quant_mode != DynamicQuantMode::pertensor &&
+      quant_mode != DynamicQuantMode::perchannel)
     fail(ErrorCode::invalid_argument, op, "quant_mode",
-         "quant_mode is " + str(static_cast<std::int64_t>(quant_mode)) + " but expected pertoken or pertensor");
+         "quant_mode is " + str(static_cast<std::int64_t>(quant_mode)) +
+             " but expected pertoken, pertensor or perchannel");
 
   Plan p;
   p.cols = x.shape.back();
   p.per_tensor = quant_mode == DynamicQuantMode::pertensor;
+  p.per_channel = quant_mode == DynamicQuantMode::perchannel;
+  if (p.per_channel && dst_type == QuantDType::quint4x2)
+    fail(ErrorCode::invalid_argument, op, "dst_type",
+         "dst_type is quint4x2 with quant_mode perchannel but expected qint8, float8_e4m3fn or float8_e5m2 "
+         "(perchannel packs no int4)");
+  if (p.per_channel && group_index)
+    fail(ErrorCode::invalid_argument, op, "group_index",
+         "group_index is given with quant_mode perchannel but expected none (perchannel has no experts)");
   // check_view bounds the element count, which is 0 when H == 0 whatever the leading dimensions are: the
   // row count of such an x can still overflow int64 (found by fuzz_ops).
   p.rows = 1;
@@ -92,10 +107,24 @@ Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::o
                " is not a multiple of 8, but expected a multiple of 8 for dst_type quint4x2");
     p.y_shape.back() = p.cols / 8;
   }
-  if (p.per_tensor)
+  if (p.per_tensor) {
     p.param_shape = Shape{1};
-  else
+  } else if (p.per_channel) {
+    p.param_shape = Shape(x.shape.begin(), x.shape.end() - 2);
+    p.param_shape.push_back(p.cols);
+    p.channel_rows = x.shape[x.shape.size() - 2];
+    p.channel_batches = 1;
+    for (std::size_t d = 0; d + 2 < x.shape.size(); ++d)
+      if (__builtin_mul_overflow(p.channel_batches, x.shape[d], &p.channel_batches))
+        fail(ErrorCode::shape_mismatch, op, "x",
+             "x has shape " + shape_str(x.shape) + " whose batch count overflows int64");
+    std::int64_t params = 0;
+    if (__builtin_mul_overflow(p.channel_batches, p.cols, &params))
+      fail(ErrorCode::shape_mismatch, op, "x",
+           "x has shape " + shape_str(x.shape) + " whose scale count (batches x H) overflows int64");
+  } else {
     p.param_shape = Shape(x.shape.begin(), x.shape.end() - 1);
+  }
 
   // Option combinations.
   if (group_index && !smooth_scales)
@@ -105,8 +134,14 @@ Plan validate_inputs(std::string_view op, const ConstTensorView& x, const std::o
     fail(ErrorCode::invalid_argument, op, "quant_mode",
          "quant_mode is pertensor with smooth_scales but expected pertoken (smooth_scales supports only pertoken)");
 
-  // smooth_scales: floating, [H] without group_index, [E, H] with it.
-  if (smooth_scales) {
+  // smooth_scales: floating, [H] without group_index, [E, H] with it; perchannel: [S].
+  if (smooth_scales && p.per_channel) {
+    const ConstTensorView& s = *smooth_scales;
+    detail::check_view(op, "smooth_scales", s);
+    detail::check_floating(op, "smooth_scales", s.dtype);
+    detail::check_shape(op, "smooth_scales", s.shape, Shape{p.channel_rows},
+                        "the second-to-last dimension of x, quant_mode perchannel");
+  } else if (smooth_scales) {
     const ConstTensorView& s = *smooth_scales;
     detail::check_view(op, "smooth_scales", s);
     detail::check_floating(op, "smooth_scales", s.dtype);
@@ -167,8 +202,9 @@ void validate_outputs(std::string_view op, const Plan& p, const TensorView& y, c
                       const std::optional<ConstTensorView>& smooth_scales,
                       const std::optional<ConstTensorView>& group_index) {
   detail::check_output(op, "y", y, p.y_dtype, p.y_shape,
-                       p.y_dtype == DType::int8 ? "the shape of x" : "the shape of x with the last dimension / 8");
-  const std::string_view param_what = p.per_tensor ? "pertensor" : "x.shape[:-1], pertoken";
+                       p.y_dtype != DType::int32 ? "the shape of x" : "the shape of x with the last dimension / 8");
+  const std::string_view param_what =
+      p.per_tensor ? "pertensor" : (p.per_channel ? "x.shape[:-2] + [H], perchannel" : "x.shape[:-1], pertoken");
   detail::check_output(op, "scale", scale, DType::float32, p.param_shape, param_what);
   if (offset != nullptr) detail::check_output(op, "offset", *offset, DType::float32, p.param_shape, param_what);
 
@@ -213,7 +249,8 @@ void run(detail::DynamicQuantFn kernel, const Plan& p, const TensorView& y, cons
          QuantDType dst_type) {
   // Nothing to write: pertoken over zero rows. (H == 0 with S > 0, and pertensor over zero elements,
   // still produce parameters: rowMax = rowMin = 0.)
-  if (!p.per_tensor && p.rows == 0) return;
+  if (!p.per_tensor && !p.per_channel && p.rows == 0) return;
+  if (p.per_channel && (p.channel_batches == 0 || p.cols == 0)) return;
   detail::DynamicQuantArgs args{};
   args.dt = x.dtype;
   args.x = x.data;
@@ -226,6 +263,9 @@ void run(detail::DynamicQuantFn kernel, const Plan& p, const TensorView& y, cons
   args.dst = dst_type;
   args.symmetric = offset == nullptr;
   args.per_tensor = p.per_tensor;
+  args.per_channel = p.per_channel;
+  args.channel_batches = p.channel_batches;
+  args.channel_rows = p.channel_rows;
   args.y = y.data;
   args.scale = static_cast<float*>(scale.data);
   args.offset = offset != nullptr ? static_cast<float*>(offset->data) : nullptr;
@@ -258,21 +298,22 @@ DynamicQuantResult dynamic_quant_asymmetric(ConstTensorView x, std::optional<Con
 }
 
 void dynamic_quant_out(TensorView y, TensorView scale, ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
-                       std::optional<ConstTensorView> group_index, QuantDType dst_type) {
+                       std::optional<ConstTensorView> group_index, QuantDType dst_type, DynamicQuantMode quant_mode) {
   const Device dev = call_device(kSymmetricOp, x, smooth_scales, group_index, &y, &scale, nullptr);
   const detail::DynamicQuantFn kernel = kernel_of(kSymmetricOp, dev);
-  const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, DynamicQuantMode::pertoken);
+  const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, quant_mode);
   validate_outputs(kSymmetricOp, p, y, scale, nullptr, x, smooth_scales, group_index);
   run(kernel, p, y, scale, nullptr, x, smooth_scales, dst_type);
 }
 
 DynamicQuantSymmetricResult dynamic_quant(ConstTensorView x, std::optional<ConstTensorView> smooth_scales,
-                                          std::optional<ConstTensorView> group_index, QuantDType dst_type) {
+                                          std::optional<ConstTensorView> group_index, QuantDType dst_type,
+                                          DynamicQuantMode quant_mode) {
   const Device dev = call_device(kSymmetricOp, x, smooth_scales, group_index, nullptr, nullptr, nullptr);
   kernel_of(kSymmetricOp, dev);
-  const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, DynamicQuantMode::pertoken);
+  const Plan p = validate_inputs(kSymmetricOp, x, smooth_scales, group_index, dst_type, quant_mode);
   DynamicQuantSymmetricResult r{Tensor(p.y_dtype, p.y_shape, dev), Tensor(DType::float32, p.param_shape, dev)};
-  dynamic_quant_out(r.y, r.scale, x, smooth_scales, group_index, dst_type);
+  dynamic_quant_out(r.y, r.scale, x, smooth_scales, group_index, dst_type, quant_mode);
   return r;
 }
 
@@ -285,9 +326,10 @@ DynamicQuantShapes plan_dynamic_quant_asymmetric(const TensorSpec& x, const std:
 }
 
 DynamicQuantShapes plan_dynamic_quant(const TensorSpec& x, const std::optional<TensorSpec>& smooth_scales,
-                                      const std::optional<TensorSpec>& group_index, QuantDType dst_type) {
+                                      const std::optional<TensorSpec>& group_index, QuantDType dst_type,
+                                      DynamicQuantMode quant_mode) {
   const Plan p = validate_inputs(kSymmetricOp, detail::spec_view(x), detail::spec_view(smooth_scales),
-                                 detail::spec_view(group_index), dst_type, DynamicQuantMode::pertoken, false);
+                                 detail::spec_view(group_index), dst_type, quant_mode, false);
   return {p.y_dtype, p.y_shape, p.param_shape};
 }
 

@@ -1,6 +1,7 @@
 // npu_dynamic_quant_asymmetric (SPEC 4): the per-row (or per-tensor) parameters from rowMax / rowMin
 // and the per-element math, shared by every backend.
 #pragma once
+#include "core/float8.hpp"
 #include "core/hd.hpp"
 #include "xquant/dtype.hpp"
 
@@ -12,9 +13,24 @@ struct DynamicQuantDstRange {
   float max;  // DST_MAX
   float min;  // DST_MIN
 };
+// float8 outputs: DST = [-max finite, max finite] (448 for e4m3fn, 57344 for e5m2), so that the asymmetric
+// DST_MAX - DST_MIN is 896 / 114688 as in the Ascend kernels.
 XQ_HD inline DynamicQuantDstRange dynamic_quant_dst_range(QuantDType q) noexcept {
   if (q == QuantDType::quint4x2) return {7.0f, -8.0f};
+  if (q == QuantDType::float8_e4m3fn) return {448.0f, -448.0f};
+  if (q == QuantDType::float8_e5m2) return {57344.0f, -57344.0f};
   return {127.0f, -128.0f};
+}
+XQ_HD inline bool dynamic_quant_is_float8(QuantDType q) noexcept {
+  return q == QuantDType::float8_e4m3fn || q == QuantDType::float8_e5m2;
+}
+// A float8 output element: v (= x' / scale [+ offset]) converted once, round to nearest even, without
+// saturation (torch's .to() and the Ascend golden's astype: e4m3fn out of range -> NaN, e5m2 -> +-Inf;
+// NaN -> NaN). No rint: the conversion is the only rounding. A NaN v is always 0x7F (positive: which NaN
+// an IEEE division returns differs between CPUs and GPUs, so its sign is not kept).
+XQ_HD inline std::uint8_t dynamic_quant_float8(float v, QuantDType q) noexcept {
+  if (hd_isnan(v)) return 0x7Fu;
+  return hd_float_to_float8(v, q == QuantDType::float8_e5m2 ? DType::float8_e5m2 : DType::float8_e4m3fn, false);
 }
 
 struct DynamicQuantRowParams {

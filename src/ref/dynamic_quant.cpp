@@ -13,10 +13,15 @@
 // (the single-pass shape the fast kernels use). Pertensor: one reduction over every element first.
 // Row r uses expert e = the first e with group_ends[e] > r (no group_ends: expert 0 of a [cols] smooth).
 //
-// npu_dynamic_quant (SPEC 6, symmetric, pertoken only), the same rows:
+// npu_dynamic_quant (SPEC 6, symmetric), the same rows:
 //   rowAbsMax = max(|x'|)                                   (NaN anywhere: NaN; empty: 0)
 //   scale     = rowAbsMax / DST_MAX                         (zero row: 0)
 //   y         = sat(rint(x' / scale))                       (0 / 0 = NaN -> 0)
+//
+// float8 outputs (DST = +-448 for e4m3fn, +-57344 for e5m2): y = float8(v) for the same v, the one
+// rounding of the float32 -> float8 conversion (core/float8.hpp; no rint, no saturation).
+// Perchannel: x = [B][S][H]; per batch b and column h the reduction runs down the S rows (x'[b][s][h] =
+// x * smooth[s]) and scale / offset are [B][H]; computed column by column here.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -73,7 +78,10 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
     const float xs = smoothed(a, r, e, j);
     return a.symmetric ? dynamic_quant_symmetric_value(xs, p.scale) : dynamic_quant_value(xs, p);
   };
-  if (a.dst == QuantDType::quint4x2) {
+  if (dynamic_quant_is_float8(a.dst)) {
+    auto* y = static_cast<std::uint8_t*>(a.y);
+    for (std::int64_t j = 0; j < a.cols; ++j) y[r * a.cols + j] = dynamic_quant_float8(value(j), a.dst);
+  } else if (a.dst == QuantDType::quint4x2) {
     auto* y = static_cast<std::int32_t*>(a.y);
     for (std::int64_t j = 0; j < a.cols; ++j) {
       const std::int64_t i = r * a.cols + j;  // flat element index
@@ -92,16 +100,50 @@ void quantize_row(const DynamicQuantArgs& a, std::int64_t r, std::int64_t e, Par
   }
 }
 
+Params params_of(const DynamicQuantArgs& a, const MinMax& mm) noexcept {
+  return a.symmetric ? init_dynamic_quant_symmetric_params(mm.absmax, a.dst)
+                     : init_dynamic_quant_params(mm.max, mm.min, a.dst);
+}
+
+// Perchannel: column h of batch b, x'[b][s][h] = x[b][s][h] * smooth[s] (s < S = channel_rows).
+void per_channel(const DynamicQuantArgs& a) {
+  const std::int64_t S = a.channel_rows, H = a.cols;
+  const std::int64_t batches = a.channel_batches;
+  auto xs = [&](std::int64_t b, std::int64_t s, std::int64_t h) {
+    const float x = load_float(a.dt, a.x, (b * S + s) * H + h);
+    return a.smooth == nullptr ? x : x * load_float(a.smooth_dt, a.smooth, s);
+  };
+  for (std::int64_t b = 0; b < batches; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      MinMax mm;
+      for (std::int64_t s = 0; s < S; ++s) mm.add(xs(b, s, h));
+      const Params p = params_of(a, mm);
+      a.scale[b * H + h] = p.scale;
+      if (!a.symmetric) a.offset[b * H + h] = p.offset;
+      for (std::int64_t s = 0; s < S; ++s) {
+        const float v =
+            a.symmetric ? dynamic_quant_symmetric_value(xs(b, s, h), p.scale) : dynamic_quant_value(xs(b, s, h), p);
+        const std::int64_t i = (b * S + s) * H + h;
+        if (dynamic_quant_is_float8(a.dst))
+          static_cast<std::uint8_t*>(a.y)[i] = dynamic_quant_float8(v, a.dst);
+        else
+          static_cast<std::int8_t*>(a.y)[i] = saturate_rounded<std::int8_t>(round_half_even(v));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void dynamic_quant(const DynamicQuantArgs& a) {
+  if (a.per_channel) return per_channel(a);
   if (a.per_tensor) {
     // rowMax / rowMin of the whole tensor (no smooth_scales in this mode), then every row with them.
     MinMax mm;
     for (std::int64_t r = 0; r < a.rows; ++r) reduce_row(a, r, 0, mm);
-    const Params p = init_dynamic_quant_params(mm.max, mm.min, a.dst);
+    const Params p = params_of(a, mm);
     a.scale[0] = p.scale;
-    a.offset[0] = p.offset;
+    if (!a.symmetric) a.offset[0] = p.offset;
     for (std::int64_t r = 0; r < a.rows; ++r) quantize_row(a, r, 0, p);
     return;
   }
@@ -109,15 +151,9 @@ void dynamic_quant(const DynamicQuantArgs& a) {
     const std::int64_t e = expert_of_row(a, r);
     MinMax mm;
     reduce_row(a, r, e, mm);
-    if (a.symmetric) {
-      const Params p = init_dynamic_quant_symmetric_params(mm.absmax, a.dst);
-      a.scale[r] = p.scale;
-      quantize_row(a, r, e, p);
-      continue;
-    }
-    const Params p = init_dynamic_quant_params(mm.max, mm.min, a.dst);
+    const Params p = params_of(a, mm);
     a.scale[r] = p.scale;
-    a.offset[r] = p.offset;
+    if (!a.symmetric) a.offset[r] = p.offset;
     quantize_row(a, r, e, p);
   }
 }

@@ -193,7 +193,8 @@ def test_signatures_are_torch_npus():
 
     E, P, K = inspect.Parameter.empty, "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY"
     assert sig(xquant.npu.npu_dynamic_quant) == [("x", P, E), ("smooth_scales", K, None), ("group_index", K, None),
-                                                 ("dst_type", K, None)]
+                                                 ("dst_type", K, None), ("quant_mode", K, "pertoken"),
+                                                 ("dst_type_max", K, 0.0)]
     assert sig(xquant.npu.npu_anti_quant) == [("x", P, E), ("scale", P, E), ("offset", K, None),
                                               ("dst_dtype", K, None), ("src_dtype", K, None)]
 
@@ -312,7 +313,7 @@ DQ_ERRORS = [
     ("dst_type quint8", ValueError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type="quint8")),
     ("dst_type int32", ValueError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type="int32")),
     ("dst_type float", ValueError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type="float32")),
-    ("dst_type object", TypeError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type=8)),
+    ("dst_type object", TypeError, "dst_type", lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), dst_type=8.5)),
     ("int4 H", ValueError, "x", lambda c: xquant.npu_dynamic_quant(c(_x(2, 12)), dst_type="quint4x2")),
     ("group without smooth", ValueError, "group_index",
      lambda c: xquant.npu_dynamic_quant(c(_x(2, 8)), group_index=c(np.int32([2])))),
@@ -392,7 +393,8 @@ def test_torch_dtype_arguments_errors():
         xquant.npu_anti_quant(x8, torch.ones(1), dst_dtype=torch.float64)
     with pytest.raises(ValueError, match=r"^xquant::anti_quant: src_dtype is quint8 but expected qint8 or quint4x2"):
         xquant.npu_anti_quant(x8, torch.ones(1), src_dtype=torch.quint8)
-    with pytest.raises(ValueError, match=r"^xquant::dynamic_quant: dst_type is quint8 but expected qint8 or quint4x2"):
+    with pytest.raises(ValueError, match=r"^xquant::dynamic_quant: dst_type is quint8 but expected qint8, quint4x2, "
+                                         r"float8_e4m3fn or float8_e5m2"):
         xquant.npu_dynamic_quant(torch.ones(2, 8), dst_type=torch.quint8)
     with pytest.raises(ValueError, match=r"^xquant::dynamic_quant: dst_type is torch.float16 but expected one of"):
         xquant.npu_dynamic_quant(torch.ones(2, 8), dst_type=torch.float16)

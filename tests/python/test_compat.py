@@ -101,18 +101,19 @@ def torch_npu():
 
 # ---- schemas and signatures -----------------------------------------------------------------------------------
 
-# torch_npu's published schemas (op-plugin op_plugin_functions.yaml; the asymmetric form with the two
-# arguments the newest op-plugin added).
+# torch_npu's published schemas (op-plugin op_plugin_functions.yaml; the dynamic quantizations as op-plugin 26.x:
+# integer dtype codes, quant_mode, dst_type_max).
 ASCEND_SCHEMAS = {
-    "npu_quantize": "npu::npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, ScalarType dtype, "
+    "npu_quantize": "npu::npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, int dtype, "
                     "int axis=1, bool div_mode=True) -> Tensor",
     "npu_dynamic_quant": "npu::npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, "
-                         "Tensor? group_index=None, ScalarType? dst_type=None) -> (Tensor, Tensor)",
+                         "Tensor? group_index=None, int? dst_type=None, str quant_mode=\"pertoken\", "
+                         "float dst_type_max=0.) -> (Tensor, Tensor)",
     "npu_dynamic_quant_asymmetric": "npu::npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, "
-                                    "Tensor? group_index=None, ScalarType? dst_type=None, "
+                                    "Tensor? group_index=None, int? dst_type=None, "
                                     "str quant_mode=\"pertoken\", float dst_type_max=0.) -> (Tensor, Tensor, Tensor)",
     "npu_anti_quant": "npu::npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, "
-                      "ScalarType? dst_dtype=None, ScalarType? src_dtype=None) -> Tensor",
+                      "int? dst_dtype=None, int? src_dtype=None) -> Tensor",
 }
 
 
@@ -144,7 +145,8 @@ def test_python_signatures_are_the_documented_ones(torch_npu):
     assert _sig(torch_npu.npu_quantize) == [("input", P, None), ("scales", P, None), ("zero_points", P, None),
                                             ("dtype", P, None), ("axis", P, 1), ("div_mode", P, True)]
     assert _sig(torch_npu.npu_dynamic_quant) == [("x", P, None), ("smooth_scales", K, None),
-                                                 ("group_index", K, None), ("dst_type", K, None)]
+                                                 ("group_index", K, None), ("dst_type", K, None),
+                                                 ("quant_mode", K, "pertoken"), ("dst_type_max", K, 0.0)]
     assert _sig(torch_npu.npu_dynamic_quant_asymmetric) == [
         ("x", P, None), ("smooth_scales", K, None), ("group_index", K, None), ("dst_type", K, None),
         ("quant_mode", K, "pertoken"), ("dst_type_max", K, 0.0)]
@@ -327,11 +329,12 @@ def test_torch_export_keeps_the_npu_operators(torch_npu):
 
 def test_companions_call_xquant_npu_when_it_has_them(torch_npu, monkeypatch):
     """The hand-over contract: the stand-in calls xquant.npu.npu_dynamic_quant / npu_anti_quant (looked up at
-    call time), with int8 / float16 defaults and src_dtype from x's dtype."""
+    call time): dst_type as torch_npu's integer code (None: int8), quant_mode / dst_type_max passed on; a float16
+    default and src_dtype from x's dtype for npu_anti_quant."""
     calls = []
 
-    def dq(input, smooth_scales=None, group_index=None, dst_type=torch.int8):
-        calls.append(("dq", dst_type, smooth_scales is not None))
+    def dq(input, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken", dst_type_max=0.0):
+        calls.append(("dq", dst_type, smooth_scales is not None, quant_mode))
         return torch.zeros(input.shape, dtype=torch.int8), torch.full(input.shape[:-1], 7.0)
 
     def aq(x, scale, offset=None, dst_dtype=torch.float16, src_dtype=torch.int8):
@@ -346,8 +349,8 @@ def test_companions_call_xquant_npu_when_it_has_them(torch_npu, monkeypatch):
     assert torch.equal(d, torch.full((2, 16), 3.0, dtype=torch.float16))
     torch_npu.npu_dynamic_quant(torch.ones(2, 8), dst_type=torch.qint8)
     torch_npu.npu_anti_quant(torch.zeros(2, 16, dtype=torch.int8), torch.ones(1), dst_dtype=torch.bfloat16)
-    assert calls == [("dq", torch.int8, True), ("aq", torch.float16, torch.quint4x2, True),
-                     ("dq", torch.int8, False), ("aq", torch.bfloat16, torch.int8, False)]
+    assert calls == [("dq", None, True, "pertoken"), ("aq", torch.float16, torch.quint4x2, True),
+                     ("dq", 12, False, "pertoken"), ("aq", torch.bfloat16, torch.int8, False)]
 
 
 def test_device_mapping_in_process(torch_npu):

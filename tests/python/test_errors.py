@@ -136,8 +136,10 @@ def test_dynamic_quant_errors():
                 group_index=np.array([1, 4], np.float32)), TypeError,
            "xquant::dynamic_quant_asymmetric: group_index has dtype float32 but expected int32 or int64")
     expect(both(xquant.npu_dynamic_quant_asymmetric, x, dst_type="quint8"), ValueError,
-           "xquant::dynamic_quant_asymmetric: dst_type is quint8 but expected qint8 or quint4x2")
-    with pytest.raises(ValueError, match=r"quant_mode is 'pertoken2' but expected 'pertoken' or 'pertensor'"):
+           "xquant::dynamic_quant_asymmetric: dst_type is quint8 but expected qint8, quint4x2, float8_e4m3fn or "
+           "float8_e5m2")
+    with pytest.raises(ValueError, match=r"quant_mode is 'pertoken2' but expected 'pertoken', 'pertensor' or "
+                                         r"'perchannel'"):
         xquant.npu_dynamic_quant_asymmetric(x, quant_mode="pertoken2")
     with pytest.raises(TypeError):  # keyword-only, as in torch_npu
         xquant.npu_dynamic_quant_asymmetric(x, np.ones(16, f32))
@@ -178,7 +180,7 @@ def test_acts_ulq_errors():
     (lambda: xquant.quant(np.zeros((4, 8), np.int8), np.ones((4, 8), f32), np.ones((4, 1), f32), 0),
      "xquant::tile_quant: mode is 0 but expected 'SYM', 'ASYM' or xquant.QuantMode"),
     (lambda: xquant.npu_dynamic_quant_asymmetric(np.ones((2, 8), f32), quant_mode=None),
-     "xquant::dynamic_quant_asymmetric: quant_mode is None but expected 'pertoken' or 'pertensor'"),
+     "xquant::dynamic_quant_asymmetric: quant_mode is None but expected 'pertoken', 'pertensor' or 'perchannel'"),
     (lambda: xquant.acts_ulq(np.ones(3, f32), 0.0, 1.0, fixed_min="yes"),
      "xquant::acts_ulq: fixed_min is 'yes' but expected a bool"),
     (lambda: xquant.acts_ulq_backward(np.ones(3, f32), 3, np.zeros(1, f32), np.ones(1, f32), np.ones(3, f32),

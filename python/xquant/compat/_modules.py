@@ -8,6 +8,7 @@ import torch
 
 from .. import _core
 from .. import npu as _xnpu
+from . import _ops
 
 _STANDIN_FLAG = "__xquant_compat__"
 
@@ -17,29 +18,34 @@ _STANDIN_FLAG = "__xquant_compat__"
 def npu_quantize(input, scales, zero_points, dtype, axis=1, div_mode=True):
     """torch_npu.npu_quantize (xquant stand-in): y = sat(rint(input / scales + zero_points)) (div_mode=True)
     or sat(rint(input * scales + zero_points)) (div_mode=False); see xquant.npu.npu_quantize."""
-    return torch.ops.npu.npu_quantize(input, scales, zero_points, dtype, axis, div_mode)
+    return torch.ops.npu.npu_quantize(input, scales, zero_points, _ops.dtype_code(dtype), axis, div_mode)
 
 
-def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None):
-    """torch_npu.npu_dynamic_quant (xquant stand-in): symmetric per-token dynamic quantization, returns
-    (y, scale) with scale = rowMax(|x'|) / DST_MAX and y = sat(rint(x' / scale)) (SPEC section 6)."""
+def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                      dst_type_max=0.0):
+    """torch_npu.npu_dynamic_quant (xquant stand-in, op-plugin 26.x): symmetric dynamic quantization per token,
+    tensor or channel, returns (y, scale) with scale = rowMax(|x'|) / DST_MAX and y = sat(rint(x' / scale))
+    (float8: the float8 of x' / scale); dst_type a torch dtype or torch_npu's integer code; see
+    xquant.npu.npu_dynamic_quant."""
     return torch.ops.npu.npu_dynamic_quant(x, smooth_scales=smooth_scales, group_index=group_index,
-                                           dst_type=dst_type)
+                                           dst_type=_ops.dtype_code(dst_type), quant_mode=quant_mode,
+                                           dst_type_max=dst_type_max)
 
 
 def npu_dynamic_quant_asymmetric(x, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
                                  dst_type_max=0.0):
-    """torch_npu.npu_dynamic_quant_asymmetric (xquant stand-in): returns (y, scale, offset); see
-    xquant.npu.npu_dynamic_quant_asymmetric. dst_type_max: only 0.0 (the maximum of dst_type)."""
+    """torch_npu.npu_dynamic_quant_asymmetric (xquant stand-in, op-plugin 26.x): returns (y, scale, offset);
+    see xquant.npu.npu_dynamic_quant_asymmetric. dst_type_max: only 0.0 (the NPU applies it to hifloat8)."""
     return torch.ops.npu.npu_dynamic_quant_asymmetric(x, smooth_scales=smooth_scales, group_index=group_index,
-                                                      dst_type=dst_type, quant_mode=quant_mode,
+                                                      dst_type=_ops.dtype_code(dst_type), quant_mode=quant_mode,
                                                       dst_type_max=dst_type_max)
 
 
 def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     """torch_npu.npu_anti_quant (xquant stand-in): out = narrow((x + offset) * scale) to dst_dtype (float16 by
     default); x int8, or int32 words of eight int4 (SPEC section 7)."""
-    return torch.ops.npu.npu_anti_quant(x, scale, offset=offset, dst_dtype=dst_dtype, src_dtype=src_dtype)
+    return torch.ops.npu.npu_anti_quant(x, scale, offset=offset, dst_dtype=_ops.dtype_code(dst_dtype),
+                                        src_dtype=_ops.dtype_code(src_dtype))
 
 
 def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None,

@@ -16,18 +16,20 @@ from torch import Tensor
 
 from .. import _args, _core, npu as _xnpu
 
-# Schemas exactly as torch_npu publishes them (argument names, defaults, keyword-only markers). The
-# asymmetric form carries the two arguments the newest op-plugin added (quant_mode, dst_type_max).
+# Schemas exactly as torch_npu publishes them (argument names, defaults, keyword-only markers). The dynamic
+# quantizations are op-plugin 26.x's: integer dtype codes (`int? dst_type`, c10::ScalarType values or
+# torch_npu's own codes; torch dtypes are converted by the torch_npu.* functions and by torch itself),
+# quant_mode and dst_type_max.
 SCHEMAS = {
-    "npu_quantize": "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, ScalarType dtype, int axis=1, "
+    "npu_quantize": "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, int dtype, int axis=1, "
                     "bool div_mode=True) -> Tensor",
     "npu_dynamic_quant": "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
-                         "ScalarType? dst_type=None) -> (Tensor, Tensor)",
+                         "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)",
     "npu_dynamic_quant_asymmetric": "npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, "
-                                    "Tensor? group_index=None, ScalarType? dst_type=None, "
+                                    "Tensor? group_index=None, int? dst_type=None, "
                                     "str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)",
-    "npu_anti_quant": "npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, ScalarType? dst_dtype=None, "
-                      "ScalarType? src_dtype=None) -> Tensor",
+    "npu_anti_quant": "npu_anti_quant(Tensor x, Tensor scale, *, Tensor? offset=None, int? dst_dtype=None, "
+                      "int? src_dtype=None) -> Tensor",
     # The quantized matmuls, as op-plugin 26.x declares them (dtypes as integer codes: torch passes a
     # torch.dtype given for an int argument as its ScalarType code).
     "npu_quant_matmul": "npu_quant_matmul(Tensor x1, Tensor x2, Tensor scale, *, Tensor? offset=None, "
@@ -47,6 +49,43 @@ SCHEMAS = {
 
 _QUINT4X2 = getattr(torch, "quint4x2", None)
 _QINT8 = getattr(torch, "qint8", torch.int8)
+
+# torch dtypes as the c10::ScalarType codes an `int` dtype argument of torch_npu carries.
+TORCH_DTYPE_CODES = {d: code for name, code in (("uint8", 0), ("int8", 1), ("int16", 2), ("int32", 3), ("int64", 4),
+                                                ("float16", 5), ("float32", 6), ("float64", 7), ("bool", 11),
+                                                ("qint8", 12), ("quint8", 13), ("qint32", 14), ("bfloat16", 15),
+                                                ("quint4x2", 16), ("float8_e5m2", 23), ("float8_e4m3fn", 24))
+                     if (d := getattr(torch, name, None)) is not None}
+
+
+def dtype_code(d):
+    """An `int` dtype argument as torch_npu users pass it: a torch dtype -> its c10::ScalarType code; an int
+    (or None, or anything else, which the operator then rejects by name) unchanged."""
+    if isinstance(d, torch.dtype):
+        return TORCH_DTYPE_CODES.get(d, d)
+    return d
+
+
+# Codes -> torch dtypes: c10::ScalarType values, and torch_npu's own codes of the types torch has.
+_CODE_DTYPES = {**{code: d for d, code in TORCH_DTYPE_CODES.items()},
+                **{c: d for c, name in ((291, "float8_e5m2"), (292, "float8_e4m3fn"))
+                   if (d := getattr(torch, name, None)) is not None}}
+
+
+def code_dtype(op: str, name: str, code):
+    """An `int` dtype argument of npu_quantize / npu_anti_quant -> the torch dtype (None stays None); types
+    torch lacks and unknown codes are a ValueError naming the argument."""
+    if code is None or isinstance(code, torch.dtype):
+        return code
+    d = _CODE_DTYPES.get(code)
+    if d is not None:
+        return d
+    what = _args.NPU_DTYPES_WITHOUT_TORCH.get(code)
+    if what is not None:
+        raise _args.fail_value(op, f"{name} is {code} ({what}) but torch has no dtype to hold it, so xquant cannot "
+                                   "take it")
+    raise _args.fail_value(op, f"{name} is {code} but expected a dtype code such as 1 (int8), 5 (float16), "
+                               "15 (bfloat16) (torch_npu: Input dst_type must be valid, but got UNKNOWN_SCALAR)")
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------
@@ -71,14 +110,6 @@ def _back(out, device: torch.device):
     return out.to(device)
 
 
-def _int4_out(op: str, name: str, d: Optional[torch.dtype]) -> bool:
-    if d is None or d in (torch.int8, _QINT8):
-        return False
-    if _QUINT4X2 is not None and d == _QUINT4X2:
-        return True
-    raise _args.fail_value(op, f"{name} is {d} but expected None, torch.int8 / torch.qint8 or torch.quint4x2")
-
-
 def anti_quant_src(op: str, x: Tensor, src_dtype: Optional[torch.dtype]) -> torch.dtype:
     """torch_npu's rule: x int8 -> int8, x int32 -> eight packed int4 (quint4x2); src_dtype, if given,
     must agree with x's dtype."""
@@ -96,6 +127,7 @@ def anti_quant_src(op: str, x: Tensor, src_dtype: Optional[torch.dtype]) -> torc
 # ---- kernels ----------------------------------------------------------------------------------------------
 
 def _quantize(self, scales, zero_points, dtype, axis=1, div_mode=True):
+    dtype = code_dtype("quantize", "dtype", dtype)
     d = _where(self)
     out = _xnpu.npu_quantize(_on(self, d), _on(scales, d), _on(zero_points, d), dtype, axis, div_mode)
     return _back(out, self.device)
@@ -104,56 +136,53 @@ def _quantize(self, scales, zero_points, dtype, axis=1, div_mode=True):
 def _quantize_fake(self, scales, zero_points, dtype, axis=1, div_mode=True):
     from .. import _torch_ops
 
-    code = _torch_ops._code("quantize", "dtype", dtype)
+    code = _torch_ops._code("quantize", "dtype", code_dtype("quantize", "dtype", dtype))
     return self.new_empty(_args.quantized_shape(tuple(self.shape), code), dtype=_torch_ops._STORAGE[code])
 
 
-def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None):
-    int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
+# The two dynamic quantizations: dst_type an integer code (xquant.npu maps it, and names hifloat8 and the
+# other types torch lacks in its error), quant_mode and dst_type_max as op-plugin 26.x.
+def _dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                   dst_type_max=0.0):
     d = _where(input)
-    y, scale = _xnpu.npu_dynamic_quant(_on(input, d), smooth_scales=_on(smooth_scales, d),
-                                       group_index=_on(group_index, d), dst_type=_QUINT4X2 if int4 else torch.int8)
-    return _back((y, scale), input.device)
+    out = _xnpu.npu_dynamic_quant(_on(input, d), smooth_scales=_on(smooth_scales, d), group_index=_on(group_index, d),
+                                  dst_type=dst_type, quant_mode=quant_mode, dst_type_max=dst_type_max)
+    return _back(tuple(out), input.device)
 
 
-def _dynamic_quant_fake(input, *, smooth_scales=None, group_index=None, dst_type=None):
-    int4 = _int4_out("dynamic_quant", "dst_type", dst_type)
-    shape = tuple(input.shape)
-    y_shape = shape[:-1] + (shape[-1] // 8,) if int4 and shape else shape
-    return (input.new_empty(y_shape, dtype=torch.int32 if int4 else torch.int8),
-            input.new_empty(shape[:-1], dtype=torch.float32))
+def _dynamic_shapes_fake(op: str, input, dst_type, quant_mode, dst_type_max):
+    from .. import _torch_ops
+
+    _args.dst_type_max(op, dst_type_max)
+    code = _args.dst_type_code(op, dst_type)
+    y_shape, p_shape = _args.dynamic_shapes(tuple(input.shape), code, _args.dynamic_mode(op, quant_mode))
+    return input.new_empty(y_shape, dtype=_torch_ops._STORAGE[code]), p_shape
 
 
-def _check_dst_type_max(v: float) -> None:
-    if v != 0.0:
-        raise _args.fail_value("dynamic_quant_asymmetric", f"dst_type_max is {v!r} but only 0.0 (the maximum of "
-                               "dst_type) is supported off the NPU")
+def _dynamic_quant_fake(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                        dst_type_max=0.0):
+    y, p_shape = _dynamic_shapes_fake("dynamic_quant", input, dst_type, quant_mode, dst_type_max)
+    return y, input.new_empty(p_shape, dtype=torch.float32)
 
 
 def _dynamic_quant_asymmetric(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
                               dst_type_max=0.0):
-    _check_dst_type_max(dst_type_max)
     d = _where(input)
     out = _xnpu.npu_dynamic_quant_asymmetric(_on(input, d), smooth_scales=_on(smooth_scales, d),
                                              group_index=_on(group_index, d), dst_type=dst_type,
-                                             quant_mode=quant_mode)
+                                             quant_mode=quant_mode, dst_type_max=dst_type_max)
     return _back(tuple(out), input.device)
 
 
 def _dynamic_quant_asymmetric_fake(input, *, smooth_scales=None, group_index=None, dst_type=None,
                                    quant_mode="pertoken", dst_type_max=0.0):
-    from .. import _torch_ops
-
-    op = "dynamic_quant_asymmetric"
-    _check_dst_type_max(dst_type_max)
-    code = _args.QINT8 if dst_type is None else _torch_ops._code(op, "dst_type", dst_type)
-    y_shape, p_shape = _args.dynamic_shapes(tuple(input.shape), code, _args.dynamic_mode(op, quant_mode))
-    return (input.new_empty(y_shape, dtype=_torch_ops._STORAGE[code]), input.new_empty(p_shape, dtype=torch.float32),
-            input.new_empty(p_shape, dtype=torch.float32))
+    y, p_shape = _dynamic_shapes_fake("dynamic_quant_asymmetric", input, dst_type, quant_mode, dst_type_max)
+    return y, input.new_empty(p_shape, dtype=torch.float32), input.new_empty(p_shape, dtype=torch.float32)
 
 
 def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
-    src = anti_quant_src("anti_quant", x, src_dtype)
+    dst_dtype = code_dtype("anti_quant", "dst_dtype", dst_dtype)
+    src = anti_quant_src("anti_quant", x, code_dtype("anti_quant", "src_dtype", src_dtype))
     d = _where(x)
     out = _xnpu.npu_anti_quant(_on(x, d), _on(scale, d), offset=_on(offset, d),
                                dst_dtype=torch.float16 if dst_dtype is None else dst_dtype, src_dtype=src)
@@ -161,50 +190,12 @@ def _anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
 
 
 def _anti_quant_fake(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
-    src = anti_quant_src("anti_quant", x, src_dtype)
+    dst_dtype = code_dtype("anti_quant", "dst_dtype", dst_dtype)
+    src = anti_quant_src("anti_quant", x, code_dtype("anti_quant", "src_dtype", src_dtype))
     shape = tuple(x.shape)
     if src != torch.int8 and shape:
         shape = shape[:-1] + (shape[-1] * 8,)
     return x.new_empty(shape, dtype=torch.float16 if dst_dtype is None else dst_dtype)
-
-
-# ---- dtype codes (the int arguments of the op-plugin schemas) ------------------------------------------------
-
-def _code_table() -> dict:
-    """ScalarType code -> torch dtype, read from torch itself: an int schema argument given a torch.dtype
-    receives its code, so a one-line identity operator reports each dtype's code."""
-    lib = torch.library.Library("xquant_compat_dtype_codes", "FRAGMENT")
-    try:
-        lib.define("code(int x) -> int")
-        lib.impl("code", lambda x: x, "CompositeExplicitAutograd")
-        table = {}
-        for name in ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bfloat16", "bool",
-                     "qint8", "quint8", "qint32", "quint4x2", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                     "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "complex64", "complex128"):
-            d = getattr(torch, name, None)
-            if d is not None:
-                table[int(torch.ops.xquant_compat_dtype_codes.code(d))] = d
-        return table
-    finally:
-        lib._destroy()
-        torch.ops.__dict__.pop("xquant_compat_dtype_codes", None)
-
-
-_CODES: dict = {}
-
-
-def dtype_of_code(op: str, name: str, v) -> Optional[torch.dtype]:
-    """An op-plugin dtype argument (an int code; None stays None) as a torch dtype. Codes torch has no dtype
-    for are torch_npu's own types (HiFloat8, ...), which xquant does not implement."""
-    if v is None or isinstance(v, torch.dtype):
-        return v
-    if not _CODES:
-        _CODES.update(_code_table())
-    d = _CODES.get(int(v))
-    if d is None:
-        raise _args.fail_value(op, f"{name} is the dtype code {v}, which names no torch dtype (torch_npu's own types "
-                                   "such as hifloat8 exist only on the NPU; xquant does not implement them)")
-    return d
 
 
 def _quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None, x1_dtype=None,
@@ -213,10 +204,10 @@ def _quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
     d = _where(x1)
     out = _xnpu.npu_quant_matmul(
         _on(x1, d), _on(x2, d), _on(scale, d), offset=_on(offset, d), pertoken_scale=_on(pertoken_scale, d),
-        bias=_on(bias, d), output_dtype=dtype_of_code(op, "output_dtype", output_dtype),
-        x1_dtype=dtype_of_code(op, "x1_dtype", x1_dtype), x2_dtype=dtype_of_code(op, "x2_dtype", x2_dtype),
-        pertoken_scale_dtype=dtype_of_code(op, "pertoken_scale_dtype", pertoken_scale_dtype),
-        scale_dtype=dtype_of_code(op, "scale_dtype", scale_dtype), group_sizes=group_sizes, y_scale=y_scale)
+        bias=_on(bias, d), output_dtype=code_dtype(op, "output_dtype", output_dtype),
+        x1_dtype=code_dtype(op, "x1_dtype", x1_dtype), x2_dtype=code_dtype(op, "x2_dtype", x2_dtype),
+        pertoken_scale_dtype=code_dtype(op, "pertoken_scale_dtype", pertoken_scale_dtype),
+        scale_dtype=code_dtype(op, "scale_dtype", scale_dtype), group_sizes=group_sizes, y_scale=y_scale)
     return _back(out, x1.device)
 
 
@@ -226,7 +217,7 @@ def _weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None,
     out = _xnpu.npu_weight_quant_batchmatmul(
         _on(x, d), _on(weight, d), _on(antiquant_scale, d), _on(antiquant_offset, d), _on(quant_scale, d),
         _on(quant_offset, d), _on(bias, d), antiquant_group_size, inner_precise,
-        dtype_of_code("weight_quant_batchmatmul", "weight_dtype", weight_dtype))
+        code_dtype("weight_quant_batchmatmul", "weight_dtype", weight_dtype))
     return _back(out, x.device)
 
 
@@ -253,10 +244,10 @@ def _quant_matmul_fake(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=
     op = "quant_matmul"
     return _xnpu.npu_quant_matmul(
         x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
-        output_dtype=dtype_of_code(op, "output_dtype", output_dtype), x1_dtype=dtype_of_code(op, "x1_dtype", x1_dtype),
-        x2_dtype=dtype_of_code(op, "x2_dtype", x2_dtype),
-        pertoken_scale_dtype=dtype_of_code(op, "pertoken_scale_dtype", pertoken_scale_dtype),
-        scale_dtype=dtype_of_code(op, "scale_dtype", scale_dtype), group_sizes=group_sizes, y_scale=y_scale)
+        output_dtype=code_dtype(op, "output_dtype", output_dtype), x1_dtype=code_dtype(op, "x1_dtype", x1_dtype),
+        x2_dtype=code_dtype(op, "x2_dtype", x2_dtype),
+        pertoken_scale_dtype=code_dtype(op, "pertoken_scale_dtype", pertoken_scale_dtype),
+        scale_dtype=code_dtype(op, "scale_dtype", scale_dtype), group_sizes=group_sizes, y_scale=y_scale)
 
 
 def _weight_quant_batchmatmul_fake(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None,
@@ -264,7 +255,7 @@ def _weight_quant_batchmatmul_fake(x, weight, antiquant_scale, antiquant_offset=
                                    weight_dtype=None):
     return _xnpu.npu_weight_quant_batchmatmul(
         x, weight, antiquant_scale, antiquant_offset, quant_scale, quant_offset, bias, antiquant_group_size,
-        inner_precise, dtype_of_code("weight_quant_batchmatmul", "weight_dtype", weight_dtype))
+        inner_precise, code_dtype("weight_quant_batchmatmul", "weight_dtype", weight_dtype))
 
 
 def _trans_quant_param_fake(scale, offset=None, round_mode=0):
