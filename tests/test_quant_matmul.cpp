@@ -888,8 +888,7 @@ TEST(MatmulPlanning, SameShapesAndErrorsAsTheCalls) {
   xquant::WeightQuantMatmulOptions wo;
   wo.antiquant_group_size = 48;
   EXPECT_EQ(outcome([&] {
-              xquant::plan_weight_quant_batchmatmul(spec(x), spec(w), spec(gs), std::nullopt, std::nullopt, 48,
-                                                    false);
+              xquant::plan_weight_quant_batchmatmul(spec(x), spec(w), spec(gs), std::nullopt, std::nullopt, 48, false);
             }),
             outcome([&] { xquant::weight_quant_batchmatmul(x, w, gs, wo); }));
 

@@ -372,11 +372,12 @@ void acts_ulq_backward(const Array& x_grad, const Array& clamp_min_grad, const A
 // weight as its storage ([..., N, K]) with transpose_x2 / transpose_weight, as the C++ API takes it.
 
 DType matmul_out_dtype(const std::string& name) {
-  for (const DType d : {DType::int8, DType::float16, DType::bfloat16, DType::int32, DType::float32, DType::uint8,
-                        DType::int64})
+  for (const DType d :
+       {DType::int8, DType::float16, DType::bfloat16, DType::int32, DType::float32, DType::uint8, DType::int64})
     if (xquant::dtype_name(d) == name) return d;
   throw nb::value_error(
-      (prefix("quant_matmul") + "output_dtype is '" + name + "' but expected int8, float16, bfloat16 or int32").c_str());
+      (prefix("quant_matmul") + "output_dtype is '" + name + "' but expected int8, float16, bfloat16 or int32")
+          .c_str());
 }
 
 xquant::QuantMatmulOptions qmm_options(const std::optional<ConstArray>& offset,
@@ -425,12 +426,12 @@ xquant::WeightQuantMatmulOptions wqm_options(const std::optional<ConstArray>& an
 std::vector<std::int64_t> weight_quant_batchmatmul_shape(const ConstArray& x, const ConstArray& weight,
                                                          const ConstArray& antiquant_scale,
                                                          const std::optional<ConstArray>& antiquant_offset,
-                                                         const std::optional<ConstArray>& bias,
-                                                         std::int64_t group_size, bool transpose_weight) {
+                                                         const std::optional<ConstArray>& bias, std::int64_t group_size,
+                                                         bool transpose_weight) {
   const char* op = "weight_quant_batchmatmul";
-  return xquant::weight_quant_batchmatmul_output_shape(cview(x, op, "x"), cview(weight, op, "weight"),
-                                                       cview(antiquant_scale, op, "antiquant_scale"),
-                                                       wqm_options(antiquant_offset, bias, group_size, transpose_weight));
+  return xquant::weight_quant_batchmatmul_output_shape(
+      cview(x, op, "x"), cview(weight, op, "weight"), cview(antiquant_scale, op, "antiquant_scale"),
+      wqm_options(antiquant_offset, bias, group_size, transpose_weight));
 }
 
 void weight_quant_batchmatmul(const Array& out, const ConstArray& x, const ConstArray& weight,
@@ -448,10 +449,10 @@ void weight_quant_batchmatmul(const Array& out, const ConstArray& x, const Const
 std::vector<std::int64_t> trans_quant_param_shape(const ConstArray& scale, const std::optional<ConstArray>& offset,
                                                   std::int64_t round_mode) {
   const char* op = "trans_quant_param";
-  return xquant::plan_trans_quant_param(xquant::spec_of(cview(scale, op, "scale")),
-                                        offset ? std::optional(xquant::spec_of(cview(*offset, op, "offset")))
-                                               : std::nullopt,
-                                        to_int(round_mode, op, "round_mode"));
+  return xquant::plan_trans_quant_param(
+      xquant::spec_of(cview(scale, op, "scale")),
+      offset ? std::optional(xquant::spec_of(cview(*offset, op, "offset"))) : std::nullopt,
+      to_int(round_mode, op, "round_mode"));
 }
 
 void trans_quant_param(const Array& out, const ConstArray& scale, const std::optional<ConstArray>& offset,
@@ -642,9 +643,7 @@ void plan_quant_matmul(Status& st, Shape& out, const TensorSpec& x1, const Tenso
 void plan_weight_quant_batchmatmul(Status& st, Shape& out, const TensorSpec& x, const TensorSpec& w,
                                    const TensorSpec& s, const OptSpec& off, const OptSpec& bias,
                                    std::int64_t group_size, bool transpose_weight) {
-  guarded(st, [&] {
-    out = xquant::plan_weight_quant_batchmatmul(x, w, s, off, bias, group_size, transpose_weight);
-  });
+  guarded(st, [&] { out = xquant::plan_weight_quant_batchmatmul(x, w, s, off, bias, group_size, transpose_weight); });
 }
 void plan_trans_quant_param(Status& st, Shape& out, const TensorSpec& scale, const OptSpec& offset, int round_mode) {
   guarded(st, [&] { out = xquant::plan_trans_quant_param(scale, offset, round_mode); });

@@ -1066,9 +1066,9 @@ QmmCall qmm_call(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& s
             opt_arg(op, "bias", bias),
             matmul_out_dtype(op, output_dtype),
             {}};
-  c.out_shape = plan_call(&xquant_py::CoreApi::plan_quant_matmul, c.x1.spec(), c.x2.a.spec(), c.scale.spec(),
-                          opt_spec(c.offset), opt_spec(c.pertoken_scale), opt_spec(c.bias), c.x2.transposed,
-                          c.out_dtype);
+  c.out_shape =
+      plan_call(&xquant_py::CoreApi::plan_quant_matmul, c.x1.spec(), c.x2.a.spec(), c.scale.spec(), opt_spec(c.offset),
+                opt_spec(c.pertoken_scale), opt_spec(c.bias), c.x2.transposed, c.out_dtype);
   return c;
 }
 
@@ -1197,8 +1197,7 @@ at::Tensor k_convert_weight_to_int4pack(const at::Tensor& weight) {
 
 at::Tensor m_convert_weight_to_int4pack(const at::Tensor& weight) {
   const Arg w = arg_of("convert_weight_to_int4pack", "weight", weight);
-  return alloc(plan_call(&xquant_py::CoreApi::plan_convert_weight_to_int4pack, w.spec()), DType::int32,
-               weight.device())
+  return alloc(plan_call(&xquant_py::CoreApi::plan_convert_weight_to_int4pack, w.spec()), DType::int32, weight.device())
       .t;
 }
 
@@ -1443,8 +1442,8 @@ void refuse_sparse(const c10::OperatorHandle& handle, torch::jit::Stack* stack) 
 #define XQ_REFUSE(m)                                                                                           \
   for (const char* name : {"fake_tensor_quant", "fake_tensor_quant_with_axis", "fake_tensor_quant_inplace",    \
                            "fake_tensor_quant_backward", "quantize", "tile_quant", "dynamic_quant_asymmetric", \
-                           "dynamic_quant", "anti_quant", "acts_ulq", "acts_ulq_backward", "quant_matmul",      \
-                           "weight_quant_batchmatmul", "trans_quant_param", "convert_weight_to_int4pack"})      \
+                           "dynamic_quant", "anti_quant", "acts_ulq", "acts_ulq_backward", "quant_matmul",     \
+                           "weight_quant_batchmatmul", "trans_quant_param", "convert_weight_to_int4pack"})     \
   m.impl(name, torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>())
 
 TORCH_LIBRARY_IMPL(xquant, SparseCPU, m) { XQ_REFUSE(m); }

@@ -98,7 +98,6 @@ inline constexpr std::int64_t kWqmMC = 96;  // prefill: rows per tile
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-
 using D16 = hn::ScalableTag<std::int16_t>;
 using D8h = hn::Rebind<std::int8_t, D16>;
 using D32 = hn::Repartition<std::int32_t, D16>;
