@@ -346,7 +346,6 @@ void QmmGemmTile(const QmmGemmJob& j, std::int64_t m0, std::int64_t n0, std::int
         const std::int32_t* ar = j.a + ((m0 / kMR + i) * Kh + k0) * kMR;
         QmmMicro<kMR>(ar, bp, kh, c + i * kMR * kQmmNC + p * NR, kQmmNC, k0 == 0);
       }
-#endif
     }
   }
   if (Kh == 0) std::fill(c, c + kQmmMC * kQmmNC, 0);
