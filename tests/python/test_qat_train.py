@@ -199,8 +199,10 @@ def test_export_equals_the_cli_writer(tmp_path):
 
     m = tiny_llama()
     m.save_pretrained(tmp_path / "float")
-    r = subprocess.run([exe, "quantize", str(tmp_path / "float"), "-o", str(tmp_path / "cli"), "-q"],
-                       capture_output=True, text=True)
+    # (the QAT quantizers' scale is amax / qmax, the NPU fake quant's: the CLI's --scale-rule amax-qmax; its
+    # default is compressed-tensors' amax / ((qmax - qmin) / 2))
+    r = subprocess.run([exe, "quantize", str(tmp_path / "float"), "-o", str(tmp_path / "cli"), "-q", "--scale-rule",
+                        "amax-qmax"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     xqat.prepare(m, "W4A16")  # untrained: amax = max |w|, the CLI's rule
     xqat.export(m, tmp_path / "qat")
