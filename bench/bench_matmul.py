@@ -25,8 +25,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 
 
 def parse_args():
@@ -47,6 +45,7 @@ os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)  # before xquant's OpenMP runt
 import torch  # noqa: E402
 
 import xquant  # noqa: E402
+from _timing import median_times  # noqa: E402  (bench/, the script's directory)
 from xquant import npu  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
@@ -56,20 +55,6 @@ if hasattr(xquant, "set_num_threads"):
 K = N = 4096
 DECODE = (1, 4, 16)
 PREFILL = 2048
-
-
-def median_times(fns, reps):
-    """Median seconds of each function, calls interleaved (one of each per round)."""
-    for f in fns:
-        f()
-        f()
-    ts = [[] for _ in fns]
-    for _ in range(reps):
-        for k, f in enumerate(fns):
-            t0 = time.perf_counter()
-            f()
-            ts[k].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts]
 
 
 def w8a8_case(m, gen):

@@ -15,9 +15,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 
 def parse_args():
@@ -37,6 +35,7 @@ os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
 import torch  # noqa: E402
 
 import xquant  # noqa: E402
+from _timing import median_times  # noqa: E402  (bench/, the script's directory)
 from xquant import npu  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
@@ -46,21 +45,6 @@ if hasattr(xquant, "set_num_threads"):
 
 def median_time(fn, reps):
     return median_times([fn], reps)[0]
-
-
-def median_times(fns, reps):
-    """Median time of each function; the calls are interleaved (one of each per round) so that the
-    machine's bandwidth drifting during the run affects all of them alike."""
-    for f in fns:  # warm-up (allocator, page faults, compilation)
-        f()
-        f()
-    ts = [[] for _ in fns]
-    for _ in range(reps):
-        for k, f in enumerate(fns):
-            t0 = time.perf_counter()
-            f()
-            ts[k].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts]
 
 
 def nbytes(*ts):
