@@ -817,35 +817,50 @@ std::vector<at::Tensor> impl_dynamic_quant(bool symmetric, const Arg& x, const s
   return {y.t, scale.t, offset.t};
 }
 
+// The arguments of both dynamic quantizations, converted and checked in the schema's order.
+struct DqCall {
+  QuantDType q;
+  int mode;
+  Arg x;
+  std::optional<Arg> sm, gi;
+};
+
+DqCall dq_call(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales,
+               const std::optional<at::Tensor>& group_index, std::optional<at::ScalarType> dst_type,
+               c10::string_view quant_mode, double dst_type_max) {
+  const QuantDType q = opt_quant(op, "dst_type", dst_type);
+  const int mode = dq_mode(op, quant_mode);
+  check_dst_type_max(op, dst_type_max);
+  Arg xa = arg_of(op, "x", x);
+  return {q, mode, std::move(xa), opt_arg(op, "smooth_scales", smooth_scales), opt_arg(op, "group_index", group_index)};
+}
+
+// The Meta kernels' outputs: y, scale (and offset for the asymmetric operator).
+std::vector<at::Tensor> meta_dynamic_quant(bool symmetric, const DqCall& c, const at::Device& dev) {
+  const auto p = plan_dynamic(symmetric, c.x.spec(), opt_spec(c.sm), opt_spec(c.gi), c.q, c.mode);
+  std::vector<at::Tensor> r{alloc(p.y_shape, p.y_dtype, dev).t, alloc(p.param_shape, DType::float32, dev).t};
+  if (!symmetric) r.push_back(alloc(p.param_shape, DType::float32, dev).t);
+  return r;
+}
+
 template <bool kCuda>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> k_dynamic_quant_asymmetric(
     const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index,
     std::optional<at::ScalarType> dst_type, c10::string_view quant_mode, double dst_type_max) {
   const char* op = "dynamic_quant_asymmetric";
-  const QuantDType q = opt_quant(op, "dst_type", dst_type);
-  const int mode = dq_mode(op, quant_mode);
-  check_dst_type_max(op, dst_type_max);
-  const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
-                           gi = opt_arg(op, "group_index", group_index);
+  const DqCall c = dq_call(op, x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max);
   const CudaScope cuda(kCuda, op, "x", x);
-  auto r = impl_dynamic_quant(false, xa, sm, gi, q, mode, x.device());
+  auto r = impl_dynamic_quant(false, c.x, c.sm, c.gi, c.q, c.mode, x.device());
   return {r[0], r[1], r[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> m_dynamic_quant_asymmetric(
     const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index,
     std::optional<at::ScalarType> dst_type, c10::string_view quant_mode, double dst_type_max) {
-  const char* op = "dynamic_quant_asymmetric";
-  const QuantDType q = opt_quant(op, "dst_type", dst_type);
-  const int mode = dq_mode(op, quant_mode);
-  check_dst_type_max(op, dst_type_max);
-  const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
-                           gi = opt_arg(op, "group_index", group_index);
-  const auto p = plan_dynamic(false, xa.spec(), opt_spec(sm), opt_spec(gi), q, mode);
-  return {alloc(p.y_shape, p.y_dtype, x.device()).t, alloc(p.param_shape, DType::float32, x.device()).t,
-          alloc(p.param_shape, DType::float32, x.device()).t};
+  const DqCall c =
+      dq_call("dynamic_quant_asymmetric", x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max);
+  auto r = meta_dynamic_quant(false, c, x.device());
+  return {r[0], r[1], r[2]};
 }
 
 template <bool kCuda>
@@ -854,14 +869,9 @@ std::tuple<at::Tensor, at::Tensor> k_dynamic_quant(const at::Tensor& x, const st
                                                    std::optional<at::ScalarType> dst_type, c10::string_view quant_mode,
                                                    double dst_type_max) {
   const char* op = "dynamic_quant";
-  const QuantDType q = opt_quant(op, "dst_type", dst_type);
-  const int mode = dq_mode(op, quant_mode);
-  check_dst_type_max(op, dst_type_max);
-  const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
-                           gi = opt_arg(op, "group_index", group_index);
+  const DqCall c = dq_call(op, x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max);
   const CudaScope cuda(kCuda, op, "x", x);
-  auto r = impl_dynamic_quant(true, xa, sm, gi, q, mode, x.device());
+  auto r = impl_dynamic_quant(true, c.x, c.sm, c.gi, c.q, c.mode, x.device());
   return {r[0], r[1]};
 }
 
@@ -869,15 +879,9 @@ std::tuple<at::Tensor, at::Tensor> m_dynamic_quant(const at::Tensor& x, const st
                                                    const std::optional<at::Tensor>& group_index,
                                                    std::optional<at::ScalarType> dst_type, c10::string_view quant_mode,
                                                    double dst_type_max) {
-  const char* op = "dynamic_quant";
-  const QuantDType q = opt_quant(op, "dst_type", dst_type);
-  const int mode = dq_mode(op, quant_mode);
-  check_dst_type_max(op, dst_type_max);
-  const Arg xa = arg_of(op, "x", x);
-  const std::optional<Arg> sm = opt_arg(op, "smooth_scales", smooth_scales),
-                           gi = opt_arg(op, "group_index", group_index);
-  const auto p = plan_dynamic(true, xa.spec(), opt_spec(sm), opt_spec(gi), q, mode);
-  return {alloc(p.y_shape, p.y_dtype, x.device()).t, alloc(p.param_shape, DType::float32, x.device()).t};
+  const DqCall c = dq_call("dynamic_quant", x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max);
+  auto r = meta_dynamic_quant(true, c, x.device());
+  return {r[0], r[1]};
 }
 
 // ---- npu_anti_quant -------------------------------------------------------------------------------------

@@ -175,8 +175,9 @@ def _y_raw(y: np.ndarray) -> np.ndarray:
     return y.view(np.uint8) if y.dtype.name.startswith("float8") else y
 
 
-def dynamic_quant_asymmetric(op: str, x: Any, smooth_scales: Any, group_index: Any, dst_type: Any,
-                             quant_mode: str, dst_type_max: Any = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _dynamic(op: str, symmetric: bool, x: Any, smooth_scales: Any, group_index: Any, dst_type: Any,
+             quant_mode: str, dst_type_max: Any) -> tuple:
+    """Both dynamic quantizations: (y, scale) for the symmetric one, (y, scale, offset) otherwise."""
     code = _args.dst_type_code(op, dst_type)
     mode = _args.dynamic_mode(op, quant_mode)
     _args.dst_type_max(op, dst_type_max)
@@ -186,26 +187,24 @@ def dynamic_quant_asymmetric(op: str, x: Any, smooth_scales: Any, group_index: A
     y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, mode)
     y = np.empty(y_shape, dtype=_args.storage_of(op, code))
     scale = np.empty(p_shape, dtype=np.float32)
+    if symmetric:
+        _core.dynamic_quant(_y_raw(y), scale, xv, sm, gi, code, mode)
+        return y, scale
     offset = np.empty(p_shape, dtype=np.float32)
     _core.dynamic_quant_asymmetric(_y_raw(y), scale, offset, xv, sm, gi, code, mode)
     return y, scale, offset
+
+
+def dynamic_quant_asymmetric(op: str, x: Any, smooth_scales: Any, group_index: Any, dst_type: Any,
+                             quant_mode: str, dst_type_max: Any = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return _dynamic(op, False, x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max)
 
 
 # ---- npu_dynamic_quant (symmetric) -----------------------------------------------------------------------
 
 def dynamic_quant(op: str, x: Any, smooth_scales: Any, group_index: Any, dst_type: Any,
                   quant_mode: str = "pertoken", dst_type_max: Any = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    code = _args.dst_type_code(op, dst_type)
-    mode = _args.dynamic_mode(op, quant_mode)
-    _args.dst_type_max(op, dst_type_max)
-    xv = arg(op, "x", x)
-    sm = opt_arg(op, "smooth_scales", smooth_scales)
-    gi = opt_arg(op, "group_index", group_index)
-    y_shape, p_shape = _args.dynamic_shapes(xv.shape, code, mode)
-    y = np.empty(y_shape, dtype=_args.storage_of(op, code))
-    scale = np.empty(p_shape, dtype=np.float32)
-    _core.dynamic_quant(_y_raw(y), scale, xv, sm, gi, code, mode)
-    return y, scale
+    return _dynamic(op, True, x, smooth_scales, group_index, dst_type, quant_mode, dst_type_max)
 
 
 # ---- npu_anti_quant -----------------------------------------------------------------------------------------
