@@ -145,15 +145,7 @@ TEST(FakeQuant, Bfloat16NarrowsOnceFromFloat32) {
 // float16 inputs follow the Ascend kernel's float16 arithmetic (SPEC 1), stated here with the compiler's
 // own _Float16 arithmetic (g++ on x86-64: each operation rounded once to float16), independent of the
 // library's conversions: scale = M / amax, t = x * scale, out = clamp(rint(t), m, M) / scale, all in half.
-// The compiler's float16 type: _Float16 (g++ 12 on x86-64); g++ 12 for aarch64 has _Float16 in C only,
-// so there __fp16 (IEEE format): conversions from float round to nearest even in hardware, and each
-// operation on two float16 values is computed in float and rounded to float16 when stored, which gives
-// the correctly rounded float16 result for + - * / (float's 24 bits >= 2 * 11 + 2: no double rounding).
-#if defined(__FLT16_MAX__) && !(defined(__aarch64__) && !defined(__clang__) && defined(__GNUC__) && __GNUC__ < 13)
-#define XQ_TEST_HALF_TYPE _Float16
-#elif defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)
-#define XQ_TEST_HALF_TYPE __fp16
-#endif
+#include "test_half_type.hpp"  // XQ_TEST_HALF_TYPE: the compiler's float16 type
 #if defined(XQ_TEST_HALF_TYPE)
 using TestHalf = XQ_TEST_HALF_TYPE;
 namespace {

@@ -57,15 +57,7 @@ bool bf16_is_special(u16 b) { return ((b >> 7) & 0xFF) == 0xFF; }
 bool half_is_nan(u16 h) { return half_is_special(h) && (h & 0x3FF) != 0; }
 bool bf16_is_nan(u16 b) { return bf16_is_special(b) && (b & 0x7F) != 0; }
 
-// The compiler's float16 type: _Float16 (g++ 12 on x86-64); g++ 12 for aarch64 has _Float16 in C only,
-// so there __fp16 (IEEE format): conversions from float round to nearest even in hardware, and each
-// operation on two float16 values is computed in float and rounded to float16 when stored, which gives
-// the correctly rounded float16 result for + - * / (float's 24 bits >= 2 * 11 + 2: no double rounding).
-#if defined(__FLT16_MAX__) && !(defined(__aarch64__) && !defined(__clang__) && defined(__GNUC__) && __GNUC__ < 13)
-#define XQ_TEST_HALF_TYPE _Float16
-#elif defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)
-#define XQ_TEST_HALF_TYPE __fp16
-#endif
+#include "test_half_type.hpp"  // XQ_TEST_HALF_TYPE: the compiler's float16 type
 #if defined(XQ_TEST_HALF_TYPE)
 #define XQ_TEST_HAVE_FLOAT16 1
 u16 compiler_half(float f) { return std::bit_cast<u16>(static_cast<XQ_TEST_HALF_TYPE>(f)); }
