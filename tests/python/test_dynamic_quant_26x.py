@@ -5,10 +5,12 @@ ml_dtypes (the Ascend kernels' golden formulas), compared bit for bit."""
 
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup-python installs it)")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed (scripts/setup-python installs it)")
+
+import numpy as np  # noqa: E402
 
 import xquant
 from xquant import npu
