@@ -1086,6 +1086,46 @@ TEST(CpuEquivalence, QuantMatmul) {
         }
 }
 
+// The A8W4 per-group mode (9.3.1): int8 x1, int4 x2 (plain and transposed), k groups of 8 to 256 (one group,
+// many groups), the GEMM kernel's row tiles (2 * M rows per group), scales with edge values (NaN, Inf, huge:
+// the float16 fold overflows), float32 and int64 scales, offset and pertoken_scale on and off.
+TEST(CpuEquivalence, QuantMatmulA8W4) {
+  const auto edges = edge_values();
+  std::mt19937 rng(2026);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  struct Sz {
+    std::int64_t M, K, N, G;
+  };
+  for (bool transpose : {false, true})
+    for (Sz z : {Sz{1, 8, 8, 8}, Sz{3, 64, 16, 32}, Sz{1, 512, 72, 256}, Sz{50, 96, 264, 32}, Sz{7, 256, 8, 256}})
+      for (DType out_dt : {DType::float16, DType::bfloat16})
+        for (int opt = 0; opt < 3; ++opt) {
+          Placed x1 = random_q(DType::int8, {z.M, z.K}, rng);
+          Placed x2 = random_q(DType::int32, transpose ? Shape{z.N, z.K / 8} : Shape{z.K, z.N / 8}, rng);
+          const std::int64_t ns = (z.K / z.G) * z.N;
+          std::vector<float> sv(static_cast<std::size_t>(ns)), pv(static_cast<std::size_t>(z.M)),
+              ov(static_cast<std::size_t>(z.N));
+          for (auto& s : sv) s = rng() % 11 == 0 ? edges[rng() % edges.size()] : (opt == 2 ? 40.f : 1.f) * u(rng);
+          for (auto& p : pv) p = 0.02f * u(rng);
+          for (auto& o : ov) o = 8.f * (u(rng) - 0.5f);
+          Tensor s = make_float(DType::float32, {z.K / z.G, z.N}, sv);
+          Tensor p = make_float(DType::float32, {z.M, 1}, pv), off = make_float(DType::float32, {z.N}, ov);
+          Tensor s64 = xquant::trans_quant_param(ConstTensorView(s.data(), DType::float32, {ns}));
+          const ConstTensorView s64v(s64.data(), DType::int64, {z.K / z.G, z.N});
+          xquant::QuantMatmulOptions o;
+          o.transpose_x2 = transpose;
+          o.group_sizes = {0, 0, z.G};
+          if (opt >= 1) o.offset = off.view(), o.pertoken_scale = p.view();
+          const ConstTensorView scale = opt == 1 ? s64v : s.view();
+          check_equivalent(
+              [&](std::vector<TensorView>& out) { xquant::quant_matmul_out(out[0], x1.view, x2.view, scale, o); },
+              {{out_dt, {z.M, z.N}}},
+              "quant_matmul A8W4 transpose " + std::to_string(transpose) + " [" + std::to_string(z.M) + ", " +
+                  std::to_string(z.K) + ", " + std::to_string(z.N) + "] G " + std::to_string(z.G) + " opt " +
+                  std::to_string(opt) + " -> " + std::string(xquant::dtype_name(out_dt)));
+        }
+}
+
 // Decode (M <= 24: 128-column blocks, 16-row chunks of k) and prefill (M > 24: 96-row tiles, 128-column
 // blocks, 256-row chunks of k) paths, register blocks of 4 / 8 rows and their shorter tails.
 TEST(CpuEquivalence, WeightQuantBatchMatmul) {

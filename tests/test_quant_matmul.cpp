@@ -382,6 +382,36 @@ TEST(QuantMatmul, HandValues) {
   t2.check("ties");
 }
 
+// The A8W4 per-group mode (docs/semantics.md 9.3.1) by hand: x1 = [17, 0 x 7], every weight 1, K = G = 8,
+// scale 0.5. hi = [1, 0 x 7], lo = [-7, -8 x 7]: H = 1, L = -63; sum_hi = half(0.5), sum_lo = half(-31.5);
+// v = 0.5 * 16 - 31.5 = -23.5 (= (x - 8) @ w * 0.5); with offset 32 (= 8 * sum_k w * 0.5, the correction
+// Ascend code passes) v = 8.5 = x @ w * 0.5; pertoken 2 gives 17.
+TEST(QuantMatmul, A8W4HandValues) {
+  std::vector<std::int8_t> x1v = {17, 0, 0, 0, 0, 0, 0, 0};
+  Tensor x1 = make_typed<std::int8_t>(DType::int8, {1, 8}, x1v);
+  std::vector<std::int32_t> wv(8, 0x11111111);  // [K = 8, N / 8 = 1]: eight int4 ones per word
+  Tensor x2 = make_typed<std::int32_t>(DType::int32, {8, 1}, wv);
+  Tensor s = make_float(DType::float32, {1, 8}, std::vector<float>(8, 0.5f));
+  xquant::QuantMatmulOptions o;
+  o.group_sizes = {0, 0, 8};
+  Tensor y = xquant::quant_matmul(x1.view(), x2.view(), s.view(), o, DType::float16);
+  ASSERT_EQ(y.shape(), (xquant::Shape{1, 8}));
+  for (int n = 0; n < 8; ++n) EXPECT_EQ(y.data<std::uint16_t>()[n], xquant::float_to_half(-23.5f));
+  Tensor off = make_float(DType::float32, {1}, {32.0f});
+  Tensor pt = make_float(DType::float32, {1, 1}, {2.0f});
+  o.offset = off.view();
+  y = xquant::quant_matmul(x1.view(), x2.view(), s.view(), o, DType::bfloat16);
+  EXPECT_EQ(y.data<std::uint16_t>()[0], xquant::float_to_bfloat16(8.5f));
+  o.pertoken_scale = pt.view();
+  y = xquant::quant_matmul(x1.view(), x2.view(), s.view(), o, DType::float16);
+  EXPECT_EQ(y.data<std::uint16_t>()[7], xquant::float_to_half(17.0f));
+  // planning gives the same shape; a bias is refused
+  EXPECT_EQ(xquant::quant_matmul_output_shape(x1.view(), x2.view(), s.view(), o, DType::float16), (xquant::Shape{1, 8}));
+  Tensor b = make_typed<std::int32_t>(DType::int32, {8}, std::vector<std::int32_t>(8, 0));
+  o.bias = b.view();
+  EXPECT_THROW(xquant::quant_matmul(x1.view(), x2.view(), s.view(), o, DType::float16), xquant::Error);
+}
+
 TEST(QuantMatmul, ScaleForms) {
   // x1 [1, 2] = [1, 2]; x2 [2, 3]: columns give acc = 3, 5, -7
   Tensor x1 = make_typed<std::int8_t>(DType::int8, {1, 2}, {1, 2});

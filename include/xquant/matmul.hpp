@@ -20,6 +20,7 @@
 //
 // Matrices are dense row-major; a transposed weight is passed as its storage ([N, K]) with the flag.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -34,11 +35,18 @@ struct QuantMatmulOptions {
   std::optional<ConstTensorView> pertoken_scale;  // float32 [M]
   std::optional<ConstTensorView> bias;            // int32 / float32 / float16 / bfloat16, [N] or [B, 1, N]
   bool transpose_x2 = false;                      // x2 is stored [..., N, K] (int4: [..., N, K / 8])
+  // [group_m, group_n, group_k]; all 0 but for the A8W4 per-group mode (int8 x1, int4 x2): group_k > 0
+  // divides K, group_m / group_n are 0 or 1 (per row / per column).
+  std::array<std::int64_t, 3> group_sizes{};
 };
 
 // x1: int8 [B1..., M, K] or int32 [B1..., M, K / 8]; x2: int8 [B2..., K, N] or int32 [B2..., K, N / 8]
 // (transpose_x2: [B2..., N, K] / [B2..., N, K / 8]); scale: float32 / bfloat16 / int64, [1], [N], [1, 1]
 // or [1, N]. out: int8, float16, bfloat16 or int32, [broadcast(B1, B2)..., M, N].
+// A8W4 per-group mode (docs/semantics.md 9.3.1): x1 int8 [M, K], x2 int32 [K, N / 8] (transpose_x2:
+// [N, K / 8]), group_sizes[2] = G; scale float32 / int64 [K / G, N]; offset float32 [1] / [N] added before
+// pertoken_scale (float32 [M] or [M, 1]); no bias; out float16 / bfloat16 [M, N]. The two int4 halves of x1
+// are multiplied per k group and the scaled group terms summed in float16, as the Ascend kernel does.
 void quant_matmul_out(TensorView out, ConstTensorView x1, ConstTensorView x2, ConstTensorView scale,
                       const QuantMatmulOptions& options = {});
 Tensor quant_matmul(ConstTensorView x1, ConstTensorView x2, ConstTensorView scale,

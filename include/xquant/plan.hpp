@@ -7,6 +7,7 @@
 // checks of values (amax finite and >= 0, group_index row ends), of devices, of output buffers and of
 // overlapping memory; the call makes those after the same planning.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -75,7 +76,8 @@ Shape plan_acts_ulq_backward(const TensorSpec& y_grad, const Shape& x_shape, con
 // quant_matmul: the output shape (dtype output_dtype). x2 is described as stored (transpose_x2: [..., N, K]).
 Shape plan_quant_matmul(const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
                         const std::optional<TensorSpec>& offset, const std::optional<TensorSpec>& pertoken_scale,
-                        const std::optional<TensorSpec>& bias, bool transpose_x2, DType output_dtype);
+                        const std::optional<TensorSpec>& bias, bool transpose_x2, DType output_dtype,
+                        const std::array<std::int64_t, 3>& group_sizes = {});
 // weight_quant_batchmatmul: the output shape (x's dtype). weight is described as stored.
 Shape plan_weight_quant_batchmatmul(const TensorSpec& x, const TensorSpec& weight, const TensorSpec& antiquant_scale,
                                     const std::optional<TensorSpec>& antiquant_offset,

@@ -13,6 +13,7 @@
 //
 // Devices: host memory only (device_of).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -382,12 +383,14 @@ DType matmul_out_dtype(const std::string& name) {
 
 xquant::QuantMatmulOptions qmm_options(const std::optional<ConstArray>& offset,
                                        const std::optional<ConstArray>& pertoken_scale,
-                                       const std::optional<ConstArray>& bias, bool transpose_x2) {
+                                       const std::optional<ConstArray>& bias, bool transpose_x2,
+                                       const std::array<std::int64_t, 3>& group_sizes) {
   const char* op = "quant_matmul";
   return {.offset = opt_cview(offset, op, "offset"),
           .pertoken_scale = opt_cview(pertoken_scale, op, "pertoken_scale"),
           .bias = opt_cview(bias, op, "bias"),
-          .transpose_x2 = transpose_x2};
+          .transpose_x2 = transpose_x2,
+          .group_sizes = group_sizes};
 }
 
 // The output shape after every check (the Python layer allocates out with it).
@@ -395,19 +398,21 @@ std::vector<std::int64_t> quant_matmul_shape(const ConstArray& x1, const ConstAr
                                              const std::optional<ConstArray>& offset,
                                              const std::optional<ConstArray>& pertoken_scale,
                                              const std::optional<ConstArray>& bias, bool transpose_x2,
-                                             const std::string& output_dtype) {
+                                             const std::string& output_dtype,
+                                             const std::array<std::int64_t, 3>& group_sizes) {
   const char* op = "quant_matmul";
   return xquant::quant_matmul_output_shape(cview(x1, op, "x1"), cview(x2, op, "x2"), cview(scale, op, "scale"),
-                                           qmm_options(offset, pertoken_scale, bias, transpose_x2),
+                                           qmm_options(offset, pertoken_scale, bias, transpose_x2, group_sizes),
                                            matmul_out_dtype(output_dtype));
 }
 
 void quant_matmul(const Array& out, const ConstArray& x1, const ConstArray& x2, const ConstArray& scale,
                   const std::optional<ConstArray>& offset, const std::optional<ConstArray>& pertoken_scale,
-                  const std::optional<ConstArray>& bias, bool transpose_x2) {
+                  const std::optional<ConstArray>& bias, bool transpose_x2,
+                  const std::array<std::int64_t, 3>& group_sizes) {
   const char* op = "quant_matmul";
   const ConstTensorView a = cview(x1, op, "x1"), b = cview(x2, op, "x2"), s = cview(scale, op, "scale");
-  const xquant::QuantMatmulOptions o = qmm_options(offset, pertoken_scale, bias, transpose_x2);
+  const xquant::QuantMatmulOptions o = qmm_options(offset, pertoken_scale, bias, transpose_x2, group_sizes);
   const TensorView ov = wview(out, op, "out");
   nb::gil_scoped_release nogil;
   xquant::quant_matmul_out(ov, a, b, s, o);
@@ -635,9 +640,10 @@ void convert_weight_to_int4pack(Status& st, const TensorView& out, const ConstTe
 }
 void plan_quant_matmul(Status& st, Shape& out, const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
                        const OptSpec& offset, const OptSpec& pertoken_scale, const OptSpec& bias, bool transpose_x2,
-                       DType output_dtype) {
+                       DType output_dtype, const std::array<std::int64_t, 3>& group_sizes) {
   guarded(st, [&] {
-    out = xquant::plan_quant_matmul(x1, x2, scale, offset, pertoken_scale, bias, transpose_x2, output_dtype);
+    out = xquant::plan_quant_matmul(x1, x2, scale, offset, pertoken_scale, bias, transpose_x2, output_dtype,
+                                    group_sizes);
   });
 }
 void plan_weight_quant_batchmatmul(Status& st, Shape& out, const TensorSpec& x, const TensorSpec& w,
@@ -742,9 +748,9 @@ NB_MODULE(_core, m) {
         "clamp_min"_a, "clamp_max"_a, "clamp_min_mask"_a, "clamp_max_mask"_a, "x_clamped_loss"_a, "fixed_min"_a,
         "num_bits"_a);
   m.def("quant_matmul_shape", &quant_matmul_shape, "x1"_a, "x2"_a, "scale"_a, "offset"_a.none(),
-        "pertoken_scale"_a.none(), "bias"_a.none(), "transpose_x2"_a, "output_dtype"_a);
+        "pertoken_scale"_a.none(), "bias"_a.none(), "transpose_x2"_a, "output_dtype"_a, "group_sizes"_a);
   m.def("quant_matmul", &quant_matmul, "out"_a, "x1"_a, "x2"_a, "scale"_a, "offset"_a.none(), "pertoken_scale"_a.none(),
-        "bias"_a.none(), "transpose_x2"_a);
+        "bias"_a.none(), "transpose_x2"_a, "group_sizes"_a);
   m.def("weight_quant_batchmatmul_shape", &weight_quant_batchmatmul_shape, "x"_a, "weight"_a, "antiquant_scale"_a,
         "antiquant_offset"_a.none(), "bias"_a.none(), "antiquant_group_size"_a, "transpose_weight"_a);
   m.def("weight_quant_batchmatmul", &weight_quant_batchmatmul, "out"_a, "x"_a, "weight"_a, "antiquant_scale"_a,

@@ -20,7 +20,7 @@
 namespace xquant_py {
 
 inline constexpr const char* kCoreApiCapsule = "xquant._core._api";
-inline constexpr std::uint32_t kCoreApiVersion = 3;
+inline constexpr std::uint32_t kCoreApiVersion = 4;
 
 struct Status {
   enum Code : int { ok = 0, type_error, value_error, no_memory, runtime_error };
@@ -111,7 +111,7 @@ struct CoreApi {
   void (*convert_weight_to_int4pack)(Status&, const TensorView& out, const ConstTensorView& weight);
   void (*plan_quant_matmul)(Status&, Shape& out, const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
                             const OptSpec& offset, const OptSpec& pertoken_scale, const OptSpec& bias,
-                            bool transpose_x2, DType output_dtype);
+                            bool transpose_x2, DType output_dtype, const std::array<std::int64_t, 3>& group_sizes);
   void (*plan_weight_quant_batchmatmul)(Status&, Shape& out, const TensorSpec& x, const TensorSpec& weight,
                                         const TensorSpec& antiquant_scale, const OptSpec& antiquant_offset,
                                         const OptSpec& bias, std::int64_t antiquant_group_size, bool transpose_weight);

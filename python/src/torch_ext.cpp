@@ -1055,12 +1055,25 @@ struct QmmCall {
   Arg scale;
   std::optional<Arg> offset, pertoken_scale, bias;
   DType out_dtype;
+  std::array<std::int64_t, 3> group_sizes;
   Shape out_shape;
 };
 
+// group_sizes: None, or three integers [group_m, group_n, group_k] (the library checks their values).
+std::array<std::int64_t, 3> group_sizes_of(const char* op, at::OptionalIntArrayRef g) {
+  std::array<std::int64_t, 3> r{};
+  if (!g) return r;
+  if (g->size() != 3)
+    value_error(op, "group_sizes has " + std::to_string(g->size()) +
+                        " elements but expected 3 ([group_m, group_n, group_k])");
+  for (std::size_t i = 0; i < 3; ++i) r[i] = (*g)[i];
+  return r;
+}
+
 QmmCall qmm_call(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale,
                  const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale,
-                 const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype) {
+                 const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype,
+                 at::OptionalIntArrayRef group_sizes) {
   const char* op = "quant_matmul";
   QmmCall c{arg_of(op, "x1", x1),
             mat_arg_of(op, "x2", x2),
@@ -1069,10 +1082,11 @@ QmmCall qmm_call(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& s
             opt_arg(op, "pertoken_scale", pertoken_scale),
             opt_arg(op, "bias", bias),
             matmul_out_dtype(op, output_dtype),
+            group_sizes_of(op, group_sizes),
             {}};
   c.out_shape =
       plan_call(&xquant_py::CoreApi::plan_quant_matmul, c.x1.spec(), c.x2.a.spec(), c.scale.spec(), opt_spec(c.offset),
-                opt_spec(c.pertoken_scale), opt_spec(c.bias), c.x2.transposed, c.out_dtype);
+                opt_spec(c.pertoken_scale), opt_spec(c.bias), c.x2.transposed, c.out_dtype, c.group_sizes);
   return c;
 }
 
@@ -1083,7 +1097,8 @@ at::Tensor impl_quant_matmul(const QmmCall& c, const at::Device& dev) {
                       {.offset = opt_view(c.offset),
                        .pertoken_scale = opt_view(c.pertoken_scale),
                        .bias = opt_view(c.bias),
-                       .transpose_x2 = c.x2.transposed});
+                       .transpose_x2 = c.x2.transposed,
+                       .group_sizes = c.group_sizes});
   check(st);
   return y.t;
 }
@@ -1091,16 +1106,18 @@ at::Tensor impl_quant_matmul(const QmmCall& c, const at::Device& dev) {
 template <bool kCuda>
 at::Tensor k_quant_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale,
                           const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale,
-                          const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype) {
-  const QmmCall c = qmm_call(x1, x2, scale, offset, pertoken_scale, bias, output_dtype);
+                          const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype,
+                          at::OptionalIntArrayRef group_sizes) {
+  const QmmCall c = qmm_call(x1, x2, scale, offset, pertoken_scale, bias, output_dtype, group_sizes);
   const CudaScope cuda(kCuda, "quant_matmul", "x1", x1);
   return impl_quant_matmul(c, x1.device());
 }
 
 at::Tensor m_quant_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale,
                           const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale,
-                          const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype) {
-  const QmmCall c = qmm_call(x1, x2, scale, offset, pertoken_scale, bias, output_dtype);
+                          const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> output_dtype,
+                          at::OptionalIntArrayRef group_sizes) {
+  const QmmCall c = qmm_call(x1, x2, scale, offset, pertoken_scale, bias, output_dtype, group_sizes);
   return alloc(c.out_shape, c.out_dtype, x1.device()).t;
 }
 
@@ -1350,7 +1367,7 @@ TORCH_LIBRARY(xquant, m) {
       "Tensor clamp_max_mask, Tensor x_clamped_loss, bool fixed_min, int num_bits) -> (Tensor, Tensor, Tensor)");
   m.def(
       "quant_matmul(Tensor x1, Tensor x2, Tensor scale, Tensor? offset=None, Tensor? pertoken_scale=None, "
-      "Tensor? bias=None, ScalarType? output_dtype=None) -> Tensor");
+      "Tensor? bias=None, ScalarType? output_dtype=None, int[]? group_sizes=None) -> Tensor");
   m.def(
       "weight_quant_batchmatmul(Tensor x, Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset=None, "
       "Tensor? bias=None, int antiquant_group_size=0) -> Tensor");

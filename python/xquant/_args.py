@@ -95,6 +95,16 @@ def as_opt_int(op: str, name: str, v: Any) -> int | None:
     return None if v is None else as_int(op, name, v)
 
 
+def int_triple(op: str, name: str, v: Any) -> tuple[int, int, int]:
+    """None -> (0, 0, 0); a list / tuple of three ints (npu_quant_matmul's group_sizes) as given (the
+    library checks the values)."""
+    if v is None:
+        return (0, 0, 0)
+    if not isinstance(v, (list, tuple)) or len(v) != 3:
+        raise fail_type(op, f"{name} is {describe(v)} but expected None or a list of 3 ints")
+    return tuple(as_int(op, f"{name}[{i}]", e) for i, e in enumerate(v))
+
+
 def as_bool(op: str, name: str, v: Any) -> bool:
     if not isinstance(v, (bool, np.bool_)):
         raise fail_type(op, f"{name} is {describe(v)} but expected a bool")

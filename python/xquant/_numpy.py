@@ -281,14 +281,14 @@ def _out_dtype(op: str, name: str) -> np.dtype:
 
 
 def quant_matmul(op: str, x1: Any, x2: Any, scale: Any, offset: Any, pertoken_scale: Any, bias: Any,
-                 output_dtype: str) -> np.ndarray:
+                 output_dtype: str, group_sizes: tuple = (0, 0, 0)) -> np.ndarray:
     a = arg(op, "x1", x1)
     w, transposed = _matrix(op, "x2", x2)
     s, off, pts, b = (arg(op, "scale", scale), opt_arg(op, "offset", offset),
                       opt_arg(op, "pertoken_scale", pertoken_scale), opt_arg(op, "bias", bias))
-    shape = _core.quant_matmul_shape(a, w, s, off, pts, b, transposed, output_dtype)
+    shape = _core.quant_matmul_shape(a, w, s, off, pts, b, transposed, output_dtype, group_sizes)
     out, raw = _empty(tuple(shape), _out_dtype(op, output_dtype))
-    _core.quant_matmul(raw, a, w, s, off, pts, b, transposed)
+    _core.quant_matmul(raw, a, w, s, off, pts, b, transposed, group_sizes)
     return out
 
 

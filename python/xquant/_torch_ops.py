@@ -33,7 +33,7 @@ another torch than the running one, importing this module raises ImportError say
                                        clamp_max_mask, x_clamped_loss, fixed_min, num_bits)
         -> (x_grad, clamp_min_grad, clamp_max_grad)
     torch.ops.xquant.quant_matmul(x1, x2, scale, offset=None, pertoken_scale=None, bias=None,
-                                  output_dtype=None) -> out                       (not differentiable)
+                                  output_dtype=None, group_sizes=None) -> out     (not differentiable)
     torch.ops.xquant.weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, bias=None,
                                               antiquant_group_size=0) -> out      (not differentiable)
     torch.ops.xquant.trans_quant_param(scale, offset=None, round_mode=0) -> int64 words
@@ -277,13 +277,13 @@ _MATMUL_OUT_TORCH = {"int8": torch.int8, "float16": torch.float16, "bfloat16": t
 
 
 def quant_matmul(op: str, x1: Tensor, x2: Any, scale: Any, offset: Any, pertoken_scale: Any, bias: Any,
-                 output_dtype: str) -> Tensor:
+                 output_dtype: str, group_sizes: tuple = (0, 0, 0)) -> Tensor:
     check_tensor(op, "x1", x1)
     w, s = check_tensor(op, "x2", x2), check_tensor(op, "scale", scale)
     off, pts, b = (opt_tensor(op, "offset", offset), opt_tensor(op, "pertoken_scale", pertoken_scale),
                    opt_tensor(op, "bias", bias))
     _one_device(op, x1=x1, x2=w, scale=s, offset=off, pertoken_scale=pts, bias=b)
-    return torch.ops.xquant.quant_matmul(x1, w, s, off, pts, b, _MATMUL_OUT_TORCH[output_dtype])
+    return torch.ops.xquant.quant_matmul(x1, w, s, off, pts, b, _MATMUL_OUT_TORCH[output_dtype], list(group_sizes))
 
 
 def weight_quant_batchmatmul(op: str, x: Tensor, weight: Any, antiquant_scale: Any, antiquant_offset: Any, bias: Any,

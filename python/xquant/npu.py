@@ -367,7 +367,6 @@ def _none_only(op: str, **kwargs) -> None:
 
 
 _NONE_ONLY_WHY = {
-    "group_sizes": "per-group A4W4 scales are not implemented; per-tensor / per-channel scale and pertoken_scale are",
     "y_scale": "the Ascend 950's output scaling is not implemented",
     "quant_scale": "quantizing the output to int8 is not implemented; quantize the result with npu_quantize",
     "quant_offset": "quantizing the output to int8 is not implemented; quantize the result with npu_quantize",
@@ -393,19 +392,27 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
     dimensions broadcast. ``scale``: [1] or [N] (also [1, 1] / [1, N]); ``offset``: float32 [1] / [N];
     ``pertoken_scale``: float32 [M]; ``bias``: int32, or float32 / float16 / bfloat16 for float output, [N]
     (or [B, 1, N] for 3-D output). ``output_dtype``: None / int8 (default), float16, bfloat16 or int32.
+
+    A8W4 per-group mode (int8 ``x1`` [M, K] with int4 ``x2`` [K, N / 8], ``group_sizes=[0, 0, G]``;
+    docs/semantics.md 9.3.1): ``scale`` float32 / int64 [K / G, N]; x1's two int4 halves are multiplied per
+    k group, the scaled group terms summed in float16; then ``+ offset[n]`` (float32), ``* pertoken_scale[m]``
+    ([M] or [M, 1]); no bias; float16 / bfloat16 output.
+
     torch_npu's Ascend 950 keywords (``x1_dtype`` ... ``scale_dtype`` re-interpreting storage as float8 /
-    HiFloat8 / MX, ``group_sizes``, ``y_scale``) must be None or name the stored dtype.
+    HiFloat8 / MX, ``y_scale``) must be None or name the stored dtype.
     """
     op = "quant_matmul"
     b = _backend(op, "x1", x1)
-    _none_only(op, group_sizes=group_sizes, y_scale=y_scale)
+    _none_only(op, y_scale=y_scale)
+    groups = _args.int_triple(op, "group_sizes", group_sizes)
     for name, d, t in (("x1_dtype", x1_dtype, x1), ("x2_dtype", x2_dtype, x2), ("scale_dtype", scale_dtype, scale),
                        ("pertoken_scale_dtype", pertoken_scale_dtype, pertoken_scale)):
         if d is not None:
             if t is None:
                 raise _args.fail_value(op, f"{name} is {d} but {name[:-6]} is None (expected {name}=None)")
             _args.same_dtype(op, name, d, _args.dtype_key(op, name, t.dtype), name[:-6])
-    return b.quant_matmul(op, x1, x2, scale, offset, pertoken_scale, bias, _args.matmul_out_name(op, output_dtype))
+    return b.quant_matmul(op, x1, x2, scale, offset, pertoken_scale, bias, _args.matmul_out_name(op, output_dtype),
+                          groups)
 
 
 def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None,

@@ -164,6 +164,10 @@ struct QuantMatmulArgs {
   const std::int64_t* x2_offsets;  // [batch] host: the same for x2 (broadcast batches repeat)
   void* out;                       // dense [batch][M][N]
   QuantMatmulEpilogue epilogue;    // host arrays
+  // A8W4 per-group mode (9.3.1) when group_k > 0: x1 int8, x2 packed int4 (int4 is false), one batch;
+  // group_scale [K / group_k][N] float32 (host); the epilogue's offset / pertoken / out_dt apply, no bias.
+  std::int64_t group_k = 0;
+  const float* group_scale = nullptr;
 };
 using QuantMatmulFn = void (*)(const QuantMatmulArgs& args);
 

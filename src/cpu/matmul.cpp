@@ -698,11 +698,79 @@ void quant_matmul_gemm(const QuantMatmulArgs& a, const std::int8_t* x1, const st
     });
   }
 }
+// A8W4 per-group mode (9.3.1) on the GEMM kernel: x1's rows split into their two int4 halves (row 2m: hi,
+// row 2m + 1: lo) and cut into k groups become G batches of [2 rows][group_k] int8; x2, unpacked to int8
+// [K][N], is the same G batches of [group_k][N]. The kernel's exact int32 products per (group, half, n) then
+// fold in float16, group by group, with params/matmul.hpp's a8w4_group_step (the reference's order). Rows
+// are taken in chunks so the int32 products stay below ~64 MiB.
+void quant_matmul_a8w4(const QuantMatmulArgs& a) {
+  const std::int64_t M = a.M, K = a.K, N = a.N, GK = a.group_k, G = K / GK;
+  std::vector<std::int8_t> w(static_cast<std::size_t>(K * N));
+  if (a.transpose_x2) {  // stored [N][K / 8]: unpack row by row, then transpose to [K][N]
+    std::vector<std::int8_t> t(static_cast<std::size_t>(K * N));
+    to_int8(true, a.x2, K * N, t.data());
+    parallel_ranges(K, 64, K * N * 2, [&](std::int64_t k0, std::int64_t k1) {
+      for (std::int64_t k = k0; k < k1; ++k)
+        for (std::int64_t n = 0; n < N; ++n) w[static_cast<std::size_t>(k * N + n)] = t[static_cast<std::size_t>(n * K + k)];
+    });
+  } else {
+    to_int8(true, a.x2, K * N, w.data());
+  }
+  const auto* x1 = static_cast<const std::int8_t*>(a.x1);
+  const std::int64_t chunk = std::max<std::int64_t>(1, std::min<std::int64_t>(M, (std::int64_t{16} << 20) / (2 * std::max<std::int64_t>(G, 1) * N)));
+  std::vector<std::int8_t> xs(static_cast<std::size_t>(G * 2 * chunk * GK));
+  std::vector<std::int32_t> acc(static_cast<std::size_t>(G * 2 * chunk * N));
+  std::vector<std::int64_t> off1(static_cast<std::size_t>(G)), off2(static_cast<std::size_t>(G));
+  for (std::int64_t g = 0; g < G; ++g) off2[static_cast<std::size_t>(g)] = g * GK * N;
+  for (std::int64_t m0 = 0; m0 < M; m0 += chunk) {
+    const std::int64_t rows = std::min(chunk, M - m0), R = 2 * rows;
+    // xs[g][2r + h][j] = half h of x1[m0 + r][g * GK + j]
+    parallel_ranges(rows, 4, rows * K * 3, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r)
+        for (std::int64_t g = 0; g < G; ++g) {
+          const std::int8_t* src = x1 + (m0 + r) * K + g * GK;
+          std::int8_t* hi = xs.data() + (g * R + 2 * r) * GK;
+          std::int8_t* lo = hi + GK;
+          for (std::int64_t j = 0; j < GK; ++j) {
+            hi[j] = static_cast<std::int8_t>(a8w4_hi(src[j]));
+            lo[j] = static_cast<std::int8_t>(a8w4_lo(src[j]));
+          }
+        }
+    });
+    for (std::int64_t g = 0; g < G; ++g) off1[static_cast<std::size_t>(g)] = g * R * GK;
+    QuantMatmulArgs sub{};
+    sub.x1 = xs.data();
+    sub.x2 = w.data();
+    sub.batch = G;
+    sub.M = R;
+    sub.K = GK;
+    sub.N = N;
+    sub.x1_offsets = off1.data();
+    sub.x2_offsets = off2.data();
+    sub.out = acc.data();
+    sub.epilogue.out_dt = DType::int32;
+    quant_matmul_gemm(sub, xs.data(), w.data());
+    // fold the groups in float16, per output element (the reference's order)
+    parallel_ranges(rows, 1, rows * N * G * 8, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r)
+        for (std::int64_t n = 0; n < N; ++n) {
+          float sum_hi = 0.0f, sum_lo = 0.0f;
+          for (std::int64_t g = 0; g < G; ++g) {
+            const float s = a.group_scale[g * N + n];
+            sum_hi = a8w4_group_step(sum_hi, acc[static_cast<std::size_t>((g * R + 2 * r) * N + n)], s);
+            sum_lo = a8w4_group_step(sum_lo, acc[static_cast<std::size_t>((g * R + 2 * r + 1) * N + n)], s);
+          }
+          a8w4_finish(a.epilogue, a.out, (m0 + r) * N + n, m0 + r, n, sum_hi, sum_lo);
+        }
+    });
+  }
+}
 }  // namespace
 
 void cpu_quant_matmul(const QuantMatmulArgs& a) {
   const std::int64_t M = a.M, K = a.K, N = a.N;
   if (a.batch * M * N == 0) return;
+  if (a.group_k > 0) return quant_matmul_a8w4(a);
   const std::int64_t n1 = *std::max_element(a.x1_offsets, a.x1_offsets + a.batch) + M * K;
   const std::int64_t n2 = *std::max_element(a.x2_offsets, a.x2_offsets + a.batch) + K * N;
   // x1 as int8 rows

@@ -43,6 +43,30 @@ __global__ void quant_matmul_kernel(bool int4, const void* x1, const void* x2, b
   }
 }
 
+// A8W4 per-group mode (9.3.1): the reference's loop, per output element.
+__global__ void quant_matmul_a8w4_kernel(const std::int8_t* x1, const void* x2, bool transpose_x2, std::int64_t M,
+                                         std::int64_t K, std::int64_t N, std::int64_t G, const float* group_scale,
+                                         void* out, QuantMatmulEpilogue e) {
+  const std::int64_t total = M * N;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t n = i % N, m = i / N;
+    float sum_hi = 0.0f, sum_lo = 0.0f;
+    for (std::int64_t g = 0; g < K / G; ++g) {
+      std::int32_t hi = 0, lo = 0;
+      for (std::int64_t k = g * G; k < (g + 1) * G; ++k) {
+        const int x = x1[m * K + k];
+        const int w = d_load_q(true, x2, transpose_x2 ? n * K + k : k * N + n);
+        hi += a8w4_hi(x) * w;
+        lo += a8w4_lo(x) * w;
+      }
+      sum_hi = a8w4_group_step(sum_hi, hi, group_scale[g * N + n]);
+      sum_lo = a8w4_group_step(sum_lo, lo, group_scale[g * N + n]);
+    }
+    a8w4_finish(e, out, i, m, n, sum_hi, sum_lo);
+  }
+}
+
 __global__ void weight_quant_matmul_kernel(DType dt, const void* x, std::int64_t M, std::int64_t K, std::int64_t N,
                                            bool int4, bool transpose_weight, const void* weight, const float* scale,
                                            const float* offset, std::int64_t group_size, const float* bias, void* out) {
@@ -76,6 +100,15 @@ void quant_matmul(const QuantMatmulArgs& a) {
   Upload<std::int32_t> bias_i(h.bias_int, bias_rows * a.N, "quant_matmul bias");
   Upload<float> bias_f(h.bias_float, bias_rows * a.N, "quant_matmul bias");
   QuantMatmulEpilogue d = h;
+  if (a.group_k > 0) {  // A8W4 per-group mode: one batch, no bias
+    Upload<float> gscale(a.group_scale, (a.K / a.group_k) * a.N, "quant_matmul scale");
+    d.offset = offset.get();
+    d.pertoken = pertoken.get();
+    quant_matmul_a8w4_kernel<<<grid_for(total, kBlock), kBlock, 0, stream()>>>(
+        static_cast<const std::int8_t*>(a.x1), a.x2, a.transpose_x2, a.M, a.K, a.N, a.group_k, gscale.get(), a.out, d);
+    check_launch("quant_matmul_a8w4_kernel");
+    return;
+  }
   d.scale = scale.get();
   d.offset = offset.get();
   d.pertoken = pertoken.get();

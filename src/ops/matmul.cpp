@@ -46,6 +46,8 @@ constexpr std::string_view kQmm = "quant_matmul";
 
 struct QmmPlan {
   bool int4 = false;
+  bool a8w4 = false;          // the A8W4 per-group mode (9.3.1)
+  std::int64_t group_k = 0;   // its k group size
   std::int64_t M = 0, K = 0, N = 0, batch = 1;
   Shape out_shape;
   std::vector<std::int64_t> x1_offsets, x2_offsets;  // per output batch, logical elements
@@ -64,6 +66,69 @@ std::int64_t param_length(std::string_view op, std::string_view arg, const Const
   return v.shape.back();
 }
 
+std::string group_str(const std::array<std::int64_t, 3>& g) {
+  std::string r(1, '[');  // appended piece by piece (GCC 12's -Wrestrict misfires on "[" + std::string)
+  for (std::size_t i = 0; i < 3; ++i) r.append(i ? ", " : "").append(str(g[i]));
+  return r.append("]");
+}
+
+// The A8W4 per-group mode (9.3.1): x1 int8 [M, K], x2 int32 [K, N / 8] (or [N, K / 8] transposed).
+QmmPlan validate_a8w4(const ConstTensorView& x1, const ConstTensorView& x2, const ConstTensorView& scale,
+                      const QuantMatmulOptions& o, DType out_dt) {
+  QmmPlan p;
+  p.a8w4 = true;
+  for (const auto& [arg, v] : {std::pair<std::string_view, const ConstTensorView*>{"x1", &x1}, {"x2", &x2}})
+    if (v->dim() != 2)
+      fail(ErrorCode::shape_mismatch, kQmm, arg,
+           std::string(arg) + " has shape " + shape_str(v->shape) + " (rank " + str(v->dim()) +
+               ") but expected rank 2 (the A8W4 per-group mode: int8 x1 with int4 x2 has no batch dimensions)");
+  p.M = x1.shape[0];
+  p.K = x1.shape[1];
+  const std::int64_t K2 = o.transpose_x2 ? times8(kQmm, "x2", x2, x2.shape[1]) : x2.shape[0];
+  p.N = o.transpose_x2 ? x2.shape[0] : times8(kQmm, "x2", x2, x2.shape[1]);
+  if (K2 != p.K)
+    fail(ErrorCode::shape_mismatch, kQmm, "x2",
+         "x2 has shape " + shape_str(x2.shape) + (o.transpose_x2 ? " (transpose_x2: [N, K / 8])" : " ([K, N / 8])") +
+             " so K = " + str(K2) + " but x1 has shape " + shape_str(x1.shape) + " with K = " + str(p.K));
+  p.out_shape = Shape{p.M, p.N};
+  const auto& g = o.group_sizes;
+  if (g[0] > 1 || g[1] > 1 || g[2] == 0 || p.K % g[2] != 0)
+    fail(ErrorCode::invalid_argument, kQmm, "group_sizes",
+         "group_sizes is " + group_str(g) + " but expected [0 or 1, 0 or 1, G] with G > 0 dividing K = " + str(p.K) +
+             " (int8 x1 with int4 x2 is the A8W4 per-group mode)");
+  p.group_k = g[2];
+  if (out_dt != DType::float16 && out_dt != DType::bfloat16)
+    fail(ErrorCode::invalid_argument, kQmm, "output_dtype",
+         "output_dtype is " + dname(out_dt) + " but expected float16 or bfloat16 (the A8W4 per-group mode)");
+  detail::check_view(kQmm, "scale", scale);
+  if (scale.dtype != DType::float32 && scale.dtype != DType::int64)
+    fail(ErrorCode::dtype_mismatch, kQmm, "scale",
+         "scale has dtype " + dname(scale.dtype) + " but expected float32 or int64 (trans_quant_param), A8W4 mode");
+  detail::check_shape(kQmm, "scale", scale.shape, Shape{p.K / p.group_k, p.N},
+                      "one value per k group and column: [K / group_sizes[2], N]");
+  if (o.offset) {
+    detail::check_view(kQmm, "offset", *o.offset);
+    detail::check_dtype(kQmm, "offset", o.offset->dtype, DType::float32);
+    param_length(kQmm, "offset", *o.offset, p.N, false, "one value, or one per column N of x2");
+  }
+  if (o.pertoken_scale) {
+    const ConstTensorView& t = *o.pertoken_scale;
+    detail::check_view(kQmm, "pertoken_scale", t);
+    detail::check_dtype(kQmm, "pertoken_scale", t.dtype, DType::float32);
+    if (!((t.dim() == 1 && t.shape[0] == p.M) || (t.dim() == 2 && t.shape[0] == p.M && t.shape[1] == 1)))
+      fail(ErrorCode::shape_mismatch, kQmm, "pertoken_scale",
+           "pertoken_scale has shape " + shape_str(t.shape) + " but expected [" + str(p.M) + "] or [" + str(p.M) +
+               ", 1] (one value per row M of x1)");
+  }
+  if (o.bias)
+    fail(ErrorCode::invalid_argument, kQmm, "bias",
+         "bias is given but the A8W4 per-group mode (int8 x1, int4 x2) takes none; expected bias=None (its float32 "
+         "offset is added before pertoken_scale)");
+  p.x1_offsets.assign(1, 0);
+  p.x2_offsets.assign(1, 0);
+  return p;
+}
+
 QmmPlan validate_qmm(const ConstTensorView& x1, const ConstTensorView& x2, const ConstTensorView& scale,
                      const QuantMatmulOptions& o, DType out_dt, bool out_dt_is_out) {
   QmmPlan p;
@@ -79,9 +144,21 @@ QmmPlan validate_qmm(const ConstTensorView& x1, const ConstTensorView& x2, const
   if (x1.dtype != DType::int8 && x1.dtype != DType::int32)
     fail(ErrorCode::dtype_mismatch, kQmm, "x1",
          "x1 has dtype " + dname(x1.dtype) + " but expected int8, or int32 (words of eight int4)");
+  for (std::size_t i = 0; i < 3; ++i)
+    if (o.group_sizes[i] < 0)
+      fail(ErrorCode::invalid_argument, kQmm, "group_sizes",
+           "group_sizes is " + group_str(o.group_sizes) + " but expected non-negative [group_m, group_n, group_k]");
+  const bool grouped = o.group_sizes != std::array<std::int64_t, 3>{};
+  if (x1.dtype == DType::int8 && x2.dtype == DType::int32 && grouped) return validate_a8w4(x1, x2, scale, o, out_dt);
   if (x2.dtype != x1.dtype)
     fail(ErrorCode::dtype_mismatch, kQmm, "x2",
-         "x2 has dtype " + dname(x2.dtype) + " but expected " + dname(x1.dtype) + " (the dtype of x1)");
+         "x2 has dtype " + dname(x2.dtype) + " but expected " + dname(x1.dtype) + " (the dtype of x1)" +
+             (x1.dtype == DType::int8 ? ", or int32 (int4) with group_sizes [0, 0, G] (the A8W4 per-group mode)"
+                                      : ""));
+  if (grouped)
+    fail(ErrorCode::invalid_argument, kQmm, "group_sizes",
+         "group_sizes is " + group_str(o.group_sizes) + " with " + dname(x1.dtype) + " x1 and x2, but expected [0, 0, 0]" +
+             " (per-group scales are the A8W4 mode: int8 x1 with int4 (int32) x2)");
   for (const auto& [arg, v] : {std::pair<std::string_view, const ConstTensorView*>{"x1", &x1}, {"x2", &x2}})
     if (v->dim() < 2 || v->dim() > 6)
       fail(ErrorCode::shape_mismatch, kQmm, arg,
@@ -325,9 +402,19 @@ void quant_matmul_out(TensorView out, ConstTensorView x1, ConstTensorView x2, Co
   // Parameters, widened on the host (CUDA parameters are copied first).
   const std::int64_t N = p.N, M = p.M;
   const detail::HostCopy sh(scale);
-  std::vector<float> s(static_cast<std::size_t>(N)), off;
+  std::vector<float> s(static_cast<std::size_t>(p.a8w4 ? (p.K / p.group_k) * N : N)), off;
   const bool one = scale.numel() == 1;
-  if (scale.dtype == DType::int64) {
+  if (p.a8w4) {  // [K / G][N]: float32, or the scale value of each int64 word (its offset field is not used)
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(s.size()); ++i) {
+      if (scale.dtype == DType::int64) {
+        std::uint64_t w;
+        std::memcpy(&w, static_cast<const std::uint64_t*>(sh.view().data) + i, 8);
+        s[static_cast<std::size_t>(i)] = detail::int64_scale_value(w);
+      } else {
+        s[static_cast<std::size_t>(i)] = detail::load_float(DType::float32, sh.view().data, i);
+      }
+    }
+  } else if (scale.dtype == DType::int64) {
     off.resize(static_cast<std::size_t>(N));  // an int64 scale always carries an offset (0 when none was given)
     for (std::int64_t n = 0; n < N; ++n) {
       std::uint64_t w;
@@ -383,6 +470,11 @@ void quant_matmul_out(TensorView out, ConstTensorView x1, ConstTensorView x2, Co
   a.epilogue.bias_int = bias_i.empty() ? nullptr : bias_i.data();
   a.epilogue.bias_float = bias_f.empty() ? nullptr : bias_f.data();
   a.epilogue.bias_stride = p.bias_batched ? N : 0;
+  if (p.a8w4) {
+    a.epilogue.scale = nullptr;
+    a.group_k = p.group_k;
+    a.group_scale = s.data();
+  }
   kernel(a);
 }
 
@@ -611,11 +703,13 @@ Tensor convert_weight_to_int4pack(ConstTensorView weight) {
 
 Shape plan_quant_matmul(const TensorSpec& x1, const TensorSpec& x2, const TensorSpec& scale,
                         const std::optional<TensorSpec>& offset, const std::optional<TensorSpec>& pertoken_scale,
-                        const std::optional<TensorSpec>& bias, bool transpose_x2, DType output_dtype) {
+                        const std::optional<TensorSpec>& bias, bool transpose_x2, DType output_dtype,
+                        const std::array<std::int64_t, 3>& group_sizes) {
   const QuantMatmulOptions o{.offset = detail::spec_view(offset),
                              .pertoken_scale = detail::spec_view(pertoken_scale),
                              .bias = detail::spec_view(bias),
-                             .transpose_x2 = transpose_x2};
+                             .transpose_x2 = transpose_x2,
+                             .group_sizes = group_sizes};
   return qmm_shape_checked(detail::spec_view(x1), detail::spec_view(x2), detail::spec_view(scale), o, output_dtype);
 }
 

@@ -75,6 +75,32 @@ XQ_HD inline void quant_matmul_finish(const QuantMatmulEpilogue& e, void* out, s
   hd_store_float(e.out_dt, out, i, hd_canonical_nan(v));  // float16 / bfloat16: one rounding
 }
 
+// ---- npu_quant_matmul, A8W4 per-group mode (9.3.1) ----
+// x1 int8 times packed int4 x2, in k groups of G. The NPU's int4 x int4 unit takes x as two int4 halves:
+// x = 16 * hi + (lo + 8) with hi = floor(x / 16) and lo = (x & 15) - 8, both in [-8, 7]. Per k group g the
+// two exact int32 products acc_hi / acc_lo are scaled by scale[g][n] and accumulated across groups in
+// float16 (each term and each sum rounded to float16, round to nearest even, overflow to +-Inf); then
+//   v = float(sum_hi) * 16 + float(sum_lo)    (float32)
+//   v = v + offset[n]                         (when given)
+//   v = v * pertoken_scale[m]                 (when given)
+//   out = narrow(v)                           (float16 / bfloat16)
+XQ_HD inline int a8w4_hi(int x) noexcept { return (x & ~15) / 16; }  // floor(x / 16), exact
+XQ_HD inline int a8w4_lo(int x) noexcept { return (x & 15) - 8; }
+XQ_HD inline float a8w4_half(float v) noexcept { return hd_half_to_float(hd_float_to_half(v)); }
+// One group's term added to a float16 running sum: half(sum + half(float(acc) * scale)).
+XQ_HD inline float a8w4_group_step(float sum, std::int32_t acc, float scale) noexcept {
+  const float term = a8w4_half(static_cast<float>(acc) * scale);
+  return a8w4_half(sum + term);
+}
+XQ_HD inline void a8w4_finish(const QuantMatmulEpilogue& e, void* out, std::int64_t i, std::int64_t m, std::int64_t n,
+                              float sum_hi, float sum_lo) noexcept {
+  float v = sum_hi * 16.0f;  // exact (a power of two; float16 range times 16 stays finite in float32)
+  v = v + sum_lo;
+  if (e.offset != nullptr) v = v + e.offset[n];
+  if (e.pertoken != nullptr) v = v * e.pertoken[m];
+  hd_store_float(e.out_dt, out, i, hd_canonical_nan(v));
+}
+
 // ---- npu_weight_quant_batchmatmul (9.4) ----
 // v rounded to the 16-bit dtype dt and widened back (exact).
 XQ_HD inline float round_to_dtype(DType dt, float v) noexcept {

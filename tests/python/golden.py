@@ -421,6 +421,38 @@ def quant_matmul(x1, x2, scale, offset=None, pertoken_scale=None, bias=None, out
     return narrow(v, BF16 if output_dtype == "bfloat16" else np.dtype(output_dtype))
 
 
+def quant_matmul_a8w4(x1, x2, scale, group_k, offset=None, pertoken_scale=None, output_dtype="float16",
+                      x2_transposed=False) -> np.ndarray:
+    """The A8W4 per-group mode: x1 (int8 [M, K]) split as x = 16 * hi + (lo + 8), hi = floor(x / 16),
+    lo = (x & 15) - 8; per k group g the exact integer products hi @ w and lo @ w, times scale[g] (float32),
+    rounded to float16 and added to float16 running sums (each sum rounded to float16); then, in float32,
+    hi_sum * 16 + lo_sum, + offset, * pertoken_scale, and one narrowing to the output dtype."""
+    x = np.asarray(x1, dtype=np.int64)
+    w = unpack_int4(x2).astype(np.int64)
+    if x2_transposed:
+        w = w.T
+    s, _ = _column_params(scale)
+    K, N = w.shape
+    s = s.reshape(K // group_k, N)
+    hi, lo = np.floor_divide(x, 16), np.bitwise_and(x, 15) - 8
+    sums = []
+    with np.errstate(over="ignore", invalid="ignore"):  # float16 overflow to Inf and Inf - Inf are specified
+        for part in (hi, lo):
+            acc16 = np.zeros((x.shape[0], N), dtype=np.float16)
+            for g in range(K // group_k):
+                ks = slice(g * group_k, (g + 1) * group_k)
+                term = (np.matmul(part[:, ks], w[ks]).astype(np.float32) * s[g]).astype(np.float16)
+                acc16 = (acc16.astype(np.float32) + term.astype(np.float32)).astype(np.float16)
+            sums.append(acc16.astype(np.float32))
+        v = (sums[0] * np.float32(16)).astype(np.float32)
+        v = (v + sums[1]).astype(np.float32)
+        if offset is not None:
+            v = (v + widen(offset).reshape(-1)).astype(np.float32)
+        if pertoken_scale is not None:
+            v = (v * widen(pertoken_scale).reshape(-1, 1)).astype(np.float32)
+        return narrow(v, BF16 if output_dtype == "bfloat16" else np.dtype(output_dtype))
+
+
 def weight_quant_batchmatmul(x, weight, scale, offset=None, bias=None, group_size=0, int4=False,
                              transposed=False) -> np.ndarray:
     """y = narrow(sum over k in increasing order of float32(x) * float32(w) (+ bias)) with

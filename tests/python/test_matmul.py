@@ -182,7 +182,7 @@ def test_quant_matmul_errors():
         xquant.npu_quant_matmul(x1, x2, s, output_dtype=np.float32)
     with pytest.raises(ValueError, match="x2 has shape \\[7, 4\\]"):
         xquant.npu_quant_matmul(x1, _i8(7, 4), s)
-    with pytest.raises(ValueError, match="group_sizes is \\[1, 1, 256\\] but xquant supports only group_sizes=None"):
+    with pytest.raises(ValueError, match="group_sizes is \\[1, 1, 256\\] with int8 x1 and x2, but expected \\[0, 0, 0\\]"):
         xquant.npu_quant_matmul(x1, x2, s, group_sizes=[1, 1, 256])
     with pytest.raises(ValueError, match="x1_dtype is float8_e4m3fn but x1 has dtype int8"):
         xquant.npu_quant_matmul(x1, x2, s, x1_dtype="float8_e4m3fn")
@@ -191,6 +191,83 @@ def test_quant_matmul_errors():
         xquant.npu_quant_matmul(x1, x2, s, offset=s, output_dtype="float16")
     with pytest.raises(TypeError, match="scale has dtype float16"):
         xquant.npu_quant_matmul(x1, x2, s.astype(np.float16))
+
+
+# ---- npu_quant_matmul, A8W4 per-group mode (int8 x1, int4 x2, group_sizes=[0, 0, G]) ----------------------
+
+@pytest.mark.parametrize("out", ["float16", "bfloat16"])
+@pytest.mark.parametrize("scale_kind", ["float32", "int64"])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("pertoken", [None, "1d", "2d"])
+def test_quant_matmul_a8w4_goldens(out, scale_kind, transposed, pertoken):
+    M, K, N, G = 5, 4 * 32, 24, 32
+    x1 = _i8(M, K)
+    if transposed:
+        wt, _ = _int4_words(N, K)  # an (n, k) weight packed along k, passed as its transposed view
+        x2, w_stored = wt.T, wt
+    else:
+        x2, _ = _int4_words(K, N)
+        w_stored = x2
+    s32 = RNG.uniform(0, 1, (K // G, N)).astype(np.float32)
+    scale = golden.trans_quant_param(s32.reshape(-1)).reshape(K // G, N) if scale_kind == "int64" else s32
+    offset = RNG.standard_normal(N).astype(np.float32)
+    pts = {None: None, "1d": RNG.uniform(0.001, 0.02, M).astype(np.float32),
+           "2d": RNG.uniform(0.001, 0.02, (M, 1)).astype(np.float32)}[pertoken]
+    got = _both(xquant.npu_quant_matmul, x1, x2, scale, offset=offset, pertoken_scale=pts, output_dtype=out,
+                group_sizes=[0, 0, G])
+    want = golden.quant_matmul_a8w4(x1, w_stored, scale, G, offset=offset, pertoken_scale=pts, output_dtype=out,
+                                    x2_transposed=transposed)
+    assert_same(got, want, f"{out} {scale_kind} transposed={transposed} pertoken={pertoken}")
+
+
+def test_quant_matmul_a8w4_float16_overflow_nan_and_extremes():
+    # x1 at -128 / 127 (hi = -8 / 7, lo = -8 / 7), weights at -8 / 7, large scales: float16 group terms and
+    # running sums overflow to +-Inf, Inf - Inf gives NaN; a NaN scale; no offset, no pertoken_scale.
+    M, K, N, G = 4, 64, 8, 32
+    x1 = np.array([[-128] * K, [127] * K, [-1] * K, list(range(-32, 32))], np.int8)
+    v = np.tile(np.array([-8, 7, 7, -8, 1, 0, -1, 3]), (K, 1))
+    x2 = golden.pack_int4(v)
+    scale = np.array([[1.0, 10.0, 40.0, 3e4, 0.5, np.nan, 1e-8, 65504.0]] * (K // G), np.float32)
+    for out in ("float16", "bfloat16"):
+        got = _both(xquant.npu_quant_matmul, x1, x2, scale, output_dtype=out, group_sizes=(0, 0, G))
+        assert_same(got, golden.quant_matmul_a8w4(x1, x2, scale, G, output_dtype=out))
+    got = xquant.npu_quant_matmul(x1, x2, scale, output_dtype="float16", group_sizes=[0, 0, G])
+    assert np.isinf(got.astype(np.float32)).any() and np.isnan(got.astype(np.float32)).any()
+
+
+def test_quant_matmul_a8w4_single_group_and_empty():
+    x1, (x2, _) = _i8(3, 16), _int4_words(16, 8)
+    scale = RNG.uniform(0, 1, (1, 8)).astype(np.float32)
+    got = _both(xquant.npu_quant_matmul, x1, x2, scale, output_dtype="bfloat16", group_sizes=[1, 1, 16])
+    assert_same(got, golden.quant_matmul_a8w4(x1, x2, scale, 16, output_dtype="bfloat16"))
+    got = xquant.npu_quant_matmul(_i8(0, 16), x2, scale, output_dtype="float16", group_sizes=[0, 0, 16])
+    assert got.shape == (0, 8)
+
+
+def test_quant_matmul_a8w4_errors():
+    x1, (x2, _) = _i8(2, 64), _int4_words(64, 8)
+    s = np.ones((2, 8), np.float32)
+    with pytest.raises(TypeError, match="x2 has dtype int32 but expected int8 .*, or int32 \\(int4\\) with group_sizes"):
+        xquant.npu_quant_matmul(x1, x2, s, output_dtype="float16")
+    with pytest.raises(ValueError, match="group_sizes is \\[0, 2, 32\\] but expected \\[0 or 1, 0 or 1, G\\]"):
+        xquant.npu_quant_matmul(x1, x2, s, output_dtype="float16", group_sizes=[0, 2, 32])
+    with pytest.raises(ValueError, match="G > 0 dividing K = 64"):
+        xquant.npu_quant_matmul(x1, x2, s, output_dtype="float16", group_sizes=[0, 0, 48])
+    with pytest.raises(ValueError, match="output_dtype is int8 but expected float16 or bfloat16"):
+        xquant.npu_quant_matmul(x1, x2, s, group_sizes=[0, 0, 32])
+    with pytest.raises(ValueError, match="scale has shape \\[8\\]"):
+        xquant.npu_quant_matmul(x1, x2, np.ones(8, np.float32), output_dtype="float16", group_sizes=[0, 0, 32])
+    with pytest.raises(ValueError, match="bias is given but the A8W4 per-group mode"):
+        xquant.npu_quant_matmul(x1, x2, s, bias=np.zeros(8, np.int32), output_dtype="float16", group_sizes=[0, 0, 32])
+    with pytest.raises(ValueError, match="x1 has shape \\[1, 2, 64\\] \\(rank 3\\)"):
+        xquant.npu_quant_matmul(x1[None], x2, s, output_dtype="float16", group_sizes=[0, 0, 32])
+    with pytest.raises(ValueError, match="pertoken_scale has shape \\[2, 2\\]"):
+        xquant.npu_quant_matmul(x1, x2, s, pertoken_scale=np.ones((2, 2), np.float32), output_dtype="float16",
+                                group_sizes=[0, 0, 32])
+    with pytest.raises(ValueError, match="group_sizes is \\[-1, 0, 32\\] but expected non-negative"):
+        xquant.npu_quant_matmul(x1, x2, s, output_dtype="float16", group_sizes=[-1, 0, 32])
+    with pytest.raises(TypeError, match="group_sizes is .* but expected None or a list of 3 ints"):
+        xquant.npu_quant_matmul(x1, x2, s, output_dtype="float16", group_sizes=[32])
 
 
 # ---- npu_weight_quant_batchmatmul -----------------------------------------------------------------------------
