@@ -26,8 +26,18 @@ bool is_known(QuantDType q) {
 }
 
 std::string dtype_str(QuantDType q) {
-  if (!is_known(q)) return std::to_string(static_cast<int>(q));
-  return std::string(quant_dtype_name(q));
+  const std::string_view name = quant_dtype_name(q);
+  return name.empty() || name == "unknown" ? std::to_string(static_cast<int>(q)) : std::string(name);
+}
+
+// A dtype this operator does not write: float8 (a QuantDType of dynamic quantization) or an invalid value.
+[[noreturn]] void fail_dtype(QuantDType dtype) {
+  const bool f8 = dtype == QuantDType::float8_e4m3fn || dtype == QuantDType::float8_e5m2;
+  fail(ErrorCode::invalid_argument, kOp, "dtype",
+       "dtype is " + dtype_str(dtype) + " but expected qint8, quint8, qint32 or quint4x2" +
+           (f8 ? " (npu_quantize's float8 / HiFloat8 outputs exist on the Ascend 950 only and are not implemented; "
+                 "dynamic_quant writes float8)"
+               : ""));
 }
 
 // The output dtypes each mode accepts (seed 02 "dtype"): div_mode = true qint8 / quint8 / int32,
@@ -128,8 +138,7 @@ Plan make_plan(const ConstTensorView& input, const ConstTensorView& scales,
                const std::optional<ConstTensorView>& zero_points, QuantDType dtype, std::int64_t axis, bool div_mode) {
   detail::check_view(kOp, "input", input);
   detail::check_floating(kOp, "input", input.dtype);
-  if (!is_known(dtype))
-    fail(ErrorCode::invalid_argument, kOp, "dtype", "dtype is " + dtype_str(dtype) + " but expected a QuantDType");
+  if (!is_known(dtype)) fail_dtype(dtype);
   check_mode_dtype(dtype, div_mode);
   detail::check_view(kOp, "scales", scales);
   detail::check_floating(kOp, "scales", scales.dtype);
@@ -181,8 +190,7 @@ void run(Device dev, const Plan& plan, void* out, const ConstTensorView& input, 
 }  // namespace
 
 Shape quantize_output_shape(const Shape& input_shape, QuantDType dtype) {
-  if (!is_known(dtype))
-    fail(ErrorCode::invalid_argument, kOp, "dtype", "dtype is " + dtype_str(dtype) + " but expected a QuantDType");
+  if (!is_known(dtype)) fail_dtype(dtype);
   for (std::int64_t d : input_shape)
     if (d < 0)
       fail(ErrorCode::shape_mismatch, kOp, "input",

@@ -160,6 +160,14 @@ def test_python_signatures_are_the_documented_ones(torch_npu):
     assert _sig(mx_driving.npu_fake_tensor_quant_inplace) == fq
     assert _sig(mx_driving.npu_fake_tensor_quant_with_axis) == fq[:2] + [("axis", P, None)] + fq[2:]
     assert torch_npu.npu is torch.npu and sys.modules["torch_npu.npu"] is torch.npu
+    # as on torch_npu, whose functions are torch.ops.npu packets, each carries its operator's schemas (amct
+    # reads torch_npu.npu_quant_matmul._schemas to tell op-plugin versions apart)
+    for name in ("npu_quantize", "npu_dynamic_quant", "npu_quant_matmul", "npu_weight_quant_batchmatmul"):
+        schemas = getattr(torch_npu, name)._schemas
+        assert {k: str(v) for k, v in schemas.items()} == \
+               {k: str(v) for k, v in getattr(torch.ops.npu, name)._schemas.items()}
+    names = [a.name for a in next(iter(torch_npu.npu_quant_matmul._schemas.values())).arguments]
+    assert "x1_dtype" in names and "group_sizes" in names
 
 
 # ---- numerics -------------------------------------------------------------------------------------------------

@@ -94,6 +94,11 @@ def test_quantize_dtype_argument():
             xquant.npu_quantize(X, np.array([1.0], f32), None, bad)
     with pytest.raises(TypeError, match=r"^xquant::quantize: dtype is 8 but expected a torch dtype"):
         xquant.npu_quantize(X, np.array([1.0], f32), None, 8)
+    # float8 is a QuantDType of dynamic quantization, not an output of npu_quantize (Ascend 950 only)
+    for f8 in ("float8_e4m3fn", torch.float8_e5m2):
+        with pytest.raises(ValueError, match=r"^xquant::quantize: dtype is float8_e.* but expected qint8, quint8, "
+                                             r"qint32 or quint4x2 \(npu_quantize's float8"):
+            xquant.npu_quantize(to_torch(X), torch.tensor([1.0]), None, f8, -1, False)
     # every accepted spelling
     want = xquant.npu_quantize(X, np.array([0.1], f32), None, "qint8")
     for d in (torch.qint8, torch.int8, np.int8, np.dtype(np.int8), "qint8", "int8", "torch.qint8"):

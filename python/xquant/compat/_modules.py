@@ -102,6 +102,9 @@ def make_torch_npu(npu_namespace: types.ModuleType, version: str) -> types.Modul
         g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
         g.__kwdefaults__ = f.__kwdefaults__
         g.__doc__, g.__module__, g.__qualname__ = f.__doc__, "torch_npu", f.__name__
+        # torch_npu's functions are torch.ops.npu operator packets: code inspects their schemas (amct asks
+        # `"x1_dtype" in torch_npu.npu_quant_matmul._schemas[...]` to tell op-plugin versions apart)
+        g._schemas = dict(getattr(torch.ops.npu, f.__name__)._schemas)
         setattr(m, f.__name__, g)
     m.npu = npu_namespace
     return m
