@@ -189,7 +189,8 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
       // weight_packed U8 [N, K / 2] (two E2M1 codes a byte), weight_scale F8_E4M3 [N, K / G],
       // weight_global_scale F32 [1].
       cm.q = need(mod + ".weight_packed");
-      if (cm.q->dtype != StDType::U8 || cm.q->shape.size() != 2 || cm.q->shape[1] == 0)
+      if (cm.q->dtype != StDType::U8 || cm.q->shape.size() != 2 || cm.q->shape[1] == 0 ||
+          cm.q->shape[1] > INT64_MAX / 2)
         bad_input(f.path + ": '" + cm.q->name + "' is " + std::string(st_dtype_name(cm.q->dtype)) + " " +
                   dims_str(cm.q->shape) + ", expected a U8 [N, K / 2] tensor with K >= 2 (two FP4 E2M1 values a byte)");
       cm.N = cm.q->shape[0];
@@ -486,8 +487,8 @@ std::optional<CtConfig> infer_ct_config(const WeightFile& f) {
     const TensorEntry* shape = h.find(mod + ".weight_shape");
     const TensorEntry* w = h.find(mod + ".weight");
     std::int64_t K = 0;
-    if (packed && packed->dtype == StDType::U8 && packed->shape.size() == 2 && t.dtype == StDType::F8_E4M3 &&
-        h.find(mod + ".weight_global_scale")) {
+    if (packed && packed->dtype == StDType::U8 && packed->shape.size() == 2 && packed->shape[1] <= INT64_MAX / 2 &&
+        t.dtype == StDType::F8_E4M3 && h.find(mod + ".weight_global_scale")) {
       c.format = "nvfp4-pack-quantized";
       c.kind = CtKind::Nvfp4;
       c.bits = 4;

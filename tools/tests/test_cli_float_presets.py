@@ -416,3 +416,31 @@ def test_nvfp4_k_not_multiple_of_16(tmp_path):
     r = xquant("quantize", src, "-o", tmp_path / "out", "--preset", "NVFP4A16", "--keep-partial-dense", "-q")
     assert r.returncode == 0, r.stderr
     assert config_of(tmp_path / "out")["quantization_config"]["ignore"] == ["model.layers.0.mlp.down_proj"]
+
+
+def test_dequantize_refuses_bad_float_tensors(tmp_path):
+    """dequantize checks the float formats' tensors: a global scale that is not finite and positive, a
+    weight_global_scale or an FP8 weight of another dtype (exit 1, naming the tensor, nothing written)."""
+    from safetensors.torch import save_file
+    q8, q4 = tmp_path / "q8", tmp_path / "q4"
+    assert xquant("quantize", SAMPLE_MODEL, "-o", q8, "--preset", "FP8_DYNAMIC", "-q").returncode == 0
+    assert xquant("quantize", SAMPLE_MODEL, "-o", q4, "--preset", "NVFP4A16", "-q").returncode == 0
+    cases = [
+        (q4, UP_PROJ + ".weight_global_scale", torch.tensor([0.0]), "expected a finite positive global scale"),
+        (q4, UP_PROJ + ".weight_global_scale", torch.tensor([float("inf")]), "expected a finite positive global scale"),
+        (q4, UP_PROJ + ".weight_global_scale", torch.tensor([1.0], dtype=torch.float16), "expected F32 [1]"),
+        (q8, UP_PROJ + ".weight", torch.zeros((512, 256), dtype=torch.int8), "must be a 2-D F8_E4M3 tensor"),
+    ]
+    for i, (src, name, value, needle) in enumerate(cases):
+        d = tmp_path / f"bad{i}"
+        os.makedirs(d)
+        for fn in os.listdir(src):
+            if not fn.startswith("."):
+                with open(src / fn, "rb") as a, open(d / fn, "wb") as b:
+                    b.write(a.read())
+        sd = stored(d)
+        sd[name] = value
+        save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+        r = xquant("dequantize", d, "-o", tmp_path / f"out{i}")
+        assert r.returncode == 1 and name in r.stderr and needle in r.stderr, (needle, r.stderr)
+        assert not (tmp_path / f"out{i}").exists()
