@@ -103,10 +103,13 @@ void stored_values(const std::byte* q, std::int64_t b, std::int64_t n, float* ou
   } else if constexpr (S == Stored::Fp8) {
     for (std::int64_t i = 0; i < n; ++i)
       out[i] = xquant::detail::hd_float8_to_float(static_cast<std::uint8_t>(q[b + i]), xquant::DType::float8_e4m3fn);
-  } else if constexpr (S == Stored::Fp4) {
+  } else if constexpr (S == Stored::Fp4) {  // b and n even
     const std::byte* p = q + b / 2;
-    for (std::int64_t i = 0; i < n; ++i)
-      out[i] = ct_fp4_value(static_cast<std::uint8_t>((static_cast<unsigned>(p[i / 2]) >> (4 * (i & 1))) & 0xFu));
+    for (std::int64_t i = 0; i < n / 2; ++i) {
+      const auto byte = static_cast<std::uint8_t>(p[i]);
+      out[2 * i] = ct::fp4_value(byte & 0xFu);
+      out[2 * i + 1] = ct::fp4_value(static_cast<std::uint8_t>(byte >> 4));
+    }
   } else {
     const std::byte* p = q + b / 2;
     std::int64_t i = 0;
@@ -211,13 +214,13 @@ ErrorStats quantize_known(const std::byte* x, StDType dt, const float* v, std::i
   ErrorStats e;
   if (p.kind == CtKind::Fp8) {  // E4M3 bytes of clamp(x / s', -448, 448)
     for (std::int64_t g = 0; g < groups; ++g)
-      for (std::int64_t k = g * G; k < (g + 1) * G; ++k) q[k] = static_cast<std::byte>(ct_fp8_quantize(v[k], sw[g]));
+      for (std::int64_t k = g * G; k < (g + 1) * G; ++k) q[k] = static_cast<std::byte>(ct::fp8_quantize(v[k], sw[g]));
     return error_groups<Stored::Fp8>(v, q, groups, G, sw, nullptr);
   }
   if (p.kind == CtKind::Nvfp4) {  // E2M1 codes of clamp(x / s_eff, -6, 6), two per byte (G is even)
     for (std::int64_t g = 0; g < groups; ++g)
       for (std::int64_t k = g * G; k < (g + 1) * G; k += 2)
-        q[k / 2] = static_cast<std::byte>(ct_fp4_quantize(v[k], sw[g]) | (ct_fp4_quantize(v[k + 1], sw[g]) << 4));
+        q[k / 2] = static_cast<std::byte>(ct::fp4_quantize(v[k], sw[g]) | (ct::fp4_quantize(v[k + 1], sw[g]) << 4));
     return error_groups<Stored::Fp4>(v, q, groups, G, sw, nullptr);
   }
   if (p.bits == 8) {

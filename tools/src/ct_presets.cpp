@@ -483,10 +483,7 @@ CtScale ct_fp8_scale(float amax, StDType scale_dt) {
   return r;
 }
 
-std::uint8_t ct_fp8_quantize(float x, float s) {
-  const float v = std::clamp(x / s, -448.0f, 448.0f);  // clamped first: the cast does not saturate
-  return xquant::detail::hd_float_to_float8(v, kE4m3, false);
-}
+std::uint8_t ct_fp8_quantize(float x, float s) { return ct::fp8_quantize(x, s); }
 
 float ct_nvfp4_global_scale(float amax) {
   // generate_gparam: amax raised to float32's smallest normal, 448 * 6 / amax (torch's scalar / tensor is
@@ -510,35 +507,9 @@ CtScale ct_nvfp4_scale(float amax, float gs) {
   return r;
 }
 
-std::uint8_t ct_fp4_quantize(float x, float s) {
-  const float v = std::clamp(x / s, -6.0f, 6.0f);
-  const float a = std::fabs(v);
-  // Round to nearest even on 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0-7): each tie goes to the even code.
-  std::uint8_t m;
-  if (a <= 0.25f)
-    m = 0;
-  else if (a < 0.75f)
-    m = 1;
-  else if (a <= 1.25f)
-    m = 2;
-  else if (a < 1.75f)
-    m = 3;
-  else if (a <= 2.5f)
-    m = 4;
-  else if (a < 3.5f)
-    m = 5;
-  else if (a <= 5.0f)
-    m = 6;
-  else
-    m = 7;
-  return static_cast<std::uint8_t>(m | (v < 0.0f ? 0x8u : 0x0u));
-}
+std::uint8_t ct_fp4_quantize(float x, float s) { return ct::fp4_quantize(x, s); }
 
-float ct_fp4_value(std::uint8_t code) {
-  static constexpr float kValues[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float a = kValues[code & 7u];
-  return (code & 8u) ? -a : a;
-}
+float ct_fp4_value(std::uint8_t code) { return ct::fp4_value(code); }
 
 // ---- shared helpers ----
 

@@ -381,7 +381,7 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
         v = xquant::detail::hd_float8_to_float(byte, xquant::DType::float8_e4m3fn) *
             s.scale[static_cast<std::size_t>(k)];
       } else {
-        v = ct_fp4_value(static_cast<std::uint8_t>((byte >> (4 * ((b + k) & 1))) & 0xFu)) *
+        v = ct::fp4_value(static_cast<std::uint8_t>((byte >> (4 * ((b + k) & 1))) & 0xFu)) *
             s.scale[static_cast<std::size_t>(k)];
         v = xquant::bfloat16_to_float(xquant::float_to_bfloat16(v));
       }
