@@ -1,7 +1,7 @@
 // Model directories in the compressed-tensors format (the `quantization_config` that transformers'
 // CompressedTensorsHfQuantizer and vLLM load): quantize a Hugging Face model directory with a preset
-// (W4A16, W8A16, W8A8), dequantize such a directory, inspect one. See docs/cli.md, "Model directories
-// and the compressed-tensors format".
+// (W4A16, W4A16_ASYM, W8A16, W8A8, FP8_DYNAMIC, NVFP4A16), dequantize such a directory, inspect one. See docs/cli.md,
+// "Model directories and the compressed-tensors format".
 //
 // ct_presets.cpp: the presets, which modules are quantized, the config, the scales.
 // ct_export.cpp:  quantize a directory (the numbers: the library's quantize_out, scalar passes around it).
@@ -23,7 +23,7 @@
 namespace xqcli {
 
 struct ExportOptions {
-  std::string preset = "W4A16";   // W4A16 | W4A16_ASYM | W8A16 | W8A8, any case
+  std::string preset = "W4A16";   // W4A16 | W4A16_ASYM | W8A16 | W8A8 | FP8_DYNAMIC | NVFP4A16, any case
   std::int64_t group_size = 128;  // W4A16 / W8A16; 0: one scale per output channel
   bool group_size_given = false;
   // compressed-tensors' selection syntax (docs/cli.md, "Which modules are quantized"): a module class
@@ -38,12 +38,18 @@ struct ExportOptions {
   std::string observer = "minmax";                // or "mse": a search of the clipping range per group (ct_mse_range)
 };
 
+// The weight type of a preset: integers (W4A16, W4A16_ASYM, W8A16, W8A8), FP8 E4M3 with one scale per
+// output channel (FP8_DYNAMIC, float-quantized), or FP4 E2M1 in groups of 16 with FP8 E4M3 group scales
+// and a float32 global scale per tensor (NVFP4A16, nvfp4-pack-quantized).
+enum class CtKind { Int, Fp8, Nvfp4 };
+
 // A preset as compressed-tensors names it.
 struct Preset {
-  std::string name;          // upper case
+  std::string name;  // upper case
+  CtKind kind = CtKind::Int;
   int bits = 4;              // weight bits
-  bool packed = true;        // pack-quantized (int32 words) vs int-quantized (int8 weight)
-  bool act8 = false;         // dynamic per-token int8 input activations (W8A8)
+  bool packed = true;        // pack-quantized (int32 words; NVFP4A16: two FP4 per uint8) vs one value per byte
+  bool act8 = false;         // dynamic per-token input activations (W8A8: int8, FP8_DYNAMIC: FP8 E4M3)
   bool symmetric = true;     // false: a zero point per group (W4A16_ASYM)
   bool amax_qmax = false;    // the old scale rule amax / qmax (--scale-rule amax-qmax)
   bool mse = false;          // --observer mse
@@ -94,6 +100,9 @@ std::string inferred_class(const std::string& module);
 std::string partial_groups_message(const Preset& p, const std::vector<std::int64_t>& partial_k,
                                    const std::vector<std::int64_t>& all_k);
 
+// The config's "format" of a preset: pack-quantized, int-quantized, float-quantized, nvfp4-pack-quantized.
+const char* ct_format_name(const Preset& p);
+
 // config.json's "quantization_config" of a preset, `ignore` the module names left dense (sorted), as
 // JSON text (an object, keys in compressed-tensors' order).
 std::string quantization_config_json(const Preset& p, const std::vector<std::string>& ignore);
@@ -130,6 +139,39 @@ int ct_mse_range(const float* v, std::int64_t n, float& lo, float& hi, const Pre
 // A message for a group whose scale is not ok: amax, the scale and its dtype, the largest value.
 std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const CtScale& s);
 
+// ---- the float presets (docs/cli.md, "FP8_DYNAMIC and NVFP4A16") ----
+//
+// FP8_DYNAMIC, one output channel (row) whose largest finite |x| is `amax` (compressed-tensors'
+// calculate_qparams for float 8-bit weights, in float32): s = amax / 448 rounded to nearest even to
+// `scale_dt` (F32, F16, BF16); a stored 0 (an all-zero row, or a scale that underflows) becomes the
+// epsilon of scale_dt (2^-23, 2^-10, 2^-7), as ct_qparams does. `ok` is false when s' or the largest
+// dequantized value 448 * s' rounded to scale_dt is not finite.
+CtScale ct_fp8_scale(float amax, StDType scale_dt);
+// The FP8 E4M3 bits of x / s' (float32 division) clamped to [-448, 448] and rounded to nearest even
+// (src/core/float8.hpp); x finite, s' > 0.
+std::uint8_t ct_fp8_quantize(float x, float s);
+
+// NVFP4A16, one tensor whose largest finite |x| is `amax`: the global scale 448 * 6 / amax as
+// compressed-tensors' generate_gparam computes it in float32: amax raised to FLT_MIN, then (torch's
+// scalar / tensor is the reciprocal times the scalar) fl(fl(1 / amax) * 2688), and 1 when that is not
+// finite (an all-zero tensor, or amax below about 7.9e-36).
+float ct_nvfp4_global_scale(float amax);
+// One group of 16 whose largest finite |x| is `amax`, with the tensor's global scale `gs`: the FP8 E4M3
+// scale fl(gs * fl(amax / 6)) clamped to 448 and rounded to nearest even; a scale of 0 (an all-zero
+// group, or one below half of E4M3's smallest subnormal 2^-9) becomes `kNvfp4ZeroScale`, as
+// compressed-tensors does. `bits` the E4M3 byte, `widened` the effective scale fl(E4M3 value / gs)
+// (what quantization divides by and dequantization multiplies by), `largest` 6 * widened; `ok` when both
+// are finite.
+CtScale ct_nvfp4_scale(float amax, float gs);
+inline constexpr std::uint8_t kNvfp4ZeroScale = 0x20;  // E4M3 0.125
+// The FP4 E2M1 code (bit 3 the sign, bits 0-2 the index of 0, 0.5, 1, 1.5, 2, 3, 4, 6) of x / s (float32
+// division) clamped to [-6, 6], rounded to nearest even (ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2,
+// 2.5 -> 2, 3.5 -> 4, 5 -> 4); the sign bit is set when x / s < 0 (-0.0 gives +0, as compressed-tensors'
+// cast_to_fp4 does). x finite, s > 0.
+std::uint8_t ct_fp4_quantize(float x, float s);
+// The value of an FP4 E2M1 code (exact).
+float ct_fp4_value(std::uint8_t code);
+
 // The quantization of `groups` consecutive groups of G elements of a weight (a run of whole groups in
 // row-major order; G = K per channel) at `x`, which need not be aligned: scales and zero points as
 // ct_qparams() over the finite minimum / maximum of each group (after ct_mse_range() with --observer mse),
@@ -141,9 +183,13 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
 // `scale_dt`; `zp` (asymmetric presets) `groups` int8 zero points. `first_group` (the index of the first group in the
 // tensor) and `groups_per_row` (K / G) only name the place of a scale that cannot be stored, in the CliError thrown
 // (exit 1). Returns the round-trip error sums (x against q * s' in float32).
+// FP8_DYNAMIC: ct_fp8_scale / ct_fp8_quantize, `q` groups * G E4M3 bytes, `scale` in scale_dt.
+// NVFP4A16: ct_nvfp4_scale with the tensor's `global_scale` / ct_fp4_quantize, `q` groups * G / 2 bytes
+// (element 2i in the low nibble of byte i, 2i + 1 in the high one), `scale` E4M3 bytes (scale_dt is
+// F8_E4M3). Both refuse a NaN or +-Inf weight (CliError naming its row and column).
 ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t groups, std::int64_t G, const Preset& p,
                               StDType scale_dt, std::byte* q, std::byte* scale, std::int64_t first_group = 0,
-                              std::int64_t groups_per_row = 1, std::int8_t* zp = nullptr);
+                              std::int64_t groups_per_row = 1, std::int8_t* zp = nullptr, float global_scale = 0.0f);
 
 // xquant quantize DIR -o OUT (and --format compressed-tensors).
 QuantizeResult run_export(const QuantizeOptions& q, const ExportOptions& e);

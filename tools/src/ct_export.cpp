@@ -31,6 +31,7 @@
 #include "plan.hpp"
 #include "progress.hpp"
 #include "writer.hpp"
+#include "core/float8.hpp"
 #include "xquant/quantize.hpp"
 #include "xquant/version.hpp"
 
@@ -89,13 +90,26 @@ void run_minmax(const float* v, std::int64_t n, float& lo, float& hi, std::int64
   }
 }
 
+// How the values of a quantized group are held: int8, int4 nibbles, FP8 E4M3 bytes, FP4 E2M1 nibbles.
+enum class Stored { Int8, Int4, Fp8, Fp4 };
+
 // The stored values of the quantize call's output (before the storage offsets) q[b, b + n) as float32:
 // int8, or the two's complement nibbles of quint4x2 words (element 8k + j in bits [4j, 4j + 3] of word
-// k, little endian; b even).
-template <int BITS>
+// k, little endian; b even); FP8 E4M3 bytes; FP4 E2M1 codes, element 2i in the low nibble of byte i.
+template <Stored S>
 void stored_values(const std::byte* q, std::int64_t b, std::int64_t n, float* out) {
-  if constexpr (BITS == 8) {
+  if constexpr (S == Stored::Int8) {
     for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<std::int8_t>(q[b + i]));
+  } else if constexpr (S == Stored::Fp8) {
+    for (std::int64_t i = 0; i < n; ++i)
+      out[i] = xquant::detail::hd_float8_to_float(static_cast<std::uint8_t>(q[b + i]), xquant::DType::float8_e4m3fn);
+  } else if constexpr (S == Stored::Fp4) {  // b and n even
+    const std::byte* p = q + b / 2;
+    for (std::int64_t i = 0; i < n / 2; ++i) {
+      const auto byte = static_cast<std::uint8_t>(p[i]);
+      out[2 * i] = ct::fp4_value(byte & 0xFu);
+      out[2 * i + 1] = ct::fp4_value(static_cast<std::uint8_t>(byte >> 4));
+    }
   } else {
     const std::byte* p = q + b / 2;
     std::int64_t i = 0;
@@ -119,7 +133,7 @@ std::vector<float>& error_scratch() {
 // the end. The same sums on every machine and for every thread count. Non-finite inputs add +0, which
 // leaves a lane as it is. A group whose float32 lanes overflow (|x| above ~1.8e19) is summed again in
 // double, so a large weight never turns the report into Inf / Inf = NaN.
-template <int BITS>
+template <Stored S>
 ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups, std::int64_t G, const float* sw,
                         const float* zw) {
   double sig[8] = {}, noi[8] = {};
@@ -133,7 +147,7 @@ ErrorStats error_groups(const float* v, const std::byte* q, std::int64_t groups,
     float gs[8] = {}, gn[8] = {}, gm[8] = {};
     const std::int64_t b = g * G;
     const float* x = v + b;
-    stored_values<BITS>(q, b, G, qf.data());
+    stored_values<S>(q, b, G, qf.data());
     const float* qv = qf.data();
     const auto lane = [&](int j, std::int64_t k) {
       const bool ok = std::fabs(x[k]) <= FLT_MAX;
@@ -198,10 +212,21 @@ ErrorStats quantize_known(const std::byte* x, StDType dt, const float* v, std::i
   std::optional<xquant::ConstTensorView> zv;
   if (zw) zv = xquant::ConstTensorView(zw, xquant::DType::float32, {groups});
   ErrorStats e;
+  if (p.kind == CtKind::Fp8) {  // E4M3 bytes of clamp(x / s', -448, 448)
+    for (std::int64_t g = 0; g < groups; ++g)
+      for (std::int64_t k = g * G; k < (g + 1) * G; ++k) q[k] = static_cast<std::byte>(ct::fp8_quantize(v[k], sw[g]));
+    return error_groups<Stored::Fp8>(v, q, groups, G, sw, nullptr);
+  }
+  if (p.kind == CtKind::Nvfp4) {  // E2M1 codes of clamp(x / s_eff, -6, 6), two per byte (G is even)
+    for (std::int64_t g = 0; g < groups; ++g)
+      for (std::int64_t k = g * G; k < (g + 1) * G; k += 2)
+        q[k / 2] = static_cast<std::byte>(ct::fp4_quantize(v[k], sw[g]) | (ct::fp4_quantize(v[k + 1], sw[g]) << 4));
+    return error_groups<Stored::Fp4>(v, q, groups, G, sw, nullptr);
+  }
   if (p.bits == 8) {
     const xquant::TensorView yout(q, xquant::DType::int8, {groups, G});
     xquant::quantize_out(yout, xin, sv, zv, xquant::QuantDType::qint8, 0, true);
-    e = error_groups<8>(v, q, groups, G, sw, zw);
+    e = error_groups<Stored::Int8>(v, q, groups, G, sw, zw);
   } else if (!p.amax_qmax) {
     auto& t = int8_scratch();
     t.resize(static_cast<std::size_t>(groups * G));
@@ -212,14 +237,14 @@ ErrorStats quantize_known(const std::byte* x, StDType dt, const float* v, std::i
       const int hi = std::clamp<int>(t[static_cast<std::size_t>(i + 1)], -8, 7);
       q[i / 2] = static_cast<std::byte>((lo & 0xF) | ((hi & 0xF) << 4));
     }
-    e = error_groups<4>(v, q, groups, G, sw, zw);
+    e = error_groups<Stored::Int4>(v, q, groups, G, sw, zw);
   } else {
     std::vector<float> mult(static_cast<std::size_t>(groups));
     for (std::size_t g = 0; g < mult.size(); ++g) mult[g] = 1.0f / sw[g];  // quint4x2 multiplies
     const xquant::TensorView yout(q, xquant::DType::int32, {groups, G / 8});
     const xquant::ConstTensorView mv(mult.data(), xquant::DType::float32, {groups});
     xquant::quantize_out(yout, xin, mv, std::nullopt, xquant::QuantDType::quint4x2, -2, false);
-    e = error_groups<4>(v, q, groups, G, sw, nullptr);
+    e = error_groups<Stored::Int4>(v, q, groups, G, sw, nullptr);
   }
   if (p.packed) {  // unsigned storage: each nibble + 8 (int4), each byte + 128 (8-bit packed words)
     const auto flip = static_cast<std::byte>(p.bits == 4 ? 0x88 : 0x80);
@@ -261,11 +286,26 @@ std::string place(std::int64_t group, std::int64_t G, std::int64_t groups_per_ro
   return "row " + std::to_string(row) + ", columns [" + std::to_string(c0) + ", " + std::to_string(c0 + G) + ")";
 }
 
+CtScale group_scale(float lo, float hi, const Preset& p, StDType scale_dt, float global_scale) {
+  if (p.kind == CtKind::Fp8) return ct_fp8_scale(std::max(-lo, hi), scale_dt);
+  if (p.kind == CtKind::Nvfp4) return ct_nvfp4_scale(std::max(-lo, hi), global_scale);
+  return ct_qparams(lo, hi, p, scale_dt);
+}
+
+std::string nonfinite_refusal(const Preset& p, float value) {
+  return std::string(std::isnan(value) ? "NaN"
+                     : value > 0       ? "+Inf"
+                                       : "-Inf") +
+         ": " + p.name + " refuses NaN and +-Inf weights (compressed-tensors would give the whole " +
+         (p.kind == CtKind::Fp8 ? "channel" : "group") +
+         " a NaN or infinite scale); replace them, or --ignore the module";
+}
+
 }  // namespace
 
 ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t groups, std::int64_t G, const Preset& p,
                               StDType scale_dt, std::byte* q, std::byte* scale, std::int64_t first_group,
-                              std::int64_t groups_per_row, std::int8_t* zp) {
+                              std::int64_t groups_per_row, std::int8_t* zp, float global_scale) {
   const std::int64_t n = groups * G;
   const auto ssize = st_dtype_size(scale_dt);
   const std::byte* xa = aligned_input(x, dt, n);
@@ -278,8 +318,15 @@ ErrorStats ct_quantize_groups(const std::byte* x, StDType dt, std::int64_t group
   for (std::int64_t g = 0; g < groups; ++g) {
     float lo, hi;
     run_minmax(v + g * G, G, lo, hi, nonfinite);
+    if (nonfinite && p.kind != CtKind::Int)
+      for (std::int64_t k = 0; k < G; ++k)
+        if (!std::isfinite(v[g * G + k])) {
+          const std::int64_t at = (first_group + g) % groups_per_row * G + k;
+          bad_input("row " + std::to_string((first_group + g) / groups_per_row) + ", column " + std::to_string(at) +
+                    ": " + nonfinite_refusal(p, v[g * G + k]));
+        }
     if (p.mse) ct_mse_range(v + g * G, G, lo, hi, p, scale_dt);
-    const CtScale s = ct_qparams(lo, hi, p, scale_dt);
+    const CtScale s = group_scale(lo, hi, p, scale_dt, global_scale);
     if (!s.ok)
       bad_input(place(first_group + g, G, groups_per_row) + ": " +
                 ct_scale_problem(std::max(-lo, hi), p.bits, scale_dt, s));
@@ -322,6 +369,17 @@ std::vector<std::byte> pack_zero_points(const std::vector<std::int8_t>& zp, std:
   for (std::size_t i = 0; i < words.size(); ++i)
     for (int b = 0; b < 4; ++b) out[i * 4 + static_cast<std::size_t>(b)] = static_cast<std::byte>(words[i] >> (8 * b));
   return out;
+}
+
+// The dtype of the stored values and of the scales of a preset (the scales of the int presets and
+// FP8_DYNAMIC: the model's dtype from config.json, else the weight's).
+StDType stored_dtype(const Preset& p) {
+  if (p.kind == CtKind::Fp8) return StDType::F8_E4M3;
+  if (p.kind == CtKind::Nvfp4) return StDType::U8;
+  return p.packed ? StDType::I32 : StDType::I8;
+}
+StDType scale_dtype(const Preset& p, const std::optional<StDType>& model_dt, StDType weight_dt) {
+  return p.kind == CtKind::Nvfp4 ? StDType::F8_E4M3 : model_dt.value_or(weight_dt);
 }
 
 // One input tensor and where its outputs go.
@@ -401,6 +459,37 @@ struct WeightJob {
   std::uint64_t& done;
   std::size_t tensors_done;
   std::vector<std::int8_t>* zp = nullptr;  // asymmetric: the zero point of every group, [N, K / G]
+  float global_scale = 0.0f;               // NVFP4A16: the tensor's (global_amax() first)
+
+  // NVFP4A16's first pass: the largest finite |x| of the whole tensor, in pieces (in parallel, merged
+  // exactly), its input pages dropped after each chunk. A NaN or +-Inf weight is refused here.
+  float global_amax() {
+    const std::byte* src = in.data() + src_off;
+    const auto esize = static_cast<std::int64_t>(st_dtype_size(t.dtype));
+    const std::int64_t n = t.numel, piece = ct::kPieceElems;
+    const std::int64_t npieces = (n + piece - 1) / piece, ppc = ct::kChunkElems / piece;
+    float amax = 0.0f;
+    for (std::int64_t c0 = 0; c0 < npieces; c0 += ppc) {
+      const std::int64_t c1 = std::min(npieces, c0 + ppc);
+      std::vector<float> lo(static_cast<std::size_t>(c1 - c0)), hi(lo.size());
+      std::vector<std::int64_t> bad(lo.size());
+      parallel_pieces(c1 - c0, t.name, [&](std::int64_t k) {
+        const std::int64_t a = (c0 + k) * piece, len = std::min(n, a + piece) - a;
+        const float* v = widened(src + a * esize, t.dtype, len);
+        const auto i = static_cast<std::size_t>(k);
+        run_minmax(v, len, lo[i], hi[i], bad[i]);
+        if (bad[i])
+          for (std::int64_t j = 0; j < len; ++j)
+            if (!std::isfinite(v[j]))
+              bad_input("row " + std::to_string((a + j) / t.shape[1]) + ", column " +
+                        std::to_string((a + j) % t.shape[1]) + ": " + nonfinite_refusal(p, v[j]));
+      });
+      for (std::size_t i = 0; i < lo.size(); ++i) amax = std::max(amax, std::max(-lo[i], hi[i]));
+      in.release(src_off + static_cast<std::uint64_t>(c0 * piece * esize),
+                 static_cast<std::uint64_t>((std::min(n, c1 * piece) - c0 * piece) * esize));
+    }
+    return amax;
+  }
 
   ErrorStats run() {
     const std::int64_t N = t.shape[0], K = t.shape[1];
@@ -432,7 +521,7 @@ struct WeightJob {
         const std::int64_t a = g0 + k * gpp, b = std::min(g1, a + gpp);
         errs[static_cast<std::size_t>(k)] =
             ct_quantize_groups(src + a * G * esize, t.dtype, b - a, G, p, sdt, qb + (a - g0) * G * p.bits / 8,
-                               sb + (a - g0) * ssize, a, gpr, zp ? zp->data() + a : nullptr);
+                               sb + (a - g0) * ssize, a, gpr, zp ? zp->data() + a : nullptr, global_scale);
       });
       for (const auto& e : errs) err.merge(e);  // piece order: the same for every thread count
       writer.submit(std::move(qbuf), qdst + static_cast<std::uint64_t>(g0 * G * p.bits / 8), out_file);
@@ -482,7 +571,12 @@ struct WeightJob {
         bad_input("tensor '" + t.name + "': --observer mse keeps a group in memory; groups longer than " +
                   std::to_string(ct::kPieceElems) + " elements (here one scale per row of " + std::to_string(G) +
                   ") are not supported: use a --group-size");
-      const CtScale s = ct_qparams(mn, mx, p, sdt);
+      if (err.nonfinite && p.kind != CtKind::Int)
+        bad_input("tensor '" + t.name + "': " + place(g, G, gpr) + " holds " + std::to_string(err.nonfinite) +
+                  " NaN or +-Inf values: " + p.name +
+                  " refuses them (compressed-tensors would give the channel a NaN "
+                  "or infinite scale); replace them, or --ignore the module");
+      const CtScale s = group_scale(mn, mx, p, sdt, global_scale);
       if (!s.ok)
         bad_input("tensor '" + t.name + "': " + place(g, G, gpr) + ": " +
                   ct_scale_problem(std::max(-mn, mx), p.bits, sdt, s));
@@ -579,20 +673,24 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
       r.reason = it.d.reason;
       r.warned = it.d.warn;
       if (it.d.quantize) {
-        for (const char* suffix :
-             {".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx"})
+        for (const char* suffix : {".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point",
+                                   ".weight_g_idx", ".weight_global_scale"})
           if (names.count(it.d.module + suffix))
             bad_input(o.input + ": tensor '" + it.d.module + suffix + "' already exists, so '" + t.name +
                       "' cannot be quantized (is the model already quantized?)");
         const std::int64_t N = t.shape[0], K = t.shape[1];
         const std::int64_t G = p.group == 0 ? K : p.group;
-        const StDType sdt = model_dt.value_or(t.dtype);
-        r.stored_dtype = p.packed ? StDType::I32 : StDType::I8;
-        r.stored_shape = p.packed ? Dims{N, K * p.bits / 32} : Dims{N, K};
+        const StDType sdt = scale_dtype(p, model_dt, t.dtype);
+        r.stored_dtype = stored_dtype(p);
+        r.stored_shape = p.kind == CtKind::Nvfp4 ? Dims{N, K / 2} : p.packed ? Dims{N, K * p.bits / 32} : Dims{N, K};
         r.channel_dim = 0;
         r.channels = N * (K / G);
+        // + weight_shape (int packed) or weight_global_scale (NVFP4A16), + the zero points (asymmetric)
         r.bytes_out = static_cast<std::uint64_t>(N * K * p.bits / 8) +
-                      static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt) + (p.packed ? 16 : 0) +
+                      static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt) +
+                      (p.kind == CtKind::Nvfp4 ? 4
+                       : p.packed              ? 16
+                                               : 0) +
                       (p.symmetric ? 0 : zero_point_bytes(N, K / G, p.bits));
       } else {
         if (it.d.ignore) ignore.insert(it.d.module);
@@ -622,7 +720,7 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
     }
     const std::int64_t N = it.t->shape[0], K = it.t->shape[1];
     const std::int64_t G = p.group == 0 ? K : p.group;
-    const StDType sdt = model_dt.value_or(it.t->dtype);
+    const StDType sdt = scale_dtype(p, model_dt, it.t->dtype);
     const auto qbytes = static_cast<std::uint64_t>(N * K * p.bits / 8);
     ts.push_back({it.d.module + (p.packed ? ".weight_packed" : ".weight"), r.stored_dtype, r.stored_shape, qbytes, 0});
     ts.push_back({it.d.module + ".weight_scale",
@@ -630,7 +728,10 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
                   {N, K / G},
                   static_cast<std::uint64_t>(N * (K / G)) * st_dtype_size(sdt),
                   0});
-    if (p.packed) ts.push_back({it.d.module + ".weight_shape", StDType::I64, {2}, 16, 0});
+    if (p.kind == CtKind::Nvfp4)
+      ts.push_back({it.d.module + ".weight_global_scale", StDType::F32, {1}, 4, 0});
+    else if (p.packed)
+      ts.push_back({it.d.module + ".weight_shape", StDType::I64, {2}, 16, 0});
     if (!p.symmetric)
       ts.push_back({it.d.module + ".weight_zero_point",
                     StDType::I32,
@@ -705,8 +806,14 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
       } else {
         const std::uint64_t qdst = offset_of[it.out].at(it.d.module + (p.packed ? ".weight_packed" : ".weight"));
         const std::uint64_t sdst = offset_of[it.out].at(it.d.module + ".weight_scale");
-        WeightJob job{p,    *it.t,    in,   src_off,     model_dt.value_or(it.t->dtype), writer, it.out, qdst,
+        WeightJob job{p,    *it.t,    in,   src_off,     scale_dtype(p, model_dt, it.t->dtype), writer, it.out, qdst,
                       sdst, progress, done, tensors_done};
+        if (p.kind == CtKind::Nvfp4) {
+          job.global_scale = ct_nvfp4_global_scale(job.global_amax());
+          std::vector<std::byte> gb(4);
+          std::memcpy(gb.data(), &job.global_scale, 4);
+          writer.submit(std::move(gb), offset_of[it.out].at(it.d.module + ".weight_global_scale"), it.out);
+        }
         std::vector<std::int8_t> zps;
         const std::int64_t N = it.t->shape[0], K = it.t->shape[1];
         const std::int64_t G = p.group == 0 ? K : p.group;
@@ -719,7 +826,7 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
         if (!p.symmetric)
           writer.submit(pack_zero_points(zps, N, K / G, p.bits),
                         offset_of[it.out].at(it.d.module + ".weight_zero_point"), it.out);
-        if (p.packed) {
+        if (p.packed && p.kind == CtKind::Int) {
           const std::int64_t shape[2] = {it.t->shape[0], it.t->shape[1]};
           std::vector<std::byte> sb(sizeof shape);
           std::memcpy(sb.data(), shape, sizeof shape);
@@ -777,12 +884,27 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
 void print_export_report(std::FILE* out, const QuantizeOptions& o, const ExportOptions& e, const QuantizeResult& r) {
   const Preset p = make_preset(e);
   std::fprintf(out, "xquant %s quantize: %s -> %s\n", xquant::kVersion, o.input.c_str(), o.output.c_str());
-  std::fprintf(out, "format: compressed-tensors %s (%s): int%d weights, %s (scale rule %s), %s%s\n", p.name.c_str(),
-               p.packed ? "pack-quantized" : "int-quantized", p.bits, p.symmetric ? "symmetric" : "asymmetric",
-               p.amax_qmax ? "amax / qmax" : "compressed-tensors",
-               p.group == 0 ? "one scale per output channel" : ("groups of " + std::to_string(p.group)).c_str(),
-               p.act8 ? ", dynamic per-token int8 activations" : "");
-  print_summary(out, r, p.packed ? (p.bits == 4 ? "int4" : "int8p") : "int8", "kept dense", " of weights");
+  if (p.kind == CtKind::Fp8)
+    std::fprintf(out,
+                 "format: compressed-tensors %s (%s): FP8 E4M3 weights, symmetric, one scale per output channel, "
+                 "dynamic per-token FP8 activations\n",
+                 p.name.c_str(), ct_format_name(p));
+  else if (p.kind == CtKind::Nvfp4)
+    std::fprintf(out,
+                 "format: compressed-tensors %s (%s): FP4 E2M1 weights, groups of 16 with FP8 E4M3 scales and a "
+                 "float32 global scale per tensor\n",
+                 p.name.c_str(), ct_format_name(p));
+  else
+    std::fprintf(out, "format: compressed-tensors %s (%s): int%d weights, %s (scale rule %s), %s%s\n", p.name.c_str(),
+                 ct_format_name(p), p.bits, p.symmetric ? "symmetric" : "asymmetric",
+                 p.amax_qmax ? "amax / qmax" : "compressed-tensors",
+                 p.group == 0 ? "one scale per output channel" : ("groups of " + std::to_string(p.group)).c_str(),
+                 p.act8 ? ", dynamic per-token int8 activations" : "");
+  const char* stored = p.kind == CtKind::Fp8     ? "fp8"
+                       : p.kind == CtKind::Nvfp4 ? "fp4"
+                       : p.packed                ? (p.bits == 4 ? "int4" : "int8p")
+                                                 : "int8";
+  print_summary(out, r, stored, "kept dense", " of weights");
   if (!o.report_path.empty()) std::fprintf(out, "report: %s\n", o.report_path.c_str());
 }
 

@@ -1,6 +1,6 @@
-// The compressed-tensors presets (W4A16, W8A16, W8A8), which modules they quantize, the config they
-// write, and the stored scale of a group. docs/cli.md, "Model directories and the compressed-tensors
-// format".
+// The compressed-tensors presets (W4A16, W4A16_ASYM, W8A16, W8A8, FP8_DYNAMIC, NVFP4A16), which modules
+// they quantize, the config they write, and the stored scale of a group. docs/cli.md, "Model directories and the
+// compressed-tensors format".
 #include <algorithm>
 #include <cctype>
 #include <cfloat>
@@ -13,6 +13,7 @@
 #include "compressed_tensors.hpp"
 #include "ct_internal.hpp"
 #include "errors.hpp"
+#include "core/float8.hpp"
 #include "xquant/half.hpp"
 
 namespace xqcli {
@@ -59,10 +60,27 @@ Preset make_preset(const ExportOptions& e) {
                 std::to_string(e.group_size));
     p.group = 0;
     return p;
+  } else if (name == "FP8_DYNAMIC" || name == "NVFP4A16") {
+    const bool fp8 = name == "FP8_DYNAMIC";
+    p.kind = fp8 ? CtKind::Fp8 : CtKind::Nvfp4;
+    p.bits = fp8 ? 8 : 4;
+    p.packed = !fp8;
+    p.act8 = fp8;
+    if (p.amax_qmax)
+      bad_input("--scale-rule amax-qmax is a rule of the int presets; " + name +
+                " has compressed-tensors' float rule only (--scale-rule compressed-tensors)");
+    if (p.mse) bad_input("--observer mse searches int ranges; " + name + " takes --observer minmax only");
+    const std::int64_t fixed = fp8 ? 0 : 16;
+    if (e.group_size_given && e.group_size != fixed)
+      bad_input("--group-size: " + name +
+                (fp8 ? " has one scale per output channel (float-quantized), expected 0"
+                     : " has groups of 16 (nvfp4-pack-quantized), expected 16") +
+                "; got " + std::to_string(e.group_size));
+    p.group = fixed;
+    return p;
   } else {
     bad_input("--preset: unknown preset '" + e.preset +
-              "', expected W4A16, W4A16_ASYM, W8A16 or W8A8 (any case; FP8_DYNAMIC and NVFP4A16 are not "
-              "implemented yet)");
+              "', expected W4A16, W4A16_ASYM, W8A16, W8A8, FP8_DYNAMIC or NVFP4A16 (any case)");
   }
   if (e.group_size < 0 || (e.group_size != 0 && e.group_size % 8 != 0))
     bad_input("--group-size: expected 0 (per output channel) or a positive multiple of 8, got " +
@@ -214,6 +232,15 @@ std::string partial_groups_message(const Preset& p, const std::vector<std::int64
   if (g > 0)
     for (std::int64_t c = g; c >= 8; --c)
       if (g % c == 0 && c % 8 == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(c);
+  if (p.kind == CtKind::Nvfp4) {
+    std::set<std::int64_t> ks(partial_k.begin(), partial_k.end());
+    std::string kl;
+    for (const std::int64_t k : ks) kl += (kl.empty() ? "" : ", ") + std::to_string(k);
+    return std::to_string(partial_k.size()) + " of " + std::to_string(all_k.size()) +
+           " targeted Linear layers have an input width (" + kl +
+           ") that NVFP4A16's groups of 16 do not divide (the group size of NVFP4A16 is fixed); --ignore them or use "
+           "--keep-partial-dense to keep those layers dense";
+  }
   const std::int64_t pack = p.packed ? 32 / p.bits : 1;
   bool per_channel = true;
   for (const std::int64_t k : all_k) per_channel = per_channel && k % pack == 0;
@@ -236,15 +263,22 @@ namespace {
 ct::OJ weights_args(const Preset& p) {
   ct::OJ w = ct::OJ::object();
   w["num_bits"] = p.bits;
-  w["type"] = "int";
+  w["type"] = p.kind == CtKind::Int ? "int" : "float";
   w["symmetric"] = p.symmetric;
   w["group_size"] = p.group == 0 ? ct::OJ(nullptr) : ct::OJ(p.group);
-  w["strategy"] = p.group == 0 ? "channel" : "group";
+  w["strategy"] = p.group == 0 ? "channel" : p.kind == CtKind::Nvfp4 ? "tensor_group" : "group";
   w["dynamic"] = false;
+  if (p.kind == CtKind::Nvfp4) w["scale_dtype"] = "torch.float8_e4m3fn";  // as compressed-tensors writes NVFP4A16
   return w;
 }
 
 }  // namespace
+
+const char* ct_format_name(const Preset& p) {
+  if (p.kind == CtKind::Fp8) return "float-quantized";
+  if (p.kind == CtKind::Nvfp4) return "nvfp4-pack-quantized";
+  return p.packed ? "pack-quantized" : "int-quantized";
+}
 
 std::string quantization_config_json(const Preset& p, const std::vector<std::string>& ignore) {
   using ct::OJ;
@@ -254,7 +288,7 @@ std::string quantization_config_json(const Preset& p, const std::vector<std::str
   if (p.act8) {
     OJ a = OJ::object();
     a["num_bits"] = 8;
-    a["type"] = "int";
+    a["type"] = p.kind == CtKind::Fp8 ? "float" : "int";
     a["symmetric"] = true;
     a["group_size"] = nullptr;
     a["strategy"] = "token";
@@ -266,7 +300,7 @@ std::string quantization_config_json(const Preset& p, const std::vector<std::str
   g["output_activations"] = nullptr;
   OJ c = OJ::object();
   c["quant_method"] = "compressed-tensors";
-  c["format"] = p.packed ? "pack-quantized" : "int-quantized";
+  c["format"] = ct_format_name(p);
   c["quantization_status"] = "compressed";
   c["config_groups"] = {{"group_0", std::move(g)}};
   c["ignore"] = OJ(ignore);
@@ -423,6 +457,59 @@ std::string ct_scale_problem(float amax, int num_bits, StDType scale_dt, const C
          "weight's "
          "dtype)";
 }
+
+// ---- the float presets ----
+
+namespace {
+
+constexpr auto kE4m3 = xquant::DType::float8_e4m3fn;
+
+float e4m3_value(std::uint8_t b) { return xquant::detail::hd_float8_to_float(b, kE4m3); }
+
+}  // namespace
+
+CtScale ct_fp8_scale(float amax, StDType scale_dt) {
+  // calculate_qparams: max(|min|, |max|) / ((448 - (-448)) / 2); a scale of 0 becomes the epsilon of its
+  // dtype (here, as for the int presets, of the stored scale's dtype: the scale is rounded first).
+  CtScale r;
+  r.bits = encode(amax / 448.0f, scale_dt);
+  r.widened = ct::decode_scale(r.bits, scale_dt);
+  if (r.widened == 0.0f) {
+    r.bits = encode(dtype_eps(scale_dt), scale_dt);
+    r.widened = ct::decode_scale(r.bits, scale_dt);
+  }
+  r.largest = ct::decode_scale(encode(448.0f * r.widened, scale_dt), scale_dt);
+  r.ok = std::isfinite(r.widened) && std::isfinite(r.largest);
+  return r;
+}
+
+std::uint8_t ct_fp8_quantize(float x, float s) { return ct::fp8_quantize(x, s); }
+
+float ct_nvfp4_global_scale(float amax) {
+  // generate_gparam: amax raised to float32's smallest normal, 448 * 6 / amax (torch's scalar / tensor is
+  // t.reciprocal() * scalar: two roundings), a NaN or infinite result replaced by 1.
+  const float r = 1.0f / std::max(amax, FLT_MIN);
+  const float gs = r * 2688.0f;
+  return std::isfinite(gs) ? gs : 1.0f;
+}
+
+CtScale ct_nvfp4_scale(float amax, float gs) {
+  // calculate_qparams with a global scale: gs * (amax / 6), clamped to [-448, 448], cast to E4M3 (round
+  // to nearest even); an E4M3 scale of 0 replaced by 0.125.
+  const float t = std::min(gs * (amax / 6.0f), 448.0f);
+  std::uint8_t b = xquant::detail::hd_float_to_float8(t, kE4m3, false);
+  if ((b & 0x7Fu) == 0) b = kNvfp4ZeroScale;
+  CtScale r;
+  r.bits = b;
+  r.widened = e4m3_value(b) / gs;  // _quantize / _dequantize: scale.to(float32) / global_scale
+  r.largest = 6.0f * r.widened;
+  r.ok = std::isfinite(r.widened) && std::isfinite(r.largest) && r.widened > 0.0f;
+  return r;
+}
+
+std::uint8_t ct_fp4_quantize(float x, float s) { return ct::fp4_quantize(x, s); }
+
+float ct_fp4_value(std::uint8_t code) { return ct::fp4_value(code); }
 
 // ---- shared helpers ----
 

@@ -18,7 +18,9 @@
 #include "errors.hpp"
 #include "model_dir.hpp"
 #include "progress.hpp"
+#include "core/float8.hpp"
 #include "xquant/anti_quant.hpp"
+#include "xquant/half.hpp"
 
 namespace xqcli {
 
@@ -26,15 +28,27 @@ using ct::OJ;
 
 namespace {
 
-// The weight quantization a compressed-tensors config describes (the subset xquant reads: symmetric
-// int weights, group or channel strategy, pack-quantized or int-quantized).
+// The weight quantization a compressed-tensors config describes (the subset xquant reads: int weights
+// with group or channel strategy, pack-quantized (symmetric or not) or int-quantized; FP8 E4M3 weights
+// with channel or group strategy, float-quantized; FP4 E2M1 weights in groups with FP8 scales and a
+// global scale, nvfp4-pack-quantized).
 struct CtConfig {
   std::string format;
+  CtKind kind = CtKind::Int;
   int bits = 4;
   std::int64_t group = 0;  // 0: channel
   bool act8 = false;
   bool symmetric = true;  // false: weight_zero_point (pack-quantized only)
+  // The default dtype of dequantized NVFP4 weights (their scales are F8_E4M3): config.json's torch_dtype,
+  // else BF16 (what compressed-tensors' NVFP4 decompressor returns).
+  StDType nvfp4_dtype = StDType::BF16;
 };
+
+CtKind kind_of_format(const std::string& format) {
+  if (format == "float-quantized") return CtKind::Fp8;
+  if (format == "nvfp4-pack-quantized") return CtKind::Nvfp4;
+  return CtKind::Int;
+}
 
 CtConfig read_ct_config(const ModelDir& m) {
   const std::string who = m.path + "/config.json: quantization_config";
@@ -50,8 +64,11 @@ CtConfig read_ct_config(const ModelDir& m) {
     bad_input(who + ": quant_method is not \"compressed-tensors\"");
   CtConfig r;
   r.format = str(c, "format", who);
-  if (r.format != "pack-quantized" && r.format != "int-quantized")
-    bad_input(who + ": format '" + r.format + "' is not read by xquant (pack-quantized or int-quantized)");
+  if (r.format != "pack-quantized" && r.format != "int-quantized" && r.format != "float-quantized" &&
+      r.format != "nvfp4-pack-quantized")
+    bad_input(who + ": format '" + r.format +
+              "' is not read by xquant (pack-quantized, int-quantized, float-quantized or nvfp4-pack-quantized)");
+  r.kind = kind_of_format(r.format);
   if (str(c, "quantization_status", who) != "compressed")
     bad_input(who + ": quantization_status is not \"compressed\"");
   if (!c["config_groups"].is_object() || c["config_groups"].empty()) bad_input(who + ": no config_groups");
@@ -62,7 +79,11 @@ CtConfig read_ct_config(const ModelDir& m) {
     const json::Value& w = g["weights"];
     const std::string ww = gw + ".weights";
     const bool symmetric = !w.contains("symmetric") || json::get_bool(w["symmetric"], ww + ".symmetric");
-    if (str(w, "type", ww) != "int") bad_input(ww + ": only int weights are read by xquant");
+    const std::string type = str(w, "type", ww);
+    if (r.kind == CtKind::Int && type != "int")
+      bad_input(ww + ": type '" + type + "', but the format " + r.format + " holds int weights");
+    if (r.kind != CtKind::Int && type != "float")
+      bad_input(ww + ": type '" + type + "', but the format " + r.format + " holds float weights");
     if (!symmetric && r.format != "pack-quantized")
       bad_input(ww + ": asymmetric weights are read by xquant in the pack-quantized format only");
     const std::string strategy = str(w, "strategy", ww);
@@ -70,7 +91,19 @@ CtConfig read_ct_config(const ModelDir& m) {
     one.symmetric = symmetric;
     one.bits = w.contains("num_bits") ? static_cast<int>(json::get_int(w["num_bits"], ww + ".num_bits", 4, 8)) : 0;
     if (one.bits != 4 && one.bits != 8) bad_input(ww + ": num_bits must be 4 or 8");
-    if (strategy == "group") {
+    if (r.kind == CtKind::Fp8 && one.bits != 8)
+      bad_input(ww + ": float-quantized with num_bits " + std::to_string(one.bits) +
+                " (xquant reads FP8 E4M3, num_bits 8)");
+    if (r.kind == CtKind::Nvfp4 && one.bits != 4)
+      bad_input(ww + ": nvfp4-pack-quantized with num_bits " + std::to_string(one.bits) + ", expected 4");
+    if (r.kind == CtKind::Nvfp4) {
+      if (strategy != "tensor_group" || w["group_size"].is_null())
+        bad_input(ww + ": nvfp4-pack-quantized weights need strategy tensor_group with a group_size, got strategy '" +
+                  strategy + "'");
+      one.group = json::get_int(w["group_size"], ww + ".group_size", 2, INT64_MAX);
+      if (one.group % 2 != 0)
+        bad_input(ww + ": group_size " + std::to_string(one.group) + " is odd (two FP4 values per byte)");
+    } else if (strategy == "group") {
       if (w["group_size"].is_null()) bad_input(ww + ": group strategy without a positive group_size");
       one.group = json::get_int(w["group_size"], ww + ".group_size", 1, INT64_MAX);
     } else if (strategy != "channel") {
@@ -84,6 +117,7 @@ CtConfig read_ct_config(const ModelDir& m) {
   }
   if (r.format == "int-quantized" && r.bits != 8)
     bad_input(who + ": int-quantized with num_bits " + std::to_string(r.bits));
+  r.nvfp4_dtype = ct::dtype_from_config(m.config).value_or(StDType::BF16);
   return r;
 }
 
@@ -91,10 +125,12 @@ CtConfig read_ct_config(const ModelDir& m) {
 struct CtModule {
   const TensorEntry* q = nullptr;  // weight_packed or weight
   const TensorEntry* scale = nullptr;
-  const TensorEntry* shape = nullptr;       // pack-quantized only
-  const TensorEntry* g_idx = nullptr;       // GPTQ activation ordering (weight_g_idx), if present
-  const TensorEntry* zero_point = nullptr;  // asymmetric: weight_zero_point, packed along the rows
-  std::vector<float> zp;                    // asymmetric: the zero point of each group, [N, K / G]
+  const TensorEntry* shape = nullptr;         // pack-quantized only
+  const TensorEntry* g_idx = nullptr;         // GPTQ activation ordering (weight_g_idx), if present
+  const TensorEntry* zero_point = nullptr;    // asymmetric: weight_zero_point, packed along the rows
+  std::vector<float> zp;                      // asymmetric: the zero point of each group, [N, K / G]
+  const TensorEntry* global_scale = nullptr;  // nvfp4-pack-quantized: weight_global_scale, F32 [1]
+  float gs = 0.0f;                            // its value
   std::int64_t N = 0, K = 0, G = 0;
   // The group of each input column when g_idx orders them (empty: column order, group = column / G).
   std::vector<std::int32_t> group_of;
@@ -149,7 +185,36 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
     const std::string mod = t.name.substr(0, t.name.size() - 13);
     CtModule cm;
     cm.scale = &t;
-    if (c.format == "pack-quantized") {
+    if (c.kind == CtKind::Nvfp4) {
+      // weight_packed U8 [N, K / 2] (two E2M1 codes a byte), weight_scale F8_E4M3 [N, K / G],
+      // weight_global_scale F32 [1].
+      cm.q = need(mod + ".weight_packed");
+      if (cm.q->dtype != StDType::U8 || cm.q->shape.size() != 2 || cm.q->shape[1] == 0 ||
+          cm.q->shape[1] > INT64_MAX / 2)
+        bad_input(f.path + ": '" + cm.q->name + "' is " + std::string(st_dtype_name(cm.q->dtype)) + " " +
+                  dims_str(cm.q->shape) + ", expected a U8 [N, K / 2] tensor with K >= 2 (two FP4 E2M1 values a byte)");
+      cm.N = cm.q->shape[0];
+      cm.K = cm.q->shape[1] * 2;
+      cm.global_scale = need(mod + ".weight_global_scale");
+      if (cm.global_scale->dtype != StDType::F32 || cm.global_scale->numel != 1)
+        bad_input(f.path + ": '" + cm.global_scale->name + "' is " +
+                  std::string(st_dtype_name(cm.global_scale->dtype)) + " " + dims_str(cm.global_scale->shape) +
+                  ", expected F32 [1]");
+      std::memcpy(&cm.gs, f.map->data() + h.data_start + cm.global_scale->begin, 4);
+      if (!(cm.gs > 0.0f) || !std::isfinite(cm.gs))
+        bad_input(f.path + ": '" + cm.global_scale->name + "' is " + std::to_string(cm.gs) +
+                  ", expected a finite positive global scale");
+    } else if (c.kind == CtKind::Fp8) {
+      cm.q = need(mod + ".weight");
+      if (cm.q->dtype != StDType::F8_E4M3 || cm.q->shape.size() != 2)
+        bad_input(f.path + ": '" + cm.q->name + "' must be a 2-D F8_E4M3 tensor (float-quantized), got " +
+                  std::string(st_dtype_name(cm.q->dtype)) + " " + dims_str(cm.q->shape));
+      cm.N = cm.q->shape[0];
+      cm.K = cm.q->shape[1];
+      if (cm.K == 0)
+        bad_input(f.path + ": '" + cm.q->name + "' is F8_E4M3 " + dims_str(cm.q->shape) +
+                  ": input width 0 (K = 0), but a quantized Linear module has K >= 1");
+    } else if (c.format == "pack-quantized") {
       cm.q = need(mod + ".weight_packed");
       cm.shape = need(mod + ".weight_shape");
       if (cm.shape->dtype != StDType::I64 || cm.shape->shape != Dims{2})
@@ -179,10 +244,13 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
                   ": input width 0 (K = 0), but a quantized Linear module has K >= 1");
     }
     cm.G = c.group == 0 ? cm.K : c.group;
-    if (cm.K % cm.G != 0 || !st_is_quantizable(cm.scale->dtype) || cm.scale->shape != Dims{cm.N, cm.K / cm.G})
+    const bool scale_dt_ok =
+        c.kind == CtKind::Nvfp4 ? cm.scale->dtype == StDType::F8_E4M3 : st_is_quantizable(cm.scale->dtype);
+    if (cm.K % cm.G != 0 || !scale_dt_ok || cm.scale->shape != Dims{cm.N, cm.K / cm.G})
       bad_input(f.path + ": '" + cm.scale->name + "' is " + std::string(st_dtype_name(cm.scale->dtype)) + " " +
-                dims_str(cm.scale->shape) + ", expected a float [" + std::to_string(cm.N) + ", " +
-                std::to_string(cm.K % cm.G == 0 ? cm.K / cm.G : 0) + "]");
+                dims_str(cm.scale->shape) + ", expected " +
+                (c.kind == CtKind::Nvfp4 ? "F8_E4M3" : "a float (F32, F16 or BF16)") + " [" + std::to_string(cm.N) +
+                ", " + std::to_string(cm.K % cm.G == 0 ? cm.K / cm.G : 0) + "]");
     if (!c.symmetric) {
       // pack_to_int32(zp, bits, packed_dim=0): [ceil(N * b / 32), K / G] int32, value + 2^(b-1) unsigned,
       // element n of a column at bits [b * n mod 32, ...) of word b * n / 32 (4 bits: never split).
@@ -223,6 +291,7 @@ FilePlan plan_dequantize(const WeightFile& f, const CtConfig& c, const std::opti
     fp.consumed.insert(cm.q->name);
     fp.consumed.insert(cm.scale->name);
     if (cm.shape) fp.consumed.insert(cm.shape->name);
+    if (cm.global_scale) fp.consumed.insert(cm.global_scale->name);
     if (cm.g_idx) fp.consumed.insert(cm.g_idx->name);
     if (cm.zero_point) fp.consumed.insert(cm.zero_point->name);
   }
@@ -232,7 +301,7 @@ FilePlan plan_dequantize(const WeightFile& f, const CtConfig& c, const std::opti
       bad_input(f.path + ": '" + dense +
                 "' is both a dense tensor of the file and the dequantized weight of the compressed module '" + mod +
                 "' ('" + cm.q->name + "'); refusing to write the name twice");
-    const StDType dt = dtype.value_or(cm.scale->dtype);
+    const StDType dt = dtype.value_or(c.kind == CtKind::Nvfp4 ? c.nvfp4_dtype : cm.scale->dtype);
     fp.tensors.push_back({dense, dt, {cm.N, cm.K}, static_cast<std::uint64_t>(cm.N * cm.K) * st_dtype_size(dt), 0});
   }
   for (const auto& t : f.header.tensors)
@@ -277,6 +346,9 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
     const auto scale_at = [&](std::int64_t g) {
       std::uint32_t bits = 0;
       std::memcpy(&bits, sp + (r * gpr + g) * ssize, static_cast<std::size_t>(ssize));
+      if (c.kind == CtKind::Nvfp4)  // the effective scale: the E4M3 scale widened, divided by the global scale
+        return xquant::detail::hd_float8_to_float(static_cast<std::uint8_t>(bits), xquant::DType::float8_e4m3fn) /
+               cm.gs;
       return ct::decode_scale(bits, cm.scale->dtype);
     };
     float* dst = s.scale.data() + i;
@@ -300,6 +372,32 @@ void dequantize_piece(const WeightFile& wf, const CtModule& cm, const CtConfig& 
   }
   const std::int64_t qbytes = len * c.bits / 8;
   const std::byte* qsrc = qp + b * c.bits / 8;
+  if (c.kind != CtKind::Int) {
+    // FP8: narrow(e4m3 * s'); NVFP4: narrow(bf16(e2m1 * s_eff)) (b and len are even: K is).
+    for (std::int64_t k = 0; k < len; ++k) {
+      const auto byte = static_cast<std::uint8_t>(qsrc[c.kind == CtKind::Fp8 ? k : k / 2]);
+      float v;
+      if (c.kind == CtKind::Fp8) {
+        v = xquant::detail::hd_float8_to_float(byte, xquant::DType::float8_e4m3fn) *
+            s.scale[static_cast<std::size_t>(k)];
+      } else {
+        v = ct::fp4_value(static_cast<std::uint8_t>((byte >> (4 * ((b + k) & 1))) & 0xFu)) *
+            s.scale[static_cast<std::size_t>(k)];
+        v = xquant::bfloat16_to_float(xquant::float_to_bfloat16(v));
+      }
+      std::byte* o = out + k * static_cast<std::int64_t>(st_dtype_size(dt));
+      if (dt == StDType::BF16) {
+        const std::uint16_t h = xquant::float_to_bfloat16(v);
+        std::memcpy(o, &h, 2);
+      } else if (dt == StDType::F16) {
+        const std::uint16_t h = xquant::float_to_half(v);
+        std::memcpy(o, &h, 2);
+      } else {
+        std::memcpy(o, &v, 4);
+      }
+    }
+    return;
+  }
   const void* x = qsrc;
   if (packed) {
     s.q.resize(static_cast<std::size_t>(qbytes));
@@ -337,7 +435,7 @@ void write_dequantized(const WeightFile& wf, const FilePlan& fp, const CtConfig&
   for (const auto& entry : fp.mods) {
     const std::string& mod = entry.first;
     const CtModule& cm = entry.second;  // not a structured binding: the OpenMP region below uses it
-    const StDType dt = dtype.value_or(cm.scale->dtype);
+    const StDType dt = dtype.value_or(c.kind == CtKind::Nvfp4 ? c.nvfp4_dtype : cm.scale->dtype);
     const auto osize = static_cast<std::int64_t>(st_dtype_size(dt));
     const std::int64_t n = cm.N * cm.K;
     // A piece: whole rows when a row fits, else a part of one row (a multiple of 8 elements).
@@ -389,7 +487,25 @@ std::optional<CtConfig> infer_ct_config(const WeightFile& f) {
     const TensorEntry* shape = h.find(mod + ".weight_shape");
     const TensorEntry* w = h.find(mod + ".weight");
     std::int64_t K = 0;
-    if (packed && shape && shape->dtype == StDType::I64 && shape->shape == Dims{2} && packed->shape.size() == 2) {
+    if (packed && packed->dtype == StDType::U8 && packed->shape.size() == 2 && packed->shape[1] <= INT64_MAX / 2 &&
+        t.dtype == StDType::F8_E4M3 && h.find(mod + ".weight_global_scale")) {
+      c.format = "nvfp4-pack-quantized";
+      c.kind = CtKind::Nvfp4;
+      c.bits = 4;
+      K = packed->shape[1] * 2;
+      if (K <= 0 || t.shape[1] <= 0 || K % t.shape[1] != 0 || (K / t.shape[1]) % 2 != 0)
+        bad_input(f.path + ": '" + t.name + "' " + dims_str(t.shape) + " does not divide K = " + std::to_string(K) +
+                  " into groups of an even size");
+      c.group = K / t.shape[1];
+      return c;
+    }
+    if (w && w->dtype == StDType::F8_E4M3 && w->shape.size() == 2) {
+      c.format = "float-quantized";
+      c.kind = CtKind::Fp8;
+      c.bits = 8;
+      K = w->shape[1];
+    } else if (packed && shape && shape->dtype == StDType::I64 && shape->shape == Dims{2} &&
+               packed->shape.size() == 2) {
       std::int64_t nk[2];
       std::memcpy(nk, f.map->data() + h.data_start + shape->begin, 16);
       K = nk[1];
@@ -518,6 +634,7 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
           if (e.second.shape) role_of[e.second.shape->name] = {"shape", &e};
           if (e.second.g_idx) role_of[e.second.g_idx->name] = {"g_idx", &e};
           if (e.second.zero_point) role_of[e.second.zero_point->name] = {"zero_point", &e};
+          if (e.second.global_scale) role_of[e.second.global_scale->name] = {"global_scale", &e};
         }
         for (auto& t : fj["tensors"]) {
           const auto it = role_of.find(t["name"].get<std::string>());
@@ -542,10 +659,16 @@ void run_inspect_dir(const InspectOptions& o, std::FILE* out) {
                m.other_files.size() == 1 ? "" : "s");
   if (c) {
     const auto& qc = m.config["quantization_config"];
-    std::fprintf(out, "compressed-tensors %s: int%d weights, %s, %s%s; ignore: %zu module%s\n", c->format.c_str(),
-                 c->bits, c->symmetric ? "symmetric" : "asymmetric",
+    const std::string weights = c->kind == CtKind::Fp8 ? "FP8 E4M3 weights"
+                                : c->kind == CtKind::Nvfp4
+                                    ? "FP4 E2M1 weights (FP8 E4M3 scales, a float32 global scale)"
+                                    : "int" + std::to_string(c->bits) + " weights";
+    std::fprintf(out, "compressed-tensors %s: %s, %s, %s%s; ignore: %zu module%s\n", c->format.c_str(), weights.c_str(),
+                 c->symmetric ? "symmetric" : "asymmetric",
                  c->group == 0 ? "per output channel" : ("groups of " + std::to_string(c->group)).c_str(),
-                 c->act8 ? ", int8 dynamic per-token activations" : "",
+                 !c->act8                 ? ""
+                 : c->kind == CtKind::Fp8 ? ", FP8 dynamic per-token activations"
+                                          : ", int8 dynamic per-token activations",
                  qc.contains("ignore") && qc["ignore"].is_array() ? qc["ignore"].size() : 0,
                  qc.contains("ignore") && qc["ignore"].is_array() && qc["ignore"].size() == 1 ? "" : "s");
     std::size_t n = 0, ordered = 0;

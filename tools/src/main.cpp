@@ -79,7 +79,8 @@ int run(int argc, char** argv) {
   qc->add_option("--format", format, "compressed-tensors (default for a model directory) or xquant (a single file)")
       ->check(CLI::IsMember({"compressed-tensors", "xquant"}));
   qc->add_option("--preset", ex.preset,
-                 "compressed-tensors preset, any case: W4A16 (default), W4A16_ASYM, W8A16 or W8A8");
+                 "compressed-tensors preset, any case: W4A16 (default), W4A16_ASYM, W8A16, W8A8, FP8_DYNAMIC or "
+                 "NVFP4A16");
   qc->add_option("--scale-rule", ex.scale_rule,
                  "compressed-tensors (default: its calculate_qparams in float32) or amax-qmax (xquant's rule before "
                  "issue 19: symmetric amax / qmax)")
@@ -91,7 +92,8 @@ int run(int argc, char** argv) {
   qc->add_flag("--keep-partial-dense", ex.keep_partial_dense,
                "Keep the Linear layers whose input width the group size does not divide dense (default: an error)");
   qc->add_option("--group-size", ex.group_size,
-                 "W4A16 / W8A16: input channels per scale (default 128; 0: per output channel)");
+                 "W4A16 / W4A16_ASYM / W8A16: input channels per scale (default 128; 0: per output channel); W8A8 and "
+                 "FP8_DYNAMIC are per channel, NVFP4A16 has groups of 16");
   qc->add_option("--ignore", ex.ignore,
                  "Keep these modules dense: a class name (Linear), an exact module name, or re:REGEX (Python "
                  "re.match: from the start of the name); repeatable")

@@ -123,8 +123,27 @@ std::string preset_of_group(const OJ& g, std::int64_t& group_size, const std::st
   const auto refuse = [&]() -> std::string {
     bad_input(where + ": " + g.dump() +
               " is not a scheme xquant writes (W4A16, W4A16_ASYM, W8A16 with group or channel strategy; W8A8 per "
-              "channel with dynamic per-token int8 activations)");
+              "channel with dynamic per-token int8 activations; FP8_DYNAMIC: float 8-bit weights per channel with "
+              "dynamic per-token float 8-bit activations; NVFP4A16: float 4-bit weights, strategy tensor_group, "
+              "group_size 16, no activations)");
   };
+  const auto aval = [&](const char* k, const OJ& dflt) {
+    return act.is_object() && act.contains(k) && !act[k].is_null() ? act[k] : dflt;
+  };
+  if (type == "float") {
+    if (dyn != false || !out_act.is_null() || sym != true) refuse();
+    if (bits == 4 && strategy == "tensor_group" && gs == 16 && act.is_null()) {
+      group_size = 16;
+      return "NVFP4A16";
+    }
+    if (bits == 8 && strategy == "channel" && act.is_object() && aval("num_bits", 8) == 8 &&
+        aval("type", "int") == "float" && aval("symmetric", true) == true && aval("strategy", "tensor") == "token" &&
+        aval("dynamic", false) == true) {
+      group_size = 0;
+      return "FP8_DYNAMIC";
+    }
+    return refuse();
+  }
   if (type != "int" || dyn != false || !out_act.is_null() || !(bits == 4 || bits == 8)) refuse();
   if (strategy == "group") {
     if (!gs.is_number_integer() || gs.get<std::int64_t>() <= 0) refuse();
@@ -139,9 +158,6 @@ std::string preset_of_group(const OJ& g, std::int64_t& group_size, const std::st
     if (sym != true) refuse();
     return "W8A16";
   }
-  const auto aval = [&](const char* k, const OJ& dflt) {
-    return act.is_object() && act.contains(k) && !act[k].is_null() ? act[k] : dflt;
-  };
   if (bits == 8 && sym == true && group_size == 0 && aval("num_bits", 8) == 8 && aval("type", "int") == "int" &&
       aval("symmetric", true) == true && aval("strategy", "tensor") == "token" && aval("dynamic", false) == true)
     return "W8A8";
@@ -313,6 +329,7 @@ Recipe read_recipe(const std::string& path) {
     }
     if (r.preset == "W4A16" || r.preset == "W4A16_ASYM" || r.preset == "W8A16")
       r.group_size = s.is_object() && s.contains("weights") ? r.group_size : 128;
+    if (r.preset == "NVFP4A16") r.group_size = 16;
   } else {
     const OJ& g = a["config_groups"];
     if (!g.is_object() || g.size() != 1)
@@ -329,7 +346,8 @@ void apply_recipe(const Recipe& r, ExportOptions& e) {
   e.group_size_given = true;
   e.targets = r.targets;
   e.ignore = r.ignore;
-  if (r.preset == "W8A8") e.group_size_given = false;
+  // W8A8 and FP8_DYNAMIC are per channel, NVFP4A16 has groups of 16: the preset fixes the group size.
+  if (r.preset == "W8A8" || r.preset == "FP8_DYNAMIC" || r.preset == "NVFP4A16") e.group_size_given = false;
 }
 
 std::string recipe_yaml(const Recipe& r) {

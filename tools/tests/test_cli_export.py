@@ -581,7 +581,9 @@ default_stage:
     ("s:\n  m:\n    SmoothQuantModifier: {smoothing_strength: 0.8}\n    QuantizationModifier: {scheme: W8A8}\n",
      "SmoothQuantModifier needs calibration data"),
     ("s:\n  m:\n    AWQModifier: {}\n", "AWQModifier needs calibration data"),
-    ("QuantizationModifier: {scheme: FP8_DYNAMIC}\n", "unknown preset 'FP8_DYNAMIC'"),
+    ("QuantizationModifier: {scheme: FP8}\n", "unknown preset 'FP8'"),  # static per-tensor FP8: not a preset here
+    ("QuantizationModifier: {config_groups: {g: {weights: {num_bits: 4, type: float, strategy: tensor_group, "
+     "group_size: 32}}}}\n", "is not a scheme xquant writes"),
     ("QuantizationModifier: {scheme: W4A16, ignore: [lm_head, 're:.*mlp.gate$']}\n", "--ignore 're:.*mlp.gate$'"),
     ("QuantizationModifier: {scheme: W4A16, bogus: 1}\n", "unknown argument 'bogus'"),
     ("QuantizationModifier: {targets: [Linear]}\n", "expected exactly one of scheme and config_groups"),

@@ -73,10 +73,11 @@ TEST(Presets, AsCompressedTensorsNamesThem) {
 }
 
 TEST(Presets, BadOptionsNameTheOptionAndTheValue) {
-  EXPECT_NE(error_of([] {
-              make_preset(preset("W4A8"));
-            }).find("--preset: unknown preset 'W4A8', expected W4A16, W4A16_ASYM, W8A16 or W8A8"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        make_preset(preset("W4A8"));
+      }).find("--preset: unknown preset 'W4A8', expected W4A16, W4A16_ASYM, W8A16, W8A8, FP8_DYNAMIC or NVFP4A16"),
+      std::string::npos);
   for (std::int64_t g : {-8, 12, 1})
     EXPECT_NE(error_of([&] { make_preset(preset("W4A16", g, true)); }).find("got " + std::to_string(g)),
               std::string::npos);
@@ -446,6 +447,286 @@ TEST(Groups, HugeWeightsKeepAFiniteReport) {
   EXPECT_GT(e.noise, 0.0);
   EXPECT_TRUE(std::isfinite(e.sqnr_db()));
   EXPECT_STREQ(e.round_trip(), "lossy");
+}
+
+// ---- FP8_DYNAMIC and NVFP4A16 ----
+
+// Independent references: the nearest value of a table, ties to the even code, by brute force over every
+// finite code (no shared conversion code).
+float e4m3_ref_value(int code) {  // code 0 .. 126 (0x7F is NaN): E4M3 with bias 7, subnormals below 2^-6
+  const int e = code >> 3, m = code & 7;
+  return e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+}
+std::uint8_t e4m3_ref(double v) {  // v finite, |v| <= 448
+  int best = 0;
+  for (int c = 1; c <= 126; ++c) {
+    const double dc = std::fabs(std::fabs(v) - e4m3_ref_value(c)), db = std::fabs(std::fabs(v) - e4m3_ref_value(best));
+    if (dc < db || (dc == db && c % 2 == 0)) best = c;
+  }
+  return static_cast<std::uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
+}
+const float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+std::uint8_t e2m1_ref(float v) {  // v finite, |v| <= 6; sign bit when v < 0
+  int best = 0;
+  for (int c = 1; c < 8; ++c) {
+    const float dc = std::fabs(std::fabs(v) - kE2m1[c]), db = std::fabs(std::fabs(v) - kE2m1[best]);
+    if (dc < db || (dc == db && c % 2 == 0)) best = c;
+  }
+  return static_cast<std::uint8_t>(best | (v < 0.0f ? 8 : 0));
+}
+
+TEST(FloatPresets, AsCompressedTensorsDefinesThem) {
+  const Preset f8 = make_preset(preset("fp8_dynamic"));  // the default --group-size 128 does not apply
+  EXPECT_EQ(f8.name, "FP8_DYNAMIC");
+  EXPECT_EQ(f8.kind, CtKind::Fp8);
+  EXPECT_EQ(f8.bits, 8);
+  EXPECT_FALSE(f8.packed);
+  EXPECT_TRUE(f8.act8);
+  EXPECT_EQ(f8.group, 0);
+  const Preset f4 = make_preset(preset("nvfp4a16"));
+  EXPECT_EQ(f4.name, "NVFP4A16");
+  EXPECT_EQ(f4.kind, CtKind::Nvfp4);
+  EXPECT_EQ(f4.bits, 4);
+  EXPECT_TRUE(f4.packed);
+  EXPECT_FALSE(f4.act8);
+  EXPECT_EQ(f4.group, 16);
+  EXPECT_EQ(make_preset(preset("NVFP4A16", 16, true)).group, 16);
+  EXPECT_EQ(make_preset(preset("FP8_DYNAMIC", 0, true)).group, 0);
+  EXPECT_NE(error_of([] {
+              make_preset(preset("FP8_DYNAMIC", 64, true));
+            }).find("--group-size: FP8_DYNAMIC has one scale per output channel (float-quantized), expected 0; got 64"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              make_preset(preset("NVFP4A16", 32, true));
+            }).find("--group-size: NVFP4A16 has groups of 16 (nvfp4-pack-quantized), expected 16; got 32"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { make_preset(preset("FP8_DYNAMIC", 128, false, "amax-qmax")); }).find("--scale-rule amax-qmax"),
+      std::string::npos);
+  ExportOptions mse = preset("NVFP4A16");
+  mse.observer = "mse";
+  EXPECT_NE(error_of([&] { make_preset(mse); }).find("--observer mse"), std::string::npos);
+  // K must be a multiple of 16 for NVFP4A16 (rule 6); FP8_DYNAMIC takes any K
+  CtSelection sel = selection({}, {});
+  EXPECT_TRUE(decide_ct(entry("m.layers.0.mlp.up_proj.weight", StDType::BF16, {4, 100}), f8, sel, false).quantize);
+  const CtDecision d = decide_ct(entry("m.layers.0.mlp.up_proj.weight", StDType::BF16, {4, 40}), f4, sel, false);
+  EXPECT_FALSE(d.quantize);
+  EXPECT_TRUE(d.partial);
+  EXPECT_TRUE(decide_ct(entry("m.layers.0.mlp.up_proj.weight", StDType::BF16, {4, 48}), f4, sel, false).quantize);
+  EXPECT_NE(partial_groups_message(f4, {40}, {40, 48}).find("NVFP4A16's groups of 16 do not divide"),
+            std::string::npos);
+}
+
+TEST(FloatPresets, QuantizationConfigsAreCompressedTensorsOnes) {
+  EXPECT_EQ(
+      quantization_config_json(make_preset(preset("FP8_DYNAMIC")), {"lm_head"}),
+      R"({"quant_method":"compressed-tensors","format":"float-quantized","quantization_status":"compressed",)"
+      R"("config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":8,"type":"float","symmetric":true,)"
+      R"("group_size":null,"strategy":"channel","dynamic":false},"input_activations":{"num_bits":8,"type":"float",)"
+      R"("symmetric":true,"group_size":null,"strategy":"token","dynamic":true},"output_activations":null}},)"
+      R"("ignore":["lm_head"],"kv_cache_scheme":null,"global_compression_ratio":null})");
+  EXPECT_EQ(
+      quantization_config_json(make_preset(preset("NVFP4A16")), {"lm_head"}),
+      R"({"quant_method":"compressed-tensors","format":"nvfp4-pack-quantized","quantization_status":"compressed",)"
+      R"("config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":4,"type":"float","symmetric":true,)"
+      R"("group_size":16,"strategy":"tensor_group","dynamic":false,"scale_dtype":"torch.float8_e4m3fn"},)"
+      R"("input_activations":null,"output_activations":null}},)"
+      R"("ignore":["lm_head"],"kv_cache_scheme":null,"global_compression_ratio":null})");
+}
+
+TEST(FloatPresets, Fp8ScaleIsAmaxOver448RoundedOnce) {
+  const CtScale f = ct_fp8_scale(3.0f, StDType::F32);
+  EXPECT_TRUE(f.ok);
+  EXPECT_EQ(f.widened, 3.0f / 448.0f);
+  const CtScale b = ct_fp8_scale(1.0f, StDType::BF16);
+  EXPECT_EQ(b.bits, xquant::float_to_bfloat16(1.0f / 448.0f));
+  EXPECT_EQ(b.widened, xquant::bfloat16_to_float(xquant::float_to_bfloat16(1.0f / 448.0f)));
+  EXPECT_EQ(ct_fp8_scale(1.0f, StDType::F16).bits, xquant::float_to_half(1.0f / 448.0f));
+  // an all-zero row: the epsilon of the scale dtype (as the int presets); a float16 scale that underflows too
+  EXPECT_EQ(ct_fp8_scale(0.0f, StDType::F32).widened, FLT_EPSILON);
+  EXPECT_EQ(ct_fp8_scale(0.0f, StDType::BF16).widened, 0.0078125f);
+  EXPECT_EQ(ct_fp8_scale(0.0f, StDType::F16).widened, 0.0009765625f);
+  EXPECT_EQ(ct_fp8_scale(1e-12f, StDType::F16).widened, 0.0009765625f);
+  EXPECT_EQ(ct_fp8_scale(1e-40f, StDType::F32).widened, 1e-40f / 448.0f);  // a float32 subnormal scale is kept
+  // float16 cannot hold 448 * s' (the largest dequantized value) once amax exceeds about 65504
+  EXPECT_TRUE(ct_fp8_scale(60000.0f, StDType::F16).ok);
+  const CtScale big = ct_fp8_scale(70000.0f, StDType::F16);
+  EXPECT_TRUE(std::isfinite(big.widened));
+  EXPECT_FALSE(big.ok);
+  EXPECT_TRUE(ct_fp8_scale(FLT_MAX, StDType::F32).ok);
+}
+
+TEST(FloatPresets, Fp8RoundsToNearestEvenAndSaturates) {
+  // exact E4M3 values, the ties between neighbours (to the even mantissa), saturation at 448
+  EXPECT_EQ(ct_fp8_quantize(1.0f, 1.0f), 0x38);
+  EXPECT_EQ(ct_fp8_quantize(1.0625f, 1.0f), 0x38);  // between 1 (0x38) and 1.125 (0x39): even
+  EXPECT_EQ(ct_fp8_quantize(1.1875f, 1.0f), 0x3A);  // between 1.125 (0x39) and 1.25 (0x3A): even
+  EXPECT_EQ(ct_fp8_quantize(1.0625001f, 1.0f), 0x39);
+  EXPECT_EQ(ct_fp8_quantize(-1.0625f, 1.0f), 0xB8);
+  EXPECT_EQ(ct_fp8_quantize(448.0f, 1.0f), 0x7E);
+  EXPECT_EQ(ct_fp8_quantize(464.0f, 1.0f), 0x7E);  // a tie with 480 (not E4M3): clamped to 448 first
+  EXPECT_EQ(ct_fp8_quantize(1e30f, 1.0f), 0x7E);
+  EXPECT_EQ(ct_fp8_quantize(-1e30f, 1.0f), 0xFE);
+  EXPECT_EQ(ct_fp8_quantize(std::ldexp(1.0f, -10), 1.0f), 0x00);  // half the smallest subnormal: even 0
+  EXPECT_EQ(ct_fp8_quantize(std::ldexp(3.0f, -10), 1.0f), 0x02);  // 1.5 subnormal steps: even 2
+  EXPECT_EQ(ct_fp8_quantize(std::ldexp(1.0f, -10) * 1.01f, 1.0f), 0x01);
+  EXPECT_EQ(ct_fp8_quantize(-0.0f, 1.0f), 0x80);
+  EXPECT_EQ(ct_fp8_quantize(0.0f, 1.0f), 0x00);
+  EXPECT_EQ(ct_fp8_quantize(3.0f, 2.0f), 0x3C);  // x / s: 1.5
+  // against the brute-force nearest-even reference on a sweep of quotients
+  for (int i = -20000; i <= 20000; ++i) {
+    const float x = static_cast<float>(i) * 0.0123f, s = 0.0311f;
+    const double v = std::clamp(static_cast<double>(x / s), -448.0, 448.0);
+    ASSERT_EQ(ct_fp8_quantize(x, s), e4m3_ref(v)) << x;
+  }
+}
+
+TEST(FloatPresets, Nvfp4GlobalScaleIsTheReciprocalTimes2688) {
+  // torch's 2688.0 / t is t.reciprocal() * 2688.0: two float32 roundings (products of two floats are
+  // exact in double, so the float of the double product is the float32 product)
+  int differs = 0;
+  for (const float a : {1.0f, 3.0f, 0.3f, 7.77f, 0.0123f, 1e-20f, 1e30f, 123.456f}) {
+    const float want = static_cast<float>(static_cast<double>(1.0f / a) * 2688.0);
+    EXPECT_EQ(ct_nvfp4_global_scale(a), want) << a;
+    differs += want != static_cast<float>(2688.0 / static_cast<double>(a)) ? 1 : 0;
+  }
+  EXPECT_GT(differs, 0);  // so the test tells the two formulas apart
+  EXPECT_EQ(ct_nvfp4_global_scale(1.0f), 2688.0f);
+  // an all-zero tensor, or one so small that the scale overflows: 1 (generate_gparam's nan_to_num)
+  EXPECT_EQ(ct_nvfp4_global_scale(0.0f), 1.0f);
+  EXPECT_EQ(ct_nvfp4_global_scale(1e-37f), 1.0f);
+  EXPECT_TRUE(std::isfinite(ct_nvfp4_global_scale(1e-35f)));
+  EXPECT_GT(ct_nvfp4_global_scale(1e-35f), 1e38f);
+}
+
+TEST(FloatPresets, Nvfp4GroupScaleIsE4m3OfGsTimesAmaxOver6) {
+  // gs = 1: the E4M3 of amax / 6
+  CtScale s = ct_nvfp4_scale(6.0f, 1.0f);
+  EXPECT_EQ(s.bits, 0x38u);  // 1.0
+  EXPECT_EQ(s.widened, 1.0f);
+  EXPECT_EQ(s.largest, 6.0f);
+  EXPECT_TRUE(s.ok);
+  EXPECT_EQ(ct_nvfp4_scale(6.375f, 1.0f).bits, 0x38u);  // 1.0625: a tie, to the even 1.0
+  EXPECT_EQ(ct_nvfp4_scale(7.125f, 1.0f).bits, 0x3Au);  // 1.1875: a tie, to the even 1.25
+  // the global scale: fl(gs * fl(amax / 6)), then E4M3; the effective scale E4M3 / gs
+  const float gs = ct_nvfp4_global_scale(2.0f);  // 1344
+  s = ct_nvfp4_scale(2.0f, gs);
+  EXPECT_EQ(s.bits, 0x7Eu);  // 448
+  EXPECT_EQ(s.widened, 448.0f / gs);
+  s = ct_nvfp4_scale(0.3f, gs);
+  EXPECT_EQ(s.bits, e4m3_ref(gs * (0.3f / 6.0f)));
+  EXPECT_EQ(s.widened, e4m3_ref_value(e4m3_ref(gs * (0.3f / 6.0f))) / gs);
+  // clamped to 448 (rounding can push the largest group just above it)
+  EXPECT_EQ(ct_nvfp4_scale(1e30f, 1.0f).bits, 0x7Eu);
+  // an all-zero group, or one below half the smallest E4M3 subnormal: 0.125 (E4M3's eps, compressed-tensors)
+  EXPECT_EQ(ct_nvfp4_scale(0.0f, gs).bits, 0x20u);
+  EXPECT_EQ(ct_nvfp4_scale(0.0f, gs).widened, 0.125f / gs);
+  EXPECT_EQ(ct_nvfp4_scale(1e-9f, 1.0f).bits, 0x20u);
+  EXPECT_EQ(ct_nvfp4_scale(6.0f * std::ldexp(1.0f, -9), 1.0f).bits, 0x01u);  // the smallest subnormal stays
+}
+
+TEST(FloatPresets, Fp4RoundsToNearestEvenWithCompressedTensorsSigns) {
+  // every tie goes to the even code; beyond 6 saturates; the sign bit only for a negative quotient
+  const std::pair<float, int> cases[] = {{0.0f, 0},       {0.25f, 0}, {0.2500001f, 1}, {0.5f, 1},  {0.75f, 2},
+                                         {0.7499999f, 1}, {1.25f, 2}, {1.2500001f, 3}, {1.75f, 4}, {2.5f, 4},
+                                         {2.5000002f, 5}, {3.5f, 6},  {4.0f, 6},       {5.0f, 6},  {5.0000005f, 7},
+                                         {6.0f, 7},       {1e30f, 7}};
+  for (const auto& [v, c] : cases) {
+    EXPECT_EQ(ct_fp4_quantize(v, 1.0f), c) << v;
+    EXPECT_EQ(ct_fp4_quantize(-v, 1.0f), v == 0.0f ? 0 : c | 8) << -v;  // -0.0 -> +0 (torch.sign(-0.0) is 0)
+  }
+  EXPECT_EQ(ct_fp4_quantize(-0.1f, 1.0f), 8);  // rounds to zero, keeps the sign: -0 (code 8)
+  EXPECT_EQ(ct_fp4_quantize(3.0f, 0.5f), 7);   // x / s = 6
+  for (int c = 0; c < 16; ++c)
+    EXPECT_EQ(ct_fp4_value(static_cast<std::uint8_t>(c)), (c & 8 ? -1.0f : 1.0f) * kE2m1[c & 7]);
+  for (int i = -8000; i <= 8000; ++i) {
+    const float x = static_cast<float>(i) * 0.001f, s = 0.77f;
+    ASSERT_EQ(ct_fp4_quantize(x, s), e2m1_ref(std::clamp(x / s, -6.0f, 6.0f))) << x;
+  }
+}
+
+TEST(FloatPresets, Fp8GroupsAgainstAnIndependentFormula) {
+  // 3 rows of 24 float32 values (one scale per row), bfloat16 scales; row 2 all zero
+  std::vector<float> x(72, 0.0f);
+  for (std::size_t i = 0; i < 48; ++i)
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i / 24));
+  x[3] = -0.0f;
+  const Preset p = make_preset(preset("FP8_DYNAMIC"));
+  std::vector<std::byte> q(72), s(6);
+  const ErrorStats e = ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 3, 24, p,
+                                          StDType::BF16, q.data(), s.data(), 0, 1);
+  EXPECT_EQ(e.nonfinite, 0);
+  for (int g = 0; g < 3; ++g) {
+    float amax = 0;
+    for (int i = 0; i < 24; ++i) amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(g * 24 + i)]));
+    std::uint16_t sb = xquant::float_to_bfloat16(amax / 448.0f);
+    if (amax == 0) sb = xquant::float_to_bfloat16(0.0078125f);
+    std::uint16_t got;
+    std::memcpy(&got, s.data() + g * 2, 2);
+    EXPECT_EQ(got, sb) << g;
+    const float sw = xquant::bfloat16_to_float(sb);
+    for (int i = 0; i < 24; ++i) {
+      const float v = x[static_cast<std::size_t>(g * 24 + i)];
+      EXPECT_EQ(static_cast<int>(q[static_cast<std::size_t>(g * 24 + i)]),
+                static_cast<int>(e4m3_ref(std::clamp(static_cast<double>(v / sw), -448.0, 448.0))))
+          << g << " " << i;
+    }
+  }
+  EXPECT_EQ(static_cast<int>(q[3]), 0x80);  // -0.0 keeps its sign in E4M3
+  EXPECT_STREQ(e.round_trip(), "lossy");
+}
+
+TEST(FloatPresets, Nvfp4GroupsAgainstAnIndependentFormula) {
+  // 2 rows of 32 (2 groups each), the global scale of the whole tensor given; group 3 all zero
+  std::vector<float> x(64, 0.0f);
+  for (std::size_t i = 0; i < 48; ++i)
+    x[i] = std::cos(0.91f * static_cast<float>(i)) * (0.5f + static_cast<float>(i) / 16.0f);
+  x[5] = -0.0f;
+  x[6] = -1e-6f;
+  float amax = 0;
+  for (const float v : x) amax = std::max(amax, std::fabs(v));
+  const float gs = ct_nvfp4_global_scale(amax);
+  const Preset p = make_preset(preset("NVFP4A16"));
+  std::vector<std::byte> q(32), s(4);
+  ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 4, 16, p, StDType::F8_E4M3, q.data(),
+                     s.data(), 0, 2, nullptr, gs);
+  for (int g = 0; g < 4; ++g) {
+    float ga = 0;
+    for (int i = 0; i < 16; ++i) ga = std::max(ga, std::fabs(x[static_cast<std::size_t>(g * 16 + i)]));
+    std::uint8_t sb = e4m3_ref(std::min(gs * (ga / 6.0f), 448.0f));
+    if (sb == 0) sb = 0x20;
+    EXPECT_EQ(static_cast<int>(s[static_cast<std::size_t>(g)]), sb) << g;
+    const float se = e4m3_ref_value(sb) / gs;
+    for (int i = 0; i < 16; ++i) {
+      const std::size_t k = static_cast<std::size_t>(g * 16 + i);
+      const int code = (static_cast<int>(q[k / 2]) >> (4 * (k % 2))) & 0xF;
+      EXPECT_EQ(code, e2m1_ref(std::clamp(x[k] / se, -6.0f, 6.0f))) << g << " " << i;
+    }
+  }
+  EXPECT_EQ(static_cast<int>(q[2]) & 0xF0, 0x00);  // x[5] = -0.0: +0
+  EXPECT_EQ(static_cast<int>(q[3]) & 0x0F, 0x08);  // x[6] = -1e-6: -0
+  EXPECT_EQ(static_cast<int>(s[3]), 0x20);         // the all-zero group
+}
+
+TEST(FloatPresets, NaNAndInfWeightsAreRefusedNamingThePlace) {
+  for (const char* name : {"FP8_DYNAMIC", "NVFP4A16"}) {
+    const Preset p = make_preset(preset(name));
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x(64, 0.25f);
+      x[16 + 16 + 5] = bad;  // row 1 (rows of 32), column 5
+      std::vector<std::byte> q(64), s(8);
+      const std::int64_t G = p.kind == CtKind::Fp8 ? 32 : 16;
+      const std::string msg = error_of([&] {
+        ct_quantize_groups(reinterpret_cast<const std::byte*>(x.data()), StDType::F32, 64 / G, G, p,
+                           p.kind == CtKind::Fp8 ? StDType::F32 : StDType::F8_E4M3, q.data(), s.data(), 0, 32 / G,
+                           nullptr, 1.0f);
+      });
+      EXPECT_NE(msg.find(std::string("row 1, column 5: ") + (std::isnan(bad) ? "NaN" : "-Inf") + ": " + name +
+                         " refuses NaN and +-Inf weights"),
+                std::string::npos)
+          << msg;
+    }
+  }
 }
 
 // ---- what the report says ----
