@@ -129,7 +129,7 @@ class Lister {
   void run() {
     struct stat st {};
     if (::stat(root_.c_str(), &st) != 0) io_error("cannot stat " + root_, errno);
-    ancestors_.push_back({st.st_dev, st.st_ino});
+    ancestors_.emplace_back(st.st_dev, st.st_ino);
     list("", 0);
   }
 

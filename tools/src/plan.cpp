@@ -29,6 +29,7 @@ bool Pattern::search(const std::string& name) const noexcept {
 std::vector<std::shared_ptr<const Pattern>> compile_patterns(const std::vector<std::string>& patterns,
                                                              const char* option) {
   std::vector<std::shared_ptr<const Pattern>> out;
+  out.reserve(patterns.size());
   for (const auto& p : patterns) out.push_back(std::make_shared<const Pattern>(p, option));
   return out;
 }

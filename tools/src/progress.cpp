@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 
 namespace xqcli {
@@ -50,7 +51,7 @@ void Progress::draw() {
   const double rate = elapsed > 0 ? static_cast<double>(bytes_) / elapsed : 0.0;
   std::string eta = "--:--";
   if (rate > 0 && bytes_ > 0) {
-    const auto left = static_cast<long long>(static_cast<double>(total_bytes_ - bytes_) / rate + 0.5);
+    const long long left = std::llround(static_cast<double>(total_bytes_ - bytes_) / rate);
     char buf[32];
     std::snprintf(buf, sizeof buf, "%lld:%02lld", left / 60, left % 60);
     eta = buf;

@@ -165,8 +165,8 @@ struct Job {
             if (reinterpret_cast<std::uintptr_t>(src) % static_cast<std::uintptr_t>(esize) != 0) {
               // The library reads typed elements: give it an aligned copy of a misaligned run.
               staging.resize(static_cast<std::size_t>(p.count * esize) + 8);
-              auto* aligned =
-                  reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(staging.data()) + 7) / 8 * 8);
+              const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(staging.data());
+              std::byte* aligned = staging.data() + ((8 - addr % 8) % 8);  // the first 8-byte boundary
               std::memcpy(aligned, src, static_cast<std::size_t>(p.count * esize));
               src = aligned;
             }
@@ -402,6 +402,7 @@ std::string fmt(const char* f, double v) {
 
 std::vector<std::string> safe_list(const std::vector<std::string>& v) {
   std::vector<std::string> r;
+  r.reserve(v.size());
   for (const auto& s : v) r.push_back(utf8_safe(s));
   return r;
 }
