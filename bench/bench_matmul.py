@@ -10,6 +10,8 @@ K = N = 4096 (a Llama-7B projection), decode (M = 1, 4, 16) and prefill (M = 204
   `xquant.npu.npu_weight_quant_batchmatmul` against dequantize (torch_npu's formula in float16) +
   `torch.matmul`, both in float16 (decode only unless --fp16-prefill: PyTorch's float16 CPU matmul has
   no fast kernel on CPUs without AVX512-FP16 / AMX) and upcast to float32.
+- W4A8 (int8 activations x int4 weight, k groups of 256: npu_quant_matmul's A8W4 mode), float16 output;
+  `torch._int_mm` on the int8 shapes is printed for scale (PyTorch has no int4 x int8 grouped operator).
 
 Each time is the median of --reps calls after two warm-up calls, the candidates of a case interleaved
 call by call; torch and xquant get the same thread count (torch.set_num_threads, OMP_NUM_THREADS).
@@ -31,7 +33,7 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for xquant and torch")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per measurement (median)")
-    ap.add_argument("--only", default=None, help="substring filter on case names (w8a8, w8a16, w4a16, M=...)")
+    ap.add_argument("--only", default=None, help="substring filter on case names (w8a8, w8a16, w4a16, w4a8, M=...)")
     ap.add_argument("--no-prefill", action="store_true", help="skip M = 2048")
     ap.add_argument("--fp16-prefill", action="store_true", help="also time PyTorch's float16 matmul at M >= 16")
     ap.add_argument("--int-mm-prefill", action="store_true", help="also time torch._int_mm at M = 2048")
@@ -77,6 +79,33 @@ def w8a8_case(m, gen):
     return cands, 2.0 * m * K * N
 
 
+def a8w4_case(m, gen, group=256):
+    """int8 activations x int4 weight [K, N / 8], per-(k group, column) int64 scale, offset and per-token scale,
+    float16 output (npu_quant_matmul's A8W4 mode, docs/semantics.md 9.3.1). PyTorch has no such operator: its
+    int8 GEMM on the same shapes (one product, no int4 halves, no groups) is timed for scale; its output is
+    not comparable."""
+    x1 = torch.randint(-128, 128, (m, K), dtype=torch.int8, generator=gen)
+    q = torch.randint(-8, 8, (K, N), dtype=torch.int32, generator=gen)
+    x2 = npu.npu_convert_weight_to_int4pack(q)
+    scale = npu.npu_trans_quant_param(torch.rand(K // group * N, generator=gen)).reshape(K // group, N)
+    offset = torch.randn(N, generator=gen)
+    pertoken = torch.rand(m, 1, generator=gen) * 0.01
+    w8 = q.to(torch.int8)
+    xpad = x1 if m > 16 else torch.cat([x1, x1.new_zeros(17 - m, K)])  # _int_mm needs M > 16
+
+    def xq():
+        return npu.npu_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken,
+                                    output_dtype=torch.float16, group_sizes=[0, 0, group])
+
+    def th():
+        return torch._int_mm(xpad, w8)
+
+    cands = {"xquant": xq}
+    if m < PREFILL or ARGS.int_mm_prefill:
+        cands["torch._int_mm (int8, no groups)"] = th
+    return cands, 2.0 * m * K * N
+
+
 def wqbmm_case(m, int4, gen):
     x = (torch.rand(m, K, generator=gen) * 2 - 1).half()
     lo, hi = (-8, 8) if int4 else (-128, 128)
@@ -109,6 +138,7 @@ def main():
         cases.append((f"w8a8 M={m}", lambda m=m: w8a8_case(m, gen)))
         cases.append((f"w8a16 M={m}", lambda m=m: wqbmm_case(m, False, gen)))
         cases.append((f"w4a16 M={m}", lambda m=m: wqbmm_case(m, True, gen)))
+        cases.append((f"w4a8 M={m}", lambda m=m: a8w4_case(m, gen)))
     print(f"# {platform.processor() or platform.machine()}, {ARGS.threads} threads, torch {torch.__version__}, "
           f"K = N = {K}, median of {ARGS.reps}")
     print(f"{'case':<14} {'candidate':<30} {'ms':>10} {'GOPS':>8} {'vs xquant':>9}  check")
@@ -125,7 +155,9 @@ def main():
             check = ""
             if n != "xquant":
                 out = cands[n]()
-                if name.startswith("w8a8"):
+                if name.startswith("w4a8"):
+                    check = "not comparable"
+                elif name.startswith("w8a8"):
                     same = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                     check = "bit-identical" if same else "differs"
                 else:
