@@ -9,7 +9,7 @@ For each preset, two subprocesses quantize the same Hugging Face model directory
 * xquant: `xquant quantize MODEL -o OUT --preset PRESET --threads N`.
 
 Reported per preset: wall time of each subprocess (for llm-compressor also the part spent loading,
-quantizing and saving, without the Python / torch imports), peak RSS of each subprocess (`os.wait4`),
+quantizing and saving, without the Python / torch imports), peak RSS of each subprocess (GNU time's `%M`),
 the fraction of stored values that are equal between the two outputs per tensor kind (`weight_packed` /
 `weight`: the 4-bit or 8-bit codes, compared field by field in the stored bytes; `weight_scale`,
 `weight_zero_point`, `weight_global_scale`: element by element), and the weight SQNR in dB of each
@@ -85,19 +85,34 @@ def llmc_child(src, out, preset, threads):
 # ---------------------------------------------------------------------------------------------------
 # Parent.
 
+TIME = "/usr/bin/time"  # GNU time (Debian package `time`)
+
+
 def run_measured(cmd, env):
-    """Runs cmd; returns (wall seconds, peak RSS in MiB of that child, stdout, stderr)."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Read the pipes before reaping, so that the child never blocks on a full pipe; then wait4 gives
-    # this child's own rusage (ru_maxrss in KiB on Linux), which RUSAGE_CHILDREN's maximum would not.
-    out, err = p.stdout.read(), p.stderr.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err[-4000:]}")
-    return wall, ru.ru_maxrss / 1024.0, out, err
+    """Runs cmd; returns (wall seconds, peak RSS of cmd in MiB or None, stdout, stderr).
+
+    The peak RSS is GNU time's `%M` (the ru_maxrss of its child). It is not taken from this process's own
+    rusage of the child: a process forked from this one and then exec'ed keeps, in its ru_maxrss, the
+    resident size it had before exec (this process's, with a generated model in memory), while GNU time's
+    child starts from time's few pages. Without /usr/bin/time the RSS is not reported."""
+    use_time = os.access(TIME, os.X_OK)
+    fd, rss_file = tempfile.mkstemp(prefix="xquant-rss-")
+    os.close(fd)
+    full = [TIME, "-f", "%M", "-o", rss_file, *cmd] if use_time else cmd
+    try:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(full, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = p.communicate()
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err[-4000:]}")
+        rss = None
+        if use_time:
+            with open(rss_file) as f:
+                rss = int(f.read().split()[-1]) / 1024.0
+        return wall, rss, out, err
+    finally:
+        os.unlink(rss_file)
 
 
 def load_dir(d):
@@ -209,6 +224,10 @@ def make_synthetic(spec, out_dir):
     return f"synthetic Llama hidden {hidden}, {layers} layers, {heads} heads ({kv} kv), MLP {ffn}, vocab 8192"
 
 
+def fmt_mib(x):
+    return "n/a" if x is None else f"{x:.0f}"
+
+
 def fmt_s(x):
     return f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
@@ -279,7 +298,7 @@ def main():
                     [xq, "quantize", model, "-o", b, "--preset", preset, "--threads", str(args.threads), "-q"], env)
                 for k, v in (("llmc_wall_s", wall), ("llmc_work_s", work_s), ("xquant_wall_s", xwall),
                              ("llmc_rss_mib", rss), ("xquant_rss_mib", xrss)):
-                    best[k] = min(best.get(k, v), v)
+                    best[k] = v if best.get(k) is None or v is None else min(best[k], v)
             # The comparison runs in a child too: this process stays small (no torch), because a child
             # forked from it starts with its resident pages, and its peak RSS would count them.
             _, _, out, _ = run_measured([sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
@@ -289,7 +308,7 @@ def main():
             results.append(r)
             eq = ", ".join(f"{k} {100 * v:.2f} %" for k, v in cmp["equal"].items())
             rows.append(f"| {preset} | {fmt_s(best['llmc_wall_s'])} ({fmt_s(best['llmc_work_s'])}) | "
-                        f"{fmt_s(best['xquant_wall_s'])} | {best['llmc_rss_mib']:.0f} | {best['xquant_rss_mib']:.0f} | "
+                        f"{fmt_s(best['xquant_wall_s'])} | {fmt_mib(best['llmc_rss_mib'])} | {fmt_mib(best['xquant_rss_mib'])} | "
                         f"{eq} | {cmp['sqnr_db']['llmc']:.2f} | {cmp['sqnr_db']['xquant']:.2f} |")
             for n in cmp["notes"]:
                 print(f"note ({preset}): {n}", file=sys.stderr)
