@@ -27,6 +27,10 @@ separate directory so that the environment's torch / transformers / compressed-t
     PYTHONPATH=/tmp/llmc-pkgs python bench/compare_llmcompressor.py --synthetic 1024:4  # a larger synthetic Llama
     PYTHONPATH=/tmp/llmc-pkgs python bench/compare_llmcompressor.py --model PATH/TO/HF-MODEL-DIR
 
+llmcompressor 0.14.0.1 (the newest on 2026-12-02) pins compressed-tensors 0.19.0 and transformers <= 5.17;
+no release accepts compressed-tensors 0.20.1 and transformers 5.24, with which it was run here (`--no-deps`)
+without a problem in the data-free path.
+
 `--synthetic HIDDEN:LAYERS` writes a Llama made by scripts/make_sample_model.py's generator (same weight
 statistics: per-channel magnitudes, two outlier input features, bfloat16) at another size: HIDDEN / 128
 attention heads of 128 (half as many key/value heads), MLP 2.75 x HIDDEN rounded to a multiple of 128,
@@ -243,7 +247,7 @@ def main():
     ap.add_argument("--xquant", default=None,
                     help="the xquant executable (default: build/release/tools/xquant, else xquant on PATH)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both (default: all cores)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per tool and preset; the fastest is reported")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tool and preset; each time and peak RSS is the minimum over them")
     ap.add_argument("--workdir", default=None, help="keep the outputs here (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="also write the results as JSON")
     ap.add_argument("--llmc-child", nargs=3, metavar=("SRC", "OUT", "PRESET"), help=argparse.SUPPRESS)
