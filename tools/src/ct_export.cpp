@@ -292,13 +292,13 @@ CtScale group_scale(float lo, float hi, const Preset& p, StDType scale_dt, float
   return ct_qparams(lo, hi, p, scale_dt);
 }
 
+// Why the float presets refuse a NaN / +-Inf weight, after the place and the value (or count) found.
+std::string nonfinite_reason(const Preset& p) {
+  return p.name + " refuses NaN and +-Inf weights (compressed-tensors would give the whole " +
+         (p.kind == CtKind::Fp8 ? "channel" : "group") + " a NaN or infinite scale); replace them, or --ignore the module";
+}
 std::string nonfinite_refusal(const Preset& p, float value) {
-  return std::string(std::isnan(value) ? "NaN"
-                     : value > 0       ? "+Inf"
-                                       : "-Inf") +
-         ": " + p.name + " refuses NaN and +-Inf weights (compressed-tensors would give the whole " +
-         (p.kind == CtKind::Fp8 ? "channel" : "group") +
-         " a NaN or infinite scale); replace them, or --ignore the module";
+  return std::string(std::isnan(value) ? "NaN" : value > 0 ? "+Inf" : "-Inf") + ": " + nonfinite_reason(p);
 }
 
 }  // namespace
@@ -573,9 +573,7 @@ struct WeightJob {
                   ") are not supported: use a --group-size");
       if (err.nonfinite && p.kind != CtKind::Int)
         bad_input("tensor '" + t.name + "': " + place(g, G, gpr) + " holds " + std::to_string(err.nonfinite) +
-                  " NaN or +-Inf values: " + p.name +
-                  " refuses them (compressed-tensors would give the channel a NaN "
-                  "or infinite scale); replace them, or --ignore the module");
+                  " NaN or +-Inf values: " + nonfinite_reason(p));
       const CtScale s = group_scale(mn, mx, p, sdt, global_scale);
       if (!s.ok)
         bad_input("tensor '" + t.name + "': " + place(g, G, gpr) + ": " +
@@ -764,7 +762,7 @@ QuantizeResult run_export(const QuantizeOptions& o, const ExportOptions& e) {
   ensure_open_files(outs.size(), "writing " + std::to_string(outs.size()) + " weight files");
   std::vector<std::string> written = file_names;
   written.insert(written.end(), {kConfigFile, kWeightsIndex});
-  if (!e.recipe_yaml.empty()) written.push_back("recipe.yaml");
+  if (!e.recipe_yaml.empty()) written.emplace_back("recipe.yaml");
   OutputDir out(o.output, o.force);
   for (const auto& f : files_to_copy(m, written, o.quiet)) out.copy_file(m.path + "/" + f, f);
   out.write_file(kConfigFile, config.dump(2) + "\n");

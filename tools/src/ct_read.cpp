@@ -44,6 +44,12 @@ struct CtConfig {
   StDType nvfp4_dtype = StDType::BF16;
 };
 
+// The dtype a module dequantizes to: --dtype, else its scales' dtype (NVFP4: config.json's torch_dtype, else
+// BF16, since its scales are F8_E4M3).
+StDType dequantized_dtype(const CtConfig& c, const TensorEntry& scale, const std::optional<StDType>& dtype) {
+  return dtype.value_or(c.kind == CtKind::Nvfp4 ? c.nvfp4_dtype : scale.dtype);
+}
+
 CtKind kind_of_format(const std::string& format) {
   if (format == "float-quantized") return CtKind::Fp8;
   if (format == "nvfp4-pack-quantized") return CtKind::Nvfp4;
@@ -204,16 +210,6 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
       if (!(cm.gs > 0.0f) || !std::isfinite(cm.gs))
         bad_input(f.path + ": '" + cm.global_scale->name + "' is " + std::to_string(cm.gs) +
                   ", expected a finite positive global scale");
-    } else if (c.kind == CtKind::Fp8) {
-      cm.q = need(mod + ".weight");
-      if (cm.q->dtype != StDType::F8_E4M3 || cm.q->shape.size() != 2)
-        bad_input(f.path + ": '" + cm.q->name + "' must be a 2-D F8_E4M3 tensor (float-quantized), got " +
-                  std::string(st_dtype_name(cm.q->dtype)) + " " + dims_str(cm.q->shape));
-      cm.N = cm.q->shape[0];
-      cm.K = cm.q->shape[1];
-      if (cm.K == 0)
-        bad_input(f.path + ": '" + cm.q->name + "' is F8_E4M3 " + dims_str(cm.q->shape) +
-                  ": input width 0 (K = 0), but a quantized Linear module has K >= 1");
     } else if (c.format == "pack-quantized") {
       cm.q = need(mod + ".weight_packed");
       cm.shape = need(mod + ".weight_shape");
@@ -232,15 +228,17 @@ std::map<std::string, CtModule> find_modules(const WeightFile& f, const CtConfig
         bad_input(f.path + ": '" + cm.q->name + "' is " + std::string(st_dtype_name(cm.q->dtype)) + " " +
                   dims_str(cm.q->shape) + ", which does not hold " + std::to_string(c.bits) + "-bit values of shape [" +
                   std::to_string(cm.N) + ", " + std::to_string(cm.K) + "] (weight_shape)");
-    } else {
+    } else {  // one value a byte: int-quantized (I8) or float-quantized (FP8 E4M3)
       cm.q = need(mod + ".weight");
-      if (cm.q->dtype != StDType::I8 || cm.q->shape.size() != 2)
-        bad_input(f.path + ": '" + cm.q->name + "' must be a 2-D I8 tensor, got " +
+      const StDType want = c.kind == CtKind::Fp8 ? StDType::F8_E4M3 : StDType::I8;
+      const std::string wn(st_dtype_name(want));
+      if (cm.q->dtype != want || cm.q->shape.size() != 2)
+        bad_input(f.path + ": '" + cm.q->name + "' must be a 2-D " + wn + " tensor (" + c.format + "), got " +
                   std::string(st_dtype_name(cm.q->dtype)) + " " + dims_str(cm.q->shape));
       cm.N = cm.q->shape[0];
       cm.K = cm.q->shape[1];
       if (cm.K == 0)
-        bad_input(f.path + ": '" + cm.q->name + "' is I8 " + dims_str(cm.q->shape) +
+        bad_input(f.path + ": '" + cm.q->name + "' is " + wn + " " + dims_str(cm.q->shape) +
                   ": input width 0 (K = 0), but a quantized Linear module has K >= 1");
     }
     cm.G = c.group == 0 ? cm.K : c.group;
@@ -301,7 +299,7 @@ FilePlan plan_dequantize(const WeightFile& f, const CtConfig& c, const std::opti
       bad_input(f.path + ": '" + dense +
                 "' is both a dense tensor of the file and the dequantized weight of the compressed module '" + mod +
                 "' ('" + cm.q->name + "'); refusing to write the name twice");
-    const StDType dt = dtype.value_or(c.kind == CtKind::Nvfp4 ? c.nvfp4_dtype : cm.scale->dtype);
+    const StDType dt = dequantized_dtype(c, *cm.scale, dtype);
     fp.tensors.push_back({dense, dt, {cm.N, cm.K}, static_cast<std::uint64_t>(cm.N * cm.K) * st_dtype_size(dt), 0});
   }
   for (const auto& t : f.header.tensors)
@@ -435,7 +433,7 @@ void write_dequantized(const WeightFile& wf, const FilePlan& fp, const CtConfig&
   for (const auto& entry : fp.mods) {
     const std::string& mod = entry.first;
     const CtModule& cm = entry.second;  // not a structured binding: the OpenMP region below uses it
-    const StDType dt = dtype.value_or(c.kind == CtKind::Nvfp4 ? c.nvfp4_dtype : cm.scale->dtype);
+    const StDType dt = dequantized_dtype(c, *cm.scale, dtype);
     const auto osize = static_cast<std::int64_t>(st_dtype_size(dt));
     const std::int64_t n = cm.N * cm.K;
     // A piece: whole rows when a row fits, else a part of one row (a multiple of 8 elements).
