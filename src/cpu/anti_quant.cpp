@@ -46,7 +46,8 @@ using AntiQuantRangeFn = void (*)(const AqJob& j, std::int64_t b0, std::int64_t 
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-// Lanes of one vector (a compile-time constant on the targets this library builds).
+// The most lanes of one vector: the lane count itself on x86 and NEON, an upper bound on SVE and SVE2
+// (whose vector length is known at run time only: loops step by hn::Lanes).
 constexpr std::int64_t kN = static_cast<std::int64_t>(hn::MaxLanes(DF()));
 
 // Elements e .. e + kN - 1 of packed int4 words, sign-extended, as float32. Needs e % min(kN, 8) == 0
@@ -123,7 +124,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     if constexpr (kInt4) {
       if (kN <= 16 && (e & (kAlign - 1)) == 0) return Int4Vec(w4, e, shl0);
       HWY_ALIGN std::int8_t tq[kMaxLanes];
-      unpack_int4_bytes(w4, e, kN, tq);
+      unpack_int4_bytes(w4, e, static_cast<std::int64_t>(hn::Lanes(df)), tq);
       return hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), tq)));
     } else {
       return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(DI8(), x8 + e)));
@@ -203,8 +204,9 @@ bool AntiQuantExpand(const AntiQuantParams* p, const ChannelWalk& walk, float* s
   static_assert(sizeof(AntiQuantParams) == 2 * sizeof(float));
   const float* pairs = &p[0].scale;
   VU nonzero = hn::Zero(du);
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   std::int64_t c = 0;
-  for (; c + kN <= C; c += kN) {
+  for (; c + N <= C; c += N) {
     VF s, o;
     hn::LoadInterleaved2(df, pairs + 2 * c, s, o);
     hn::StoreU(s, df, scale + c);

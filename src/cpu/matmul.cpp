@@ -270,12 +270,11 @@ HWY_INLINE void QmmMicro(const std::int32_t* a, const std::int32_t* bp, std::int
     }
 #else
   const D16 d16;
+  // The accumulators start at zero and c is added after RearrangeToOddPlusEven: that step is a lane-wise
+  // sum on x86 but a pairwise one on NEON (ReorderWidenMulAccumulate keeps products of the low and high
+  // halves apart there), so partial sums loaded into an accumulator would be mixed across columns.
   hn::Vec<D32> acc[R][2], extra[R][2];
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = init ? hn::Zero(d32) : hn::LoadU(d32, c + r * ldc);
-    acc[r][1] = init ? hn::Zero(d32) : hn::LoadU(d32, c + r * ldc + L);
-    extra[r][0] = extra[r][1] = hn::Zero(d32);
-  }
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = extra[r][0] = extra[r][1] = hn::Zero(d32);
   const auto zero = hn::Zero(d32);
   for (std::int64_t kp = 0; kp < kh; ++kp) {
     const auto b0 = hn::BitCast(d16, hn::Load(d32, bp + kp * 2 * L));
@@ -287,10 +286,12 @@ HWY_INLINE void QmmMicro(const std::int32_t* a, const std::int32_t* bp, std::int
       acc[r][1] = hn::Add(acc[r][1], hn::ReorderWidenMulAccumulate(d32, av, b1, zero, extra[r][1]));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    hn::StoreU(hn::RearrangeToOddPlusEven(acc[r][0], extra[r][0]), d32, c + r * ldc);
-    hn::StoreU(hn::RearrangeToOddPlusEven(acc[r][1], extra[r][1]), d32, c + r * ldc + L);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      std::int32_t* dst = c + r * ldc + h * L;
+      const auto sum = hn::RearrangeToOddPlusEven(acc[r][h], extra[r][h]);
+      hn::StoreU(init ? sum : hn::Add(hn::LoadU(d32, dst), sum), d32, dst);  // int32 sums wrap, as the reference's
+    }
 #endif
 }
 
