@@ -198,6 +198,19 @@ inline bool int4_narrow_first() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   return m >= 0 ? m == 2 : cpu_is_intel();
 }
+// Software prefetch of the input a fixed distance ahead in the streaming loops (quantize): on the Intel
+// VM measured (docs/performance.md, 2026-12-03) one core's sequential read stream stalls on DRAM latency
+// without it (quantize quint4x2 [4096, 4096], 2 threads: 42 % -> 60 % of memcpy); not measured on AMD,
+// where those loops already ran at or above memory speed, so it is off there. XQUANT_PREFETCH=0 / 1
+// overrides (measurement); results are the same bits either way.
+inline bool prefetch_ahead_wanted() {
+  static const bool wanted = [] {
+    const char* e = std::getenv("XQUANT_PREFETCH");
+    if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';
+    return cpu_is_intel();
+  }();
+  return wanted;
+}
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   if (m >= 0) return m >= 1;
