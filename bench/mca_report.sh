@@ -28,12 +28,10 @@ run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic
 run "dynamic quant pass 1, f32 * smooth into the row buffer (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vmulps*2,vminps,vmovups*4' 2
 R='N_AVX3::RowsT<(xquant::DType)2>'
 run "dynamic quant pass 2 bf16 -> int8, rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmovswb,vmovntdq' 2
-run "dynamic quant pass 2 bf16 -> int4, two vectors per check, pair packing (AMD)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmaddwd' 2
-run "dynamic quant pass 2 bf16 -> int4, two vectors per check, narrow-first packing (Intel)" dynamic_quant.cpp.o "$R" 'vpmovzxwd,vrangeps,vpmovsdb*2,vpshufb*2' 2
+run "dynamic quant pass 2 bf16 -> int4, two vectors per check, pair packing" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmaddwd' 2
 R0='N_AVX3::RowsT<(xquant::DType)0>'
 run "dynamic quant pass 2 f32 -> int8, rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmovsdb*2,vmovntdq' 2
-run "dynamic quant pass 2 f32 -> int4 (and smooth rows' buffer), pair packing (AMD)" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmaddwd,vpshufb' 2
-run "dynamic quant pass 2 f32 -> int4 (and smooth rows' buffer), narrow-first packing (Intel)" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmovsdb*2,vpshufb*2' 2
+run "dynamic quant pass 2 f32 -> int4 (and smooth rows' buffer), pair packing" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmaddwd,vpshufb' 2
 run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass,!vrangeps'
 run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass,!vrangeps'
 U='N_AVX3::UlqSpanT<(xquant::DType)0'

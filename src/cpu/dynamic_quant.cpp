@@ -197,7 +197,7 @@ struct RowOut {
   std::int64_t pf_es;
 };
 
-template <DType DT, bool kFinite, DivMode kMode, bool kInt4, bool kNarrowFirst = false>
+template <DType DT, bool kFinite, DivMode kMode, bool kInt4>
 HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float offset, float threshold,
                             const RowOut& out) {
   std::int8_t* y8 = out.y8;
@@ -260,11 +260,9 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     // bfloat16: one 64-byte load whose halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3,
     // 8-11, 16-19, 24-27 and 4-7, 12-15, ...), an order that vpackssdw undoes in both stores below.
     // int8: vpackssdw + vpmovswb (saturating twice: 32 bytes in order) for bfloat16, one vpmovsdb per
-    // vector otherwise; int4: StoreInt4Pair (or, kNarrowFirst, StoreInt4Words<true> per vector).
+    // vector otherwise; int4: StoreInt4Pair.
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-    // int4 with kNarrowFirst (Intel) packs each vector by itself (StoreInt4Words<true>), which needs the
-    // lanes in order: bfloat16 then widens each vector by vpmovzxwd.
-    constexpr bool kUnpacked = DT == DType::bfloat16 && !(kInt4 && kNarrowFirst);
+    constexpr bool kUnpacked = DT == DType::bfloat16;
     auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
       hwy::Prefetch(pf + i * pf_es);
       hwy::Prefetch(pf + (i + N) * pf_es);
@@ -282,10 +280,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
         q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
       }
-      if constexpr (kInt4 && kNarrowFirst) {
-        StoreInt4Words<true>(VI{q1}, y4 + i / 8);
-        StoreInt4Words<true>(VI{q2}, y4 + (i + N) / 8);
-      } else if constexpr (kInt4) {
+      if constexpr (kInt4) {
         StoreInt4Pair<kUnpacked>(q1, q2, y4 + i / 8);
       } else if constexpr (kUnpacked) {
         const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
@@ -301,7 +296,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     if constexpr (kInt4) {  // n % 8 == 0; a last part vector goes through qtmp
       auto step4 = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
         hwy::Prefetch(pf + i * pf_es);
-        StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
+        StoreInt4Words(value(src, i), y4 + i / 8);
       };
       DriveSpanPairs(n, false, y4, 0, 1, pair, step4, stage4);
     } else {
@@ -316,7 +311,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     std::int64_t i = 0;
     for (; i + N <= n; i += N) {
       hwy::Prefetch(pf + i * pf_es);
-      StoreInt4Words<kNarrowFirst>(value(src, i), y4 + i / 8);
+      StoreInt4Words(value(src, i), y4 + i / 8);
     }
     if (i < n) stage4(i, n - i);
     return;
@@ -340,8 +335,6 @@ HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float 
     if (rint_check_wanted()) {
       const RintCheck rc = rint_check(scale, offset, x_absmax);
       if (rc.ok) {
-        if (kInt4 && int4_narrow_first())
-          return QuantizeRow<DT, true, DivMode::kRint, kInt4, true>(src, n, scale, offset, rc.threshold, out);
         return QuantizeRow<DT, true, DivMode::kRint, kInt4>(src, n, scale, offset, rc.threshold, out);
       }
     }

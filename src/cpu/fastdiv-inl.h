@@ -192,12 +192,6 @@ inline bool rint_check_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   return m >= 0 ? m == 2 : fast_div_env() != 0;
 }
-// Dynamic quantization's int4 packing on AVX-512 (StoreInt4Words<true>, the Intel models' choice) on
-// Intel CPUs, and also in mode 2 so that tests reach it on any CPU; the other packing elsewhere.
-inline bool int4_narrow_first() {
-  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  return m >= 0 ? m == 2 : cpu_is_intel();
-}
 // Software prefetch of the input a fixed distance ahead in the streaming loops (quantize): on the Intel
 // VM measured (docs/performance.md, 2026-12-03) one core's sequential read stream stalls on DRAM latency
 // without it (quantize quint4x2 [4096, 4096], 2 threads: 42 % -> 60 % of memcpy); not measured on AMD,

@@ -128,7 +128,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 #if XQUANT_HAVE_VECTOR_INT4
     auto one = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {  // 16 elements -> 2 words (8 on AVX2: 1 word)
       ahead(k);
-      StoreInt4Words<false, true>(RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f),
+      StoreInt4Words<true>(RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f),
                                   words + ((pos + k) >> 3));
     };
 #endif

@@ -461,29 +461,19 @@ HWY_INLINE VI SaturateToI32(VF r) {
 #undef XQUANT_HAVE_VECTOR_INT4
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 #define XQUANT_HAVE_VECTOR_INT4 1
-// Two ways, the same bits. kNarrowFirst: 16 lanes -> 16 saturated bytes (vpmovsdb), clamped; in each
-// 16-bit pair the second nibble is shifted next to the first (psrlw 4, or), and pshufb takes the even
-// bytes: cheap 128-bit operations (the faster one by the Intel models: sapphirerapids 4.0 against 7.0
-// cycles per vector in dynamic quantization's int4 loop). Otherwise: clamped in int32; each 64-bit lane
-// holds elements 2k and 2k + 1, whose nibbles a 64-bit shift-or puts side by side, and vpmovqb narrows:
-// a shorter dependency chain, measured 10 % faster on Zen 4 (docs/performance.md).
-// kInRange: the caller guarantees every lane in [-8, 7] (no clamp needed on the int32 path).
-template <bool kNarrowFirst = false, bool kInRange = false>
+// Clamped in int32; each 64-bit lane holds elements 2k and 2k + 1, whose nibbles a 64-bit shift-or puts
+// side by side, and vpmovqb narrows. (A narrow-first variant, vpmovsdb then 128-bit nibble shifts and
+// pshufb, was the Intel models' choice for dynamic quantization's int4 rows; measured there against
+// StoreInt4Pair it was 10 % slower on Zen 4 and 12-29 % slower on a Sapphire Rapids-class Xeon, and was
+// removed: docs/performance.md.)
+// kInRange: the caller guarantees every lane in [-8, 7] (no clamp needed).
+template <bool kInRange = false>
 HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
-  if constexpr (kNarrowFirst) {
-    __m128i b = _mm512_cvtsepi32_epi8(v.raw);
-    b = _mm_min_epi8(_mm_max_epi8(b, _mm_set1_epi8(-8)), _mm_set1_epi8(7));
-    b = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    b = _mm_or_si128(b, _mm_srli_epi16(b, 4));
-    b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(w), b);
-  } else {
-    __m512i c = v.raw;
-    if constexpr (!kInRange) c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_set1_epi32(-8)), _mm512_set1_epi32(7));
-    c = _mm512_and_si512(c, _mm512_set1_epi64(0x0000000F0000000Fll));
-    c = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(w), _mm512_cvtepi64_epi8(c));
-  }
+  __m512i c = v.raw;
+  if constexpr (!kInRange) c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_set1_epi32(-8)), _mm512_set1_epi32(7));
+  c = _mm512_and_si512(c, _mm512_set1_epi64(0x0000000F0000000Fll));
+  c = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(w), _mm512_cvtepi64_epi8(c));
 }
 // Two vectors of int32 lanes -> 32 nibbles = 4 words at w (the same layout). kUnpacked: q1 holds elements
 // 0-3, 8-11, 16-19, 24-27 and q2 4-7, 12-15, 20-23, 28-31 (bfloat16 widened by unpacking), otherwise q1
@@ -507,7 +497,7 @@ HWY_INLINE void StoreInt4Pair(__m512i q1, __m512i q2, std::int32_t* w) {
 }
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define XQUANT_HAVE_VECTOR_INT4 1
-template <bool kNarrowFirst = false, bool kInRange = false>  // one way only here
+template <bool kInRange = false>
 HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
   if constexpr (!kInRange) v = hn::Min(hn::Max(v, hn::Set(DI(), -8)), hn::Set(DI(), 7));
   const DI8 d8;
