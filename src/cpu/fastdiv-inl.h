@@ -192,10 +192,12 @@ inline bool rint_check_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   return m >= 0 ? m == 2 : fast_div_env() != 0;
 }
-// Software prefetch of the input a fixed distance ahead in the streaming loops (quantize): on the Intel
-// VM measured (docs/performance.md, 2026-12-03) one core's sequential read stream stalls on DRAM latency
-// without it (quantize quint4x2 [4096, 4096], 2 threads: 42 % -> 60 % of memcpy); not measured on AMD,
-// where those loops already ran at or above memory speed, so it is off there. XQUANT_PREFETCH=0 / 1
+// Software prefetch of the inputs 2 KiB ahead in the streaming loops (quantize, fake quant forward and
+// backward, ActsULQ backward; only calls large enough to stream their output): on the Intel VM measured
+// (docs/performance.md, 2026-12-03) one core's sequential read stream stalls on DRAM latency without it
+// (2 threads, % of memcpy: quantize quint4x2 42 -> 60, fake quant 91 -> 99, fake quant backward 73 -> 80,
+// ActsULQ backward 65 -> 75); not measured on AMD, where those loops already ran at or above memory
+// speed, so it is off there. XQUANT_PREFETCH=0 / 1
 // overrides (measurement); results are the same bits either way.
 inline bool prefetch_ahead_wanted() {
   static const bool wanted = [] {
