@@ -197,11 +197,9 @@ void BwdChunkT(const UlqBwdJob& j, std::int64_t pos, std::int64_t n, float* tmin
   void* const xg = j.x_grad;
   // The four inputs prefetched 2 KiB ahead when streaming on Intel (prefetch_ahead_wanted).
   const bool prefetch = j.stream && prefetch_ahead_wanted();
-  constexpr std::int64_t kEs = DT == DType::float32 ? 4 : 2;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(DF()));
   auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-    if (prefetch && ((pos + i) * kEs) % 64 < N * kEs)
-      for (const void* p : in) hwy::Prefetch(static_cast<const unsigned char*>(p) + (pos + i) * kEs + 2048);
+    if (prefetch)
+      for (const void* p : in) PrefetchAhead<DT>(p, pos + i);
     BwdStep<DT, kStream>(in, pos + i, xg, pos + i, tmin + i, tmax + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t rem) {

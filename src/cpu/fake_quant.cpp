@@ -107,11 +107,8 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
                        return r;
                      };
   const bool prefetch = j.stream && prefetch_ahead_wanted();
-  constexpr std::int64_t kEs = DT == DType::float32 ? 4 : 2;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-    if (prefetch && ((pos + i) * kEs) % 64 < N * kEs)
-      hwy::Prefetch(static_cast<const unsigned char*>(x) + (pos + i) * kEs + 2048);
+    if (prefetch) PrefetchAhead<DT>(x, pos + i);
     StoreF<DT, kStream>(compute.template operator()<kArr>(x, pos + i, spv, i), y, pos + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
@@ -175,12 +172,10 @@ void BwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams&
     }
   };
   const bool prefetch = j.stream && prefetch_ahead_wanted();
-  constexpr std::int64_t kEs = DT == DType::float32 ? 4 : 2;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   auto step = [&]<bool kStream>(std::int64_t i) {
-    if (prefetch && ((pos + i) * kEs) % 64 < N * kEs) {
-      hwy::Prefetch(static_cast<const unsigned char*>(j.g) + (pos + i) * kEs + 2048);
-      hwy::Prefetch(static_cast<const unsigned char*>(j.x) + (pos + i) * kEs + 2048);
+    if (prefetch) {
+      PrefetchAhead<DT>(j.g, pos + i);
+      PrefetchAhead<DT>(j.x, pos + i);
     }
     compute(j.g, j.x, pos + i, j.y, pos + i, sp, i, t ? t + i : nullptr, std::bool_constant<kStream>());
   };

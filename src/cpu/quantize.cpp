@@ -36,7 +36,7 @@ struct QJob {
   const float* scale;            // periodic walk: expanded arrays
   const float* zero_point;       // null when every zero point is 0
   bool stream;                   // non-temporal stores for y (int4: AVX-512 only, 16-byte aligned words)
-  bool prefetch;                 // software prefetch of x kPrefetchBytes ahead (prefetch_ahead_wanted)
+  bool prefetch;                 // software prefetch of x ahead (PrefetchAhead, prefetch_ahead_wanted)
   bool has_zero_point;           // some zero point is not 0
   bool fast_div;                 // div_mode without the divider (fast_div_int: every scale and zero point allows it)
   float x_max;                   // fast_div: dividends clamped to [-x_max, x_max]
@@ -51,9 +51,6 @@ HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
 constexpr std::int64_t kBlock = 64;  // int4: elements per packing block (8 words)
-// How far ahead of the loads x is prefetched when j.prefetch: measured 512-2048 bytes alike on the Intel
-// VM (quint4x2, 1 and 2 threads), 4096 worse.
-constexpr std::int64_t kPrefetchBytes = 2048;
 
 // v (not yet rounded) -> sat(rint(v)) stored as Q.
 template <QuantDType Q, bool kStream = false>
@@ -83,11 +80,9 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   void* const y = j.y;
   const bool has_zero_point = j.has_zero_point;
   const bool prefetch = j.prefetch;
-  constexpr std::int64_t kEs = DT == DType::float32 ? 4 : 2;
-  // One prefetch per 64 bytes of input: a vector of float32 on AVX-512, every other one below it.
+  // 2 KiB ahead: 512-2048 bytes measured alike on the Intel VM (quint4x2, 1 and 2 threads), 4096 worse.
   auto ahead = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {
-    if (prefetch && ((pos + k) * kEs) % 64 < static_cast<std::int64_t>(N) * kEs)
-      hwy::Prefetch(static_cast<const unsigned char*>(x) + (pos + k) * kEs + kPrefetchBytes);
+    if (prefetch) PrefetchAhead<DT>(x, pos + k);
   };
   // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded.
   auto value = [XQUANT_BY_VALUE](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp,

@@ -20,6 +20,7 @@
 #include <limits>
 #include <string>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/check.hpp"
 #include "cpu/cpu.hpp"
@@ -122,6 +123,15 @@ HWY_INLINE VU FloatToBf16Bits(VF v) {
   const VU r = hn::ShiftRight<16>(hn::Add(hn::Add(x, hn::Set(du, 0x7FFFu)), lsb));
   const VU nan = hn::Or(hn::ShiftRight<16>(x), hn::Set(du, 0x40u));
   return hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x7F800000))), nan, r);
+}
+
+// The streaming loops' software prefetch (prefetch_ahead_wanted, cpu/fastdiv-inl.h): called for each
+// vector of Lanes(DF) elements of dtype DT at base[i], it prefetches 2 KiB ahead once per 64 bytes.
+template <DType DT>
+HWY_INLINE void PrefetchAhead(const void* base, std::int64_t i) {
+  constexpr std::int64_t kEs = DT == DType::float32 ? 4 : 2, kAheadBytes = 2048;
+  if ((i * kEs) % 64 < static_cast<std::int64_t>(hn::Lanes(DF())) * kEs)
+    hwy::Prefetch(static_cast<const unsigned char*>(base) + i * kEs + kAheadBytes);
 }
 
 // Load Lanes(DF) values of dtype DT at base[i], widened to float32.
