@@ -377,8 +377,8 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     qtmp.resize(static_cast<std::size_t>(padded));
   const bool int4 = a.dst == QuantDType::quint4x2;
   // float32 rows quantized straight from x: on the Intel VM measured, prefetching the next row during pass
-  // 2 made [8192, 4096] -> int8 slower (46-52 % -> 64 % of memcpy without it, docs/performance.md); the
-  // other cases gain from it there, and every case on AMD.
+  // 2 made [8192, 4096] -> int8 slower (61-67 % of memcpy without it, 46-54 % with it: docs/performance.md);
+  // the other cases gain from it there, and every case on AMD.
   const bool skip_next_row_prefetch = DT == DType::float32 && smooth_f32 == nullptr && prefetch_ahead_wanted();
   std::int64_t e = 0;
   for (std::int64_t r = r0; r < r1; ++r) {

@@ -197,8 +197,7 @@ inline bool rint_check_wanted() {
 // (docs/performance.md, 2026-12-03) one core's sequential read stream stalls on DRAM latency without it
 // (2 threads, % of memcpy: quantize quint4x2 42 -> 60, fake quant 91 -> 99, fake quant backward 73 -> 80,
 // ActsULQ backward 65 -> 75); not measured on AMD, where those loops already ran at or above memory
-// speed, so it is off there. XQUANT_PREFETCH=0 / 1
-// overrides (measurement); results are the same bits either way.
+// speed, so it is off there. XQUANT_PREFETCH=0 / 1 overrides (measurement); the same bits either way.
 inline bool prefetch_ahead_wanted() {
   static const bool wanted = [] {
     const char* e = std::getenv("XQUANT_PREFETCH");

@@ -36,7 +36,6 @@ struct QJob {
   const float* scale;            // periodic walk: expanded arrays
   const float* zero_point;       // null when every zero point is 0
   bool stream;                   // non-temporal stores for y (int4: AVX-512 only, 16-byte aligned words)
-  bool prefetch;                 // software prefetch of x ahead (PrefetchAhead, prefetch_ahead_wanted)
   bool has_zero_point;           // some zero point is not 0
   bool fast_div;                 // div_mode without the divider (fast_div_int: every scale and zero point allows it)
   float x_max;                   // fast_div: dividends clamped to [-x_max, x_max]
@@ -79,7 +78,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   const void* const x = j.x;
   void* const y = j.y;
   const bool has_zero_point = j.has_zero_point;
-  const bool prefetch = j.prefetch;
+  const bool prefetch = j.stream && prefetch_ahead_wanted();
   // 2 KiB ahead: 512-2048 bytes measured alike on the Intel VM (quint4x2, 1 and 2 threads), 4096 worse.
   auto ahead = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {
     if (prefetch) PrefetchAhead<DT>(x, pos + k);
@@ -267,7 +266,6 @@ void cpu_quantize(const QuantizeArgs& a) {
                .scale = scale,
                .zero_point = zero_point,
                .stream = stream,
-               .prefetch = stream && prefetch_ahead_wanted(),
                .has_zero_point = has_zero_point,
                .fast_div = fd.ok,
                .x_max = fd.x_max,
