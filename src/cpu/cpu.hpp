@@ -71,4 +71,8 @@ inline void unpack_int4_bytes(const std::int32_t* words, std::int64_t begin, std
 double cpu_chunk_value(const float* terms, std::int64_t count);
 float finish_chunk_sum(const double* chunk_values, std::int64_t chunks);
 
+// dst[i] = float(src[i]) for i in [b0, b1), src of float dtype dt (float32, float16, bfloat16), SIMD; exact
+// (widening). Callers index dst like src.
+void cpu_widen_to_float(DType dt, const void* src, std::int64_t b0, std::int64_t b1, float* dst);
+
 }  // namespace xquant::detail

@@ -260,7 +260,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     // bfloat16: one 64-byte load whose halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3,
     // 8-11, 16-19, 24-27 and 4-7, 12-15, ...), an order that vpackssdw undoes in both stores below.
     // int8: vpackssdw + vpmovswb (saturating twice: 32 bytes in order) for bfloat16, one vpmovsdb per
-    // vector otherwise; int4: StoreInt4Pair.
+    // vector otherwise; int4: StoreInt4Pair (streamed when the output is large).
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     constexpr bool kUnpacked = DT == DType::bfloat16;
     auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
@@ -281,7 +281,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
       }
       if constexpr (kInt4) {
-        StoreInt4Pair<kUnpacked>(q1, q2, y4 + i / 8);
+        StoreInt4Pair<kUnpacked, false, kStream>(q1, q2, y4 + i / 8);
       } else if constexpr (kUnpacked) {
         const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
         if constexpr (kStream)
@@ -298,7 +298,18 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         hwy::Prefetch(pf + i * pf_es);
         StoreInt4Words(value(src, i), y4 + i / 8);
       };
-      DriveSpanPairs(n, false, y4, 0, 1, pair, step4, stage4);
+      if (out.stream && reinterpret_cast<std::uintptr_t>(y4) % 16 == 0) {
+        // Large outputs: each pair's 16 bytes streamed (non-temporal, 16-byte aligned from the row start).
+        std::int64_t i = 0;
+        for (; i + 2 * N <= n; i += 2 * N) pair.template operator()<true>(i);
+        if (i + N <= n) {
+          step4.template operator()<false>(i);
+          i += N;
+        }
+        if (i < n) stage4(i, n - i);
+      } else {
+        DriveSpanPairs(n, false, y4, 0, 1, pair, step4, stage4);
+      }
     } else {
       DriveSpanPairs(n, out.stream, y8, 0, 1, pair, step, stage);
     }
@@ -643,7 +654,8 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
   if (a.per_channel) return per_channel(a, n * static_cast<std::int64_t>(dtype_size(a.dt) + 1));
   if (dynamic_quant_is_float8(a.dst)) return float8_rows(a, n * static_cast<std::int64_t>(dtype_size(a.dt) + 1));
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
-  const bool stream = use_stream(n);  // int8 output bytes (int4 output is never streamed)
+  // Output bytes; int4 rows stream only on AVX-512 (QuantizeRow's pair loop), other targets ignore it.
+  const bool stream = use_stream(a.dst == QuantDType::quint4x2 ? n / 2 : n);
   if (a.per_tensor) {
     const RangeMinMaxFn range_min_max = HWY_DYNAMIC_DISPATCH(SelectRangeMinMax)(a.dt);
     const RangeQuantFn range_quant = HWY_DYNAMIC_DISPATCH(SelectRangeQuant)(a.dt);
@@ -677,7 +689,7 @@ void cpu_dynamic_quant(const DynamicQuantArgs& a) {
   if (a.smooth != nullptr) {
     const std::int64_t count = (a.group_ends ? a.num_groups : 1) * a.cols;
     smooth.resize(static_cast<std::size_t>(count));
-    for (std::int64_t i = 0; i < count; ++i) smooth[static_cast<std::size_t>(i)] = load_float(a.smooth_dt, a.smooth, i);
+    cpu_widen_to_float(a.smooth_dt, a.smooth, 0, count, smooth.data());
   }
   const float* sm = a.smooth ? smooth.data() : nullptr;
   const RowsFn rows = HWY_DYNAMIC_DISPATCH(SelectRows)(a.dt);

@@ -193,18 +193,37 @@ inline bool rint_check_wanted() {
   return m >= 0 ? m == 2 : fast_div_env() != 0;
 }
 // Software prefetch of the inputs 2 KiB ahead in the streaming loops (quantize, fake quant forward and
-// backward, ActsULQ backward; only calls large enough to stream their output): on the Intel VM measured
-// (docs/performance.md, 2026-12-03) one core's sequential read stream stalls on DRAM latency without it
-// (2 threads, % of memcpy: quantize quint4x2 42 -> 60, fake quant 91 -> 99, fake quant backward 73 -> 80,
-// ActsULQ backward 65 -> 75); not measured on AMD, where those loops already ran at or above memory
-// speed, so it is off there. XQUANT_PREFETCH=0 / 1 overrides (measurement); the same bits either way.
-inline bool prefetch_ahead_wanted() {
-  static const bool wanted = [] {
+// backward, ActsULQ backward; only calls large enough to stream their output). Measured on 2 threads, % of
+// memcpy (docs/performance.md):
+//   Intel (Sapphire Rapids-class VM, 2026-12-03): one core's sequential read stream stalls on DRAM latency
+//   without it: quantize quint4x2 42 -> 60, fake quant 91 -> 99, fake quant backward 73 -> 80, ActsULQ
+//   backward 65 -> 75. On for every loop.
+//   AMD Zen 4 (2026-12-04, interleaved processes): quantize quint4x2 1.86-2.01 -> 1.70-1.76 ms (77 -> 87 %);
+//   fake quant forward and backward unchanged; ActsULQ backward 20 % slower (43-44 -> 52-53 ms). On for
+//   quantize only (quantize_too).
+// Off on other CPUs (Arm: not measured). XQUANT_PREFETCH=0 / 1 overrides (measurement); the same bits either way.
+inline int prefetch_env() {
+  static const int env = [] {
     const char* e = std::getenv("XQUANT_PREFETCH");
-    if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';
-    return cpu_is_intel();
+    return e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
   }();
-  return wanted;
+  return env;
+}
+inline bool cpu_is_amd() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool amd = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+inline bool prefetch_ahead_wanted(bool quantize_too = false) {
+  const int env = prefetch_env();
+  if (env >= 0) return env == 1;
+  return cpu_is_intel() || (quantize_too && cpu_is_amd());
 }
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);

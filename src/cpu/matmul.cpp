@@ -603,19 +603,6 @@ void WidenXPacked(const WeightQuantMatmulArgs& a, float* xp, std::int64_t m0, st
   }
 }
 
-// x (float16 / bfloat16) widened to float32, elements [b0, b1).
-void WidenX(const WeightQuantMatmulArgs& a, float* x, std::int64_t b0, std::int64_t b1) {
-  const DF df;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
-  std::int64_t i = b0;
-  if (a.dt == DType::float16) {
-    for (; i + L <= b1; i += L) hn::StoreU(LoadF<DType::float16>(a.x, i), df, x + i);
-  } else {
-    for (; i + L <= b1; i += L) hn::StoreU(LoadF<DType::bfloat16>(a.x, i), df, x + i);
-  }
-  for (; i < b1; ++i) x[i] = load_float(a.dt, a.x, i);
-}
-
 }  // namespace xquant::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -630,7 +617,6 @@ HWY_EXPORT(WqmPanelWidth);
 HWY_EXPORT(WqmDequantRows);
 HWY_EXPORT(WqmDecodeRange);
 HWY_EXPORT(WqmPrefillTile);
-HWY_EXPORT(WidenX);
 HWY_EXPORT(WidenXPacked);
 
 namespace {
@@ -804,7 +790,7 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   if (M <= kWqmDecodeMaxM) {
     auto x = aligned_zeros<float>(M * K);
     parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6, [&](std::int64_t b0, std::int64_t b1) {
-      HWY_DYNAMIC_DISPATCH(WidenX)(a, x.get(), b0, b1);
+      cpu_widen_to_float(a.dt, a.x, b0, b1, x.get());
     });
     const WqmJob j{&a, x.get()};
     // each thread one contiguous range of whole blocks (a partial last block at N)

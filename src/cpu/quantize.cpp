@@ -78,8 +78,9 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   const void* const x = j.x;
   void* const y = j.y;
   const bool has_zero_point = j.has_zero_point;
-  const bool prefetch = j.stream && prefetch_ahead_wanted();
-  // 2 KiB ahead: 512-2048 bytes measured alike on the Intel VM (quint4x2, 1 and 2 threads), 4096 worse.
+  const bool prefetch = j.stream && prefetch_ahead_wanted(/*quantize_too=*/true);
+  // 2 KiB ahead: 512-2048 bytes measured alike on the Intel VM (quint4x2, 1 and 2 threads), 4096 worse; on
+  // Zen 4 too (prefetch_ahead_wanted).
   auto ahead = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {
     if (prefetch) PrefetchAhead<DT>(x, pos + k);
   };

@@ -1,4 +1,7 @@
-// SIMD canonical chunk sums (rule 5). A chunk of up to 1024 float32 terms is added into 16 double lanes,
+// SIMD canonical chunk sums (rule 5), and the one float16 / bfloat16 -> float32 widening of whole arrays
+// (cpu_widen_to_float: dynamic quantization's smooth scales, the weight-quant matmul's activations).
+//
+// Chunk sums: A chunk of up to 1024 float32 terms is added into 16 double lanes,
 // lane = term index % 16, in index order; lanes are then folded by halving. With Lanes(double) = L, the
 // 16 lanes are 16 / L vectors: vector k holds lanes [k L, (k + 1) L), so each lane still receives its
 // terms in index order and the result does not depend on the SIMD width.
@@ -9,6 +12,7 @@
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
 #include "cpu/cpu.hpp"
+#include "cpu/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
@@ -39,12 +43,27 @@ double ChunkValue(const float* terms, std::int64_t count) {
   return lanes[0];
 }
 
+void WidenToFloat(DType dt, const void* src, std::int64_t b0, std::int64_t b1, float* dst) {
+  VisitFloatDType(dt, [&]<DType DT>() {
+    const DF df;
+    const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(df));
+    std::int64_t i = b0;
+    for (; i + L <= b1; i += L) hn::StoreU(LoadF<DT>(src, i), df, dst + i);
+    for (; i < b1; ++i) dst[i] = load_float(DT, src, i);
+  });
+}
+
 }  // namespace xquant::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace xquant::detail {
 HWY_EXPORT(ChunkValue);
+HWY_EXPORT(WidenToFloat);
+
+void cpu_widen_to_float(DType dt, const void* src, std::int64_t b0, std::int64_t b1, float* dst) {
+  HWY_DYNAMIC_DISPATCH(WidenToFloat)(dt, src, b0, b1, dst);
+}
 
 double cpu_chunk_value(const float* terms, std::int64_t count) {
   return HWY_DYNAMIC_DISPATCH(ChunkValue)(terms, count);
