@@ -197,7 +197,9 @@ struct RowOut {
   std::int64_t pf_es;
 };
 
-template <DType DT, bool kFinite, DivMode kMode, bool kInt4>
+// kPfL2: the next row is prefetched into L2 instead of L1 (smooth rows, whose float32 row buffer and smooth
+// scales already fill L1: see RowsT).
+template <DType DT, bool kFinite, DivMode kMode, bool kInt4, bool kPfL2>
 HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float offset, float threshold,
                             const RowOut& out) {
   std::int8_t* y8 = out.y8;
@@ -205,6 +207,12 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   std::int8_t* qtmp = out.qtmp;
   const unsigned char* pf = out.pf;
   const std::int64_t pf_es = out.pf_es;
+  auto prefetch = [](const unsigned char* p) XQUANT_LAMBDA_INLINE {
+    if constexpr (kPfL2)
+      PrefetchL2(p);
+    else
+      hwy::Prefetch(p);
+  };
   const DF df;
   const VF s = hn::Set(df, scale), o = hn::Set(df, offset), rs = hn::Set(df, 1.0f / scale);
   const VF thr = hn::Set(df, threshold);
@@ -237,7 +245,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   // int8 (and int4 through qtmp where vectors cannot pack it): one vector at i, or fewer staged.
   std::int8_t* dst = kInt4 ? qtmp : y8;
   auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-    hwy::Prefetch(pf + i * pf_es);
+    prefetch(pf + i * pf_es);
     StoreI8<kStream>(value(src, i), dst + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
@@ -264,8 +272,8 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     constexpr bool kUnpacked = DT == DType::bfloat16;
     auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-      hwy::Prefetch(pf + i * pf_es);
-      hwy::Prefetch(pf + (i + N) * pf_es);
+      prefetch(pf + i * pf_es);
+      prefetch(pf + (i + N) * pf_es);
       VF x1, x2;
       if constexpr (kUnpacked) {
         const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(src) + i);
@@ -295,7 +303,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     };
     if constexpr (kInt4) {  // n % 8 == 0; a last part vector goes through qtmp
       auto step4 = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
-        hwy::Prefetch(pf + i * pf_es);
+        prefetch(pf + i * pf_es);
         StoreInt4Words(value(src, i), y4 + i / 8);
       };
       if (out.stream && reinterpret_cast<std::uintptr_t>(y4) % 16 == 0) {
@@ -321,7 +329,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     std::int64_t i = 0;
     for (; i + N <= n; i += N) {
-      hwy::Prefetch(pf + i * pf_es);
+      prefetch(pf + i * pf_es);
       StoreInt4Words(value(src, i), y4 + i / 8);
     }
     if (i < n) stage4(i, n - i);
@@ -338,7 +346,7 @@ inline bool finite_row(float rmin, float rmax, float scale, float offset) {
          std::isfinite(rmin / scale) && std::isfinite(rmax / scale);
 }
 
-template <DType DT, bool kInt4>
+template <DType DT, bool kInt4, bool kPfL2>
 HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
                              const RowOut& out) {
   if (finite_row(rmin, rmax, scale, offset)) {
@@ -346,27 +354,27 @@ HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float 
     if (rint_check_wanted()) {
       const RintCheck rc = rint_check(scale, offset, x_absmax);
       if (rc.ok) {
-        return QuantizeRow<DT, true, DivMode::kRint, kInt4>(src, n, scale, offset, rc.threshold, out);
+        return QuantizeRow<DT, true, DivMode::kRint, kInt4, kPfL2>(src, n, scale, offset, rc.threshold, out);
       }
     }
 #if XQUANT_HAVE_FAST_DIV
     if (fast_div_wanted()) {
       const FastDivInt fd = fast_div_int(scale, scale, std::abs(offset));
       if (fd.ok && x_absmax <= fd.x_max)
-        return QuantizeRow<DT, true, DivMode::kFma, kInt4>(src, n, scale, offset, 0.f, out);
+        return QuantizeRow<DT, true, DivMode::kFma, kInt4, kPfL2>(src, n, scale, offset, 0.f, out);
     }
 #endif
-    QuantizeRow<DT, true, DivMode::kDivide, kInt4>(src, n, scale, offset, 0.f, out);
+    QuantizeRow<DT, true, DivMode::kDivide, kInt4, kPfL2>(src, n, scale, offset, 0.f, out);
   } else {
-    QuantizeRow<DT, false, DivMode::kDivide, kInt4>(src, n, scale, offset, 0.f, out);
+    QuantizeRow<DT, false, DivMode::kDivide, kInt4, kPfL2>(src, n, scale, offset, 0.f, out);
   }
 }
 
-template <DType DT>
+template <DType DT, bool kPfL2 = false>
 HWY_INLINE void QuantizeAny(const void* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
                             bool int4, const RowOut& out) {
-  if (int4) return QuantizeAnyT<DT, true>(src, n, rmin, rmax, scale, offset, out);
-  QuantizeAnyT<DT, false>(src, n, rmin, rmax, scale, offset, out);
+  if (int4) return QuantizeAnyT<DT, true, kPfL2>(src, n, rmin, rmax, scale, offset, out);
+  QuantizeAnyT<DT, false, kPfL2>(src, n, rmin, rmax, scale, offset, out);
 }
 
 template <DType DT>
@@ -389,7 +397,11 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   const bool int4 = a.dst == QuantDType::quint4x2;
   // float32 rows quantized straight from x: on the Intel VM measured, prefetching the next row during pass
   // 2 made [8192, 4096] -> int8 slower (61-67 % of memcpy without it, 46-54 % with it: docs/performance.md);
-  // the other cases gain from it there, and every case on AMD.
+  // the other cases gain from it there, and every case on AMD. Smooth rows prefetch it into L2 only: their
+  // float32 row buffer and smooth scales (16 KiB each for 4096 columns) fill a 32 KiB L1, which an L1
+  // prefetch of the next row would evict (Zen 4, [8192, 4096], interleaved processes: bf16 -> int8 smooth
+  // 3.92 -> 3.41-3.65 ms, f32 -> int4 smooth 5.47-5.54 -> 4.75-4.89 ms; rows without smooth scales
+  // unchanged or slower with L2 prefetch).
   const bool skip_next_row_prefetch = DT == DType::float32 && smooth_f32 == nullptr && prefetch_ahead_wanted();
   std::int64_t e = 0;
   for (std::int64_t r = r0; r < r1; ++r) {
@@ -426,7 +438,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     if (direct)
       QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
     else
-      QuantizeAny<DType::float32>(buf.data(), H, rmin, rmax, p.scale, p.offset, int4, out);
+      QuantizeAny<DType::float32, /*kPfL2=*/true>(buf.data(), H, rmin, rmax, p.scale, p.offset, int4, out);
   }
   if (stream) hwy::FlushStream();
 }

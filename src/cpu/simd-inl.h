@@ -134,6 +134,10 @@ HWY_INLINE void PrefetchAhead(const void* base, std::int64_t i) {
     hwy::Prefetch(static_cast<const unsigned char*>(base) + i * kEs + kAheadBytes);
 }
 
+// Prefetch into L2 rather than L1 (x86 prefetcht1, Arm PLDL2KEEP): data needed after the current L1
+// working set, which an L1 prefetch would evict.
+HWY_INLINE void PrefetchL2(const void* p) { __builtin_prefetch(p, 0, 2); }
+
 // Load Lanes(DF) values of dtype DT at base[i], widened to float32.
 template <DType DT>
 HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
