@@ -433,7 +433,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                      .y4 = static_cast<std::int32_t*>(a.y) + r * (H / 8),
                      .qtmp = qtmp.data(),
                      .stream = stream,
-                     .pf = r + 1 < r1 && !skip_next_row_prefetch ? row + H * es : row,
+                     .pf = r + 1 < a.rows && !skip_next_row_prefetch ? row + H * es : row,
                      .pf_es = es};
     if (direct)
       QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
