@@ -20,10 +20,13 @@ run() {  # name object function-without-namespace markers (NEON|SVE when they di
       sed "s/ cycles\/\(vector\|iteration\) (block reciprocal throughput; simulated/ (simulated/g"
   done
 }
-run "fake quant forward f32 (divider)" fake_quant.cpp.o 'FwdSpanT<(xquant::DType)0, 0, false, false>' 'fmul,frint'
-run "quantize div_mode f32 -> int8 (divider)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)0, 1>' 'fdiv,frint'
+run "fake quant forward f32 (divider: XQUANT_FAST_DIV=0)" fake_quant.cpp.o 'FwdSpanT<(xquant::DType)0, 0, false, false>' 'fmul,frint'
+run "fake quant forward f32 (FMA quotient, one step: the default on aarch64)" fake_quant.cpp.o 'FwdSpanT<(xquant::DType)0, 1, false, false>' 'fmul,frint'
+run "quantize div_mode f32 -> int8 (divider: XQUANT_FAST_DIV=0)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)0, 1>' 'fdiv,frint'
+run "quantize div_mode f32 -> int8 (FMA quotient: the default on aarch64)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)0, 2>' 'fmul,frint'
 run "quantize mul f32 -> quint4x2 (int8 lanes; packed by pack_int4_bytes after)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'fmul,frint' 8
 run "dynamic quant pass 2 bf16 -> int8, rounding check (the default path)" dynamic_quant.cpp.o 'RowsT<(xquant::DType)2>' 'uxtl,frint,fabd,!fmaxnm|uunpklo,frint,fabd,!fmaxnm'
 run "dynamic quant pass 2 f32 -> int8, rounding check (the default path)" dynamic_quant.cpp.o 'RowsT<(xquant::DType)0>' 'frint,fabd,!fmaxnm'
 run "dynamic quant pass 2 bf16 -> int8, divider (rows the check refuses)" dynamic_quant.cpp.o 'RowsT<(xquant::DType)2>' 'fdiv,frint'
+run "dynamic quant pass 2 bf16 -> int8, FMA quotient (rows the check refuses; the default on aarch64)" dynamic_quant.cpp.o 'RowsT<(xquant::DType)2>' 'fmls,frint,!fdiv,!fabd|fmsb,frint,!fdiv,!fabd'
 run "ActsULQ forward f32, 4 outputs (divider)" acts_ulq.cpp.o 'UlqSpanT<(xquant::DType)0, false>' 'fdiv*2'

@@ -1,8 +1,9 @@
 // Per-target exact float32 division x / s without the divider (re-included once per Highway target).
 //
 // SPEC rule 2 requires the correctly rounded quotient x / s. The divider is slow on some CPUs (512-bit
-// vdivps: one per 5-10 cycles on Intel Xeon), so on targets with a real FMA (x86 AVX2 and AVX-512,
-// where Highway's MulSub / NegMulAdd are fused) the quotient is computed from a reciprocal
+// vdivps: one per 5-10 cycles on Intel Xeon; Arm's fdiv: 4 floats per 7-26 cycles), so on targets with a
+// real FMA (x86 AVX2 and AVX-512, every aarch64 target: Highway's MulSub / NegMulAdd are fused there) the
+// quotient is computed from a reciprocal
 // r = RN(1 / s), prepared once per call, with two Markstein corrections:
 //
 //   q0 = RN(x * r)
@@ -26,7 +27,7 @@
 // per vector (two integer compares) and divides a vector with any lane outside; DivIntegral and
 // DivForInteger need no per-vector check (see fast_div_integral_steps and fast_div_int). Either way
 // the result is the divider's, bit for bit, on every target. Kernels use the sequence only where
-// fast_div_wanted() says so (Intel CPUs by default).
+// fast_div_wanted() says so (Intel CPUs and aarch64 by default).
 #if defined(XQUANT_CPU_FASTDIV_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef XQUANT_CPU_FASTDIV_INL_H_
 #undef XQUANT_CPU_FASTDIV_INL_H_
@@ -225,11 +226,18 @@ inline bool prefetch_ahead_wanted(bool quantize_too = false) {
   if (env >= 0) return env == 1;
   return cpu_is_intel() || (quantize_too && cpu_is_amd());
 }
+// Default: Intel (measured) and aarch64 (modelled: every Arm core's divider bounds the dividing loops,
+// e.g. llvm-mca tsv110 (Kunpeng 920) fake quant 26 cycles per 4-float vector with the divider against
+// about 6 with the sequence; docs/performance-arm.md). AMD Zen 4: the divider.
 inline bool fast_div_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
   if (m >= 0) return m >= 1;
   const int env = fast_div_env();
+#if defined(__aarch64__)
+  return env >= 0 ? env == 1 : true;
+#else
   return env >= 0 ? env == 1 : cpu_is_intel();
+#endif
 }
 
 }  // namespace xquant::detail
@@ -240,7 +248,9 @@ namespace xquant::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #undef XQUANT_HAVE_FAST_DIV
-#if HWY_ARCH_X86 && HWY_NATIVE_FMA && !defined(HWY_DISABLE_BMI2_FMA)
+// x86 AVX2 / AVX-512, and every aarch64 target (NEON's fmla / fmls and SVE's fmla / fmls are fused, IEEE
+// round to nearest even: the argument above holds as written).
+#if (HWY_ARCH_X86 && HWY_NATIVE_FMA && !defined(HWY_DISABLE_BMI2_FMA)) || (HWY_ARCH_ARM_A64 && HWY_NATIVE_FMA)
 #define XQUANT_HAVE_FAST_DIV 1
 #else
 #define XQUANT_HAVE_FAST_DIV 0
@@ -284,13 +294,22 @@ HWY_INLINE V DivIntegral(V q, V s, V r) {
 }
 
 // x / s where only sat(rint(x / s + z)) is needed, under fast_div_int: x clamped to [-x_max, x_max]
-// first (x86 min / max return their second operand for NaN: NaN stays NaN, and becomes 0 later). kClamp
-// false: the caller knows |x| <= x_max (a dynamic quantization row's min / max). Targets without FMA
-// divide.
+// first, NaN kept (it becomes 0 later). x86 min / max return their second operand for NaN, so two
+// instructions keep it; Arm's Min / Max (fminnm / fmaxnm in Highway) would return the number instead, so
+// there the clamp is two selects on ordered compares, false for NaN. kClamp false: the caller knows
+// |x| <= x_max (a dynamic quantization row's min / max). Targets without FMA divide.
 template <bool kClamp, class V>
 HWY_INLINE V DivForInteger(V x, V s, V r, V x_max) {
 #if XQUANT_HAVE_FAST_DIV
-  if constexpr (kClamp) x = hn::Max(hn::Neg(x_max), hn::Min(x_max, x));
+  if constexpr (kClamp) {
+#if HWY_ARCH_X86
+    x = hn::Max(hn::Neg(x_max), hn::Min(x_max, x));
+#else
+    const V lo = hn::Neg(x_max);
+    x = hn::IfThenElse(hn::Lt(x, lo), lo, x);
+    x = hn::IfThenElse(hn::Gt(x, x_max), x_max, x);
+#endif
+  }
   return DivCore(x, s, r);
 #else
   (void)r;
