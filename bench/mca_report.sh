@@ -18,9 +18,9 @@ run "fake quant forward f32, FMA (one step)" fake_quant.cpp.o "$FQ, 1, false, fa
 run "fake quant forward f16 (float16 arithmetic), divider" fake_quant.cpp.o 'N_AVX3::FwdSpanT<(xquant::DType)1, 0, false, false>' 'vmulps,vrndscale'
 run "fake quant backward f32 + grad_amax terms (streamed)" fake_quant.cpp.o 'N_AVX3::BwdSpan<(xquant::DType)0>' 'vmulps,vmovnt'
 Q='N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)0'
-run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1>" 'vdivps,vmovntdq'
-run "quantize div_mode f32 -> int8, FMA (streamed)" quantize.cpp.o "$Q, 2>" 'vfnmadd,vmovntdq'
-run "quantize mul f32 -> quint4x2 (two vectors per iteration; the streamed twin has the same arithmetic)" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'vmulps*2,vpmaddwd' 2
+run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1, false>" 'vdivps,vmovntdq'
+run "quantize div_mode f32 -> int8, FMA (streamed)" quantize.cpp.o "$Q, 2, false>" 'vfnmadd,vmovntdq'
+run "quantize mul f32 -> quint4x2 (two vectors per iteration; the streamed twin has the same arithmetic)" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0, true>' 'vmulps*2,vpmaddwd' 2
 D='N_AVX3::SmoothAndReduce<(xquant::DType)'
 run "dynamic quant pass 1, bf16 int16-key min/max (per 16 elements)" dynamic_quant.cpp.o 'N_AVX3::ReduceHalfKeys<(xquant::DType)2>' 'vpminsw*2,vpsraw' 4
 run "dynamic quant pass 1, bf16 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmulps*2,vminps' 2

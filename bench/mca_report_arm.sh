@@ -22,9 +22,9 @@ run() {  # name object function-without-namespace markers (NEON|SVE when they di
 }
 run "fake quant forward f32 (divider: XQUANT_FAST_DIV=0)" fake_quant.cpp.o 'FwdSpanT<(xquant::DType)0, 0, false, false>' 'fmul,frint'
 run "fake quant forward f32 (FMA quotient, one step: the default on aarch64)" fake_quant.cpp.o 'FwdSpanT<(xquant::DType)0, 1, false, false>' 'fmul,frint'
-run "quantize div_mode f32 -> int8 (divider: XQUANT_FAST_DIV=0)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)0, 1>' 'fdiv,frint'
-run "quantize div_mode f32 -> int8 (FMA quotient: the default on aarch64)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)0, 2>' 'fmul,frint'
-run "quantize mul f32 -> quint4x2 (int8 lanes; packed by pack_int4_bytes after)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0>' 'fmul,frint' 8
+run "quantize div_mode f32 -> int8 (divider: XQUANT_FAST_DIV=0)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)0, 1, false>' 'fdiv,frint'
+run "quantize div_mode f32 -> int8 (FMA quotient: the default on aarch64)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)0, 2, false>' 'fmul,frint'
+run "quantize mul f32 -> quint4x2 (int8 lanes; packed by pack_int4_bytes after)" quantize.cpp.o 'SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0, true>' 'fmul,frint' 8
 run "dynamic quant pass 2 bf16 -> int8, rounding check (the default path)" dynamic_quant.cpp.o 'RowsT<(xquant::DType)2>' 'uxtl,frint,fabd,!fmaxnm|uunpklo,frint,fabd,!fmaxnm'
 run "dynamic quant pass 2 f32 -> int8, rounding check (the default path)" dynamic_quant.cpp.o 'RowsT<(xquant::DType)0>' 'frint,fabd,!fmaxnm'
 run "dynamic quant pass 2 bf16 -> int8, divider (rows the check refuses)" dynamic_quant.cpp.o 'RowsT<(xquant::DType)2>' 'fdiv,frint'

@@ -65,9 +65,12 @@ HWY_INLINE void StoreQ(VF v, void* y, std::int64_t i) {
   }
 }
 
-// n elements at pos; parameters broadcast (sa == nullptr) or arrays aligned with the elements.
+// n elements at pos; parameters broadcast (kArr false: sa, za, rsa null) or arrays aligned with the
+// elements (kArr: sa non-null, za non-null when j.has_zero_point, rsa non-null when kMode == 2).
 // kMode: 0 x * scale, 1 x / scale by the divider, 2 x / scale by the FMA sequence (rsa / rs: 1 / scale).
-template <DType DT, QuantDType Q, int kMode>
+// kArr is a template argument so that the hot loops test no pointer per vector (GCC hoisted those tests
+// out of the AVX-512 loops but not out of NEON's: 48 instructions per vector there).
+template <DType DT, QuantDType Q, int kMode, bool kArr>
 void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* za, float s, float z,
            const float* rsa, float rs) {
   const DF df;
@@ -84,22 +87,23 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   auto ahead = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {
     if (prefetch) PrefetchAhead<DT>(x, pos + k);
   };
-  // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded.
-  auto value = [XQUANT_BY_VALUE](const void* xb, std::int64_t xi, std::int64_t pi, const float* sp, const float* zp,
-                                 const float* rp) XQUANT_LAMBDA_INLINE {
+  // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded. kA: the parameters are
+  // arrays (the stage below always passes arrays: its buffers hold the broadcast values).
+  auto value = [XQUANT_BY_VALUE]<bool kA>(const void* xb, std::int64_t xi, std::int64_t pi, const float* sp,
+                                          const float* zp, const float* rp) XQUANT_LAMBDA_INLINE {
     const VF xv = LoadF<DT>(xb, xi);
-    const VF sv = sp ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
+    const VF sv = kA ? hn::LoadU(df, sp + pi) : hn::Set(df, s);
     VF scaled;
     if constexpr (kMode == 0) {
       scaled = hn::Mul(xv, sv);
     } else if constexpr (kMode == 1) {
       scaled = hn::Div(xv, sv);
     } else {
-      scaled = DivForInteger<true>(xv, sv, rp ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
+      scaled = DivForInteger<true>(xv, sv, kA ? hn::LoadU(df, rp + pi) : hn::Set(df, rs), x_max);
     }
     // No zero points: adding +0.0 could only turn -0.0 into +0.0, which rounds to the same integer.
     if (!has_zero_point) return scaled;
-    const VF zv = zp ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
+    const VF zv = kA ? hn::LoadU(df, zp + pi) : hn::Set(df, z);
     return hn::Add(scaled, zv);  // rint(... + zero_point) later
   };
   constexpr std::size_t kOutSize = Q == QuantDType::qint32 ? 4 : 1;
@@ -114,7 +118,9 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
                         StageIn::Param(rsa, rs)},
                        {{.base = y, .offset = pos, .es = Q == QuantDType::quint4x2 ? 0 : kOutSize}},
                        [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
-                         StoreQ<Q>(value(in[0], k, k, StagedF(in[1]), StagedF(in[2]), StagedF(in[3])), out[0], k);
+                         StoreQ<Q>(value.template operator()<true>(in[0], k, k, StagedF(in[1]), StagedF(in[2]),
+                                                                   StagedF(in[3])),
+                                   out[0], k);
                        });
   };
   if constexpr (Q == QuantDType::quint4x2) {
@@ -123,7 +129,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 #if XQUANT_HAVE_VECTOR_INT4
     auto one = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {  // 16 elements -> 2 words (8 on AVX2: 1 word)
       ahead(k);
-      StoreInt4Words<true>(RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f),
+      StoreInt4Words<true>(RoundSaturateToI32Range(value.template operator()<kArr>(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f),
                                   words + ((pos + k) >> 3));
     };
 #endif
@@ -132,8 +138,8 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
       ahead(k);
       ahead(k + N);
       StoreInt4Pair<false, true, kStream>(
-          RoundSaturateToI32Range(value(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f).raw,
-          RoundSaturateToI32Range(value(x, pos + k + N, k + N, sa, za, rsa), -8.0f, 7.0f).raw,
+          RoundSaturateToI32Range(value.template operator()<kArr>(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f).raw,
+          RoundSaturateToI32Range(value.template operator()<kArr>(x, pos + k + N, k + N, sa, za, rsa), -8.0f, 7.0f).raw,
           words + ((pos + k) >> 3));
     };
     // Large outputs: non-temporal 16-byte stores once the words are 16-byte aligned (a vector's 8 bytes
@@ -153,7 +159,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 #else
     HWY_ALIGN std::int8_t tmp[kBlock] = {};
     for (; i + kBlock <= n; i += kBlock) {
-      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value(x, pos + i + k, i + k, sa, za, rsa), tmp, k);
+      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value.template operator()<kArr>(x, pos + i + k, i + k, sa, za, rsa), tmp, k);
       pack_int4_bytes(tmp, kBlock, words + (pos + i) / 8);
     }
 #endif
@@ -161,7 +167,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   } else {
     auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
       ahead(i);
-      StoreQ<Q, kStream>(value(x, pos + i, i, sa, za, rsa), y, pos + i);
+      StoreQ<Q, kStream>(value.template operator()<kArr>(x, pos + i, i, sa, za, rsa), y, pos + i);
     };
     DriveSpan(n, j.stream, y, pos, kOutSize, step, stage);
   }
@@ -173,10 +179,10 @@ void RangeT(const QJob& j, std::int64_t a, std::int64_t b) {
       a, b,
       [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
         const float s = j.params[c].scale;
-        SpanT<DT, Q, kMode>(j, pos, n, nullptr, nullptr, s, j.params[c].zero_point, nullptr, 1.0f / s);
+        SpanT<DT, Q, kMode, false>(j, pos, n, nullptr, nullptr, s, j.params[c].zero_point, nullptr, 1.0f / s);
       },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        SpanT<DT, Q, kMode>(j, pos, n, j.scale + ph, j.zero_point ? j.zero_point + ph : nullptr, 0.f, 0.f,
+        SpanT<DT, Q, kMode, true>(j, pos, n, j.scale + ph, j.zero_point ? j.zero_point + ph : nullptr, 0.f, 0.f,
                             j.rscale ? j.rscale + ph : nullptr, 1.0f);
       });
 }
