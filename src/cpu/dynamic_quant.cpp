@@ -264,8 +264,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   };
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (kMode == DivMode::kRint) {
-    // Two vectors per step with one check for both (RintPairWithin); in a pair that fails it, the failing
-    // vector(s) are divided.
+    // Two vectors per step with one check for both (RintPairWithin); a pair that fails it is divided.
     // bfloat16: one 64-byte load whose halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3,
     // 8-11, 16-19, 24-27 and 4-7, 12-15, ...), an order that vpackssdw undoes in both stores below.
     // int8: vpackssdw + vpmovswb (saturating twice: 32 bytes in order) for bfloat16, one vpmovsdb per
@@ -285,12 +284,9 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         x2 = LoadF<DT>(src, i + N);
       }
       __m512i q1, q2;
-      const VF y1 = hn::MulAdd(x1, rs, o), y2 = hn::MulAdd(x2, rs, o);
-      if (HWY_UNLIKELY(!RintPairWithin(y1, y2, thr, q1, q2))) {
-        // Only the vector(s) with a lane near a half-integer are divided: usually one (a tie such as
-        // x / scale + offset = k + 1/2 exactly, e.g. x = 0 in a row with rowMax = -rowMin).
-        if (!RintWithin(y1, thr, q1)) q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
-        if (!RintWithin(y2, thr, q2)) q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
+      if (HWY_UNLIKELY(!RintPairWithin(hn::MulAdd(x1, rs, o), hn::MulAdd(x2, rs, o), thr, q1, q2))) {
+        q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
+        q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
       }
       if constexpr (kInt4) {
         // Already in [-8, 7], no clamp: the divided pairs are clamped above, and a row takes this loop only

@@ -390,11 +390,6 @@ HWY_INLINE bool RintPairWithin(hn::Vec<hn::ScalableTag<float>> y1, hn::Vec<hn::S
   const __mmask16 far = _mm512_cmp_ps_mask(_mm512_range_ps(d1, d2, 0x0B), thr.raw, _CMP_NLT_UQ);
   return far == 0;
 }
-// The same check for one vector whose q = rint(y) RintPairWithin already computed.
-HWY_INLINE bool RintWithin(hn::Vec<hn::ScalableTag<float>> y, hn::Vec<hn::ScalableTag<float>> thr, __m512i q) {
-  const __m512 d = _mm512_sub_ps(y.raw, _mm512_cvtepi32_ps(q));
-  return _mm512_cmp_ps_mask(_mm512_abs_ps(d), thr.raw, _CMP_NLT_UQ) == 0;
-}
 #endif
 
 }  // namespace xquant::detail::HWY_NAMESPACE
