@@ -416,15 +416,18 @@ int run_ratios(const char* json_path, const char* filter) {
       {"dynamic pertoken bf16->int4", 2.5 * T, 2 * T, [&] { dyn(xb, nullptr, Q::quint4x2); }},
       {"dynamic pertoken f32->int8", 5 * T, 4 * T, [&] { dyn(xf, nullptr, Q::qint8); }},
       {"dynamic pertoken f32->int4 smooth", 4.5 * T, 4 * T, [&] { dyn(xf, &smf, Q::quint4x2); }},
-      {"acts_ulq_out [100663296] f32 (4 outputs)", 20 * N, 4 * N, [&] { xq::acts_ulq_out(y, o1, o2, o3, x, cmin, cmax); }},
+      {"acts_ulq_out [100663296] f32 (4 outputs)", 20 * N, 4 * N,
+       [&] { xq::acts_ulq_out(y, o1, o2, o3, x, cmin, cmax); }},
       {"acts_ulq_backward_out [100663296] f32", 20 * N, 16 * N,
        [&] { xq::acts_ulq_backward_out(o1, gmin, gmax, g, cmin, cmax, mn, mx, loss); }},
   };
-  std::printf("memcpy probe: %d threads, %.0f MB copied per call; read probe: %.0f MB read per call; %d interleaved "
-              "rounds per case (medians)\n",
-              threads, 4.0 * N / 1e6, 4.0 * N / 1e6, 15);
-  std::printf("bound: the time the case's own bytes need at the probes' rates, max(read / read GB/s, (read + write) /"
-              " copy GB/s)\n");
+  std::printf(
+      "memcpy probe: %d threads, %.0f MB copied per call; read probe: %.0f MB read per call; %d interleaved "
+      "rounds per case (medians)\n",
+      threads, 4.0 * N / 1e6, 4.0 * N / 1e6, 15);
+  std::printf(
+      "bound: the time the case's own bytes need at the probes' rates, max(read / read GB/s, (read + write) /"
+      " copy GB/s)\n");
   std::printf("%-58s %9s %8s %9s %9s %7s %7s\n", "operator (out-variant)", "ms", "GB/s", "copy GB/s", "read GB/s",
               "memcpy", "bound");
   std::FILE* js = json_path ? std::fopen(json_path, "w") : nullptr;

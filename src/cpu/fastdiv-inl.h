@@ -158,12 +158,14 @@ inline std::atomic<int>& fast_div_mode_override() {
   return mode;
 }
 inline void set_fast_div_mode(int mode) { fast_div_mode_override().store(mode, std::memory_order_relaxed); }
-inline bool cpu_vendor_is_intel() {
+// Whether CPUID's vendor string is `vendor` (12 characters: "GenuineIntel", "AuthenticAMD"); false off x86.
+inline bool cpu_vendor_is(const char* vendor) {
 #if defined(__x86_64__) || defined(__i386__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "GenuineIntel"
+  unsigned a = 0, r[3] = {0, 0, 0};
+  if (!__get_cpuid(0, &a, &r[0], &r[2], &r[1])) return false;  // the string is in EBX, EDX, ECX
+  return std::memcmp(r, vendor, 12) == 0;
 #else
+  (void)vendor;
   return false;
 #endif
 }
@@ -177,7 +179,7 @@ inline int fast_div_env() {
   return env;
 }
 inline bool cpu_is_intel() {
-  static const bool intel = cpu_vendor_is_intel();
+  static const bool intel = cpu_vendor_is("GenuineIntel");
   return intel;
 }
 // Only when asked for (XQUANT_FAST_DIV=1 or set_fast_div_mode(1)), not by default on any CPU: for
@@ -211,15 +213,8 @@ inline int prefetch_env() {
   return env;
 }
 inline bool cpu_is_amd() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool amd = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
-  }();
+  static const bool amd = cpu_vendor_is("AuthenticAMD");
   return amd;
-#else
-  return false;
-#endif
 }
 inline bool prefetch_ahead_wanted(bool quantize_too = false) {
   const int env = prefetch_env();
@@ -234,7 +229,7 @@ inline bool fast_div_wanted() {
   if (m >= 0) return m >= 1;
   const int env = fast_div_env();
 #if defined(__aarch64__)
-  return env >= 0 ? env == 1 : true;
+  return env != 0;
 #else
   return env >= 0 ? env == 1 : cpu_is_intel();
 #endif

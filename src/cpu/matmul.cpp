@@ -698,13 +698,15 @@ void quant_matmul_a8w4(const QuantMatmulArgs& a) {
     to_int8(true, a.x2, K * N, t.data());
     parallel_ranges(K, 64, K * N * 2, [&](std::int64_t k0, std::int64_t k1) {
       for (std::int64_t k = k0; k < k1; ++k)
-        for (std::int64_t n = 0; n < N; ++n) w[static_cast<std::size_t>(k * N + n)] = t[static_cast<std::size_t>(n * K + k)];
+        for (std::int64_t n = 0; n < N; ++n)
+          w[static_cast<std::size_t>(k * N + n)] = t[static_cast<std::size_t>(n * K + k)];
     });
   } else {
     to_int8(true, a.x2, K * N, w.data());
   }
   const auto* x1 = static_cast<const std::int8_t*>(a.x1);
-  const std::int64_t chunk = std::max<std::int64_t>(1, std::min<std::int64_t>(M, (std::int64_t{16} << 20) / (2 * std::max<std::int64_t>(G, 1) * N)));
+  const std::int64_t chunk = std::max<std::int64_t>(
+      1, std::min<std::int64_t>(M, (std::int64_t{16} << 20) / (2 * std::max<std::int64_t>(G, 1) * N)));
   std::vector<std::int8_t> xs(static_cast<std::size_t>(G * 2 * chunk * GK));
   std::vector<std::int32_t> acc(static_cast<std::size_t>(G * 2 * chunk * N));
   std::vector<std::int64_t> off1(static_cast<std::size_t>(G)), off2(static_cast<std::size_t>(G));
@@ -789,9 +791,8 @@ void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& a) {
   const std::int64_t bytes = M * N * std::max<std::int64_t>(K, 1);
   if (M <= kWqmDecodeMaxM) {
     auto x = aligned_zeros<float>(M * K);
-    parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6, [&](std::int64_t b0, std::int64_t b1) {
-      cpu_widen_to_float(a.dt, a.x, b0, b1, x.get());
-    });
+    parallel_ranges(M * K, std::int64_t{1} << 16, M * K * 6,
+                    [&](std::int64_t b0, std::int64_t b1) { cpu_widen_to_float(a.dt, a.x, b0, b1, x.get()); });
     const WqmJob j{&a, x.get()};
     // each thread one contiguous range of whole blocks (a partial last block at N)
     const std::int64_t blocks = (N + kWqmBlock - 1) / kWqmBlock;

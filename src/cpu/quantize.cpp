@@ -111,17 +111,17 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   // buffers: the body's value + StoreQ per vector (int4: packed from the int8 lanes).
   auto stage = [&](std::int64_t i, std::int64_t rem) {
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
-    StagedTail<kBlock>(i, rem,
-                       {{.base = x, .offset = pos, .es = es},
-                        StageIn::Param(sa, s),
-                        {.base = za, .fill = za != nullptr ? 0.0f : z},
-                        StageIn::Param(rsa, rs)},
-                       {{.base = y, .offset = pos, .es = Q == QuantDType::quint4x2 ? 0 : kOutSize}},
-                       [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
-                         StoreQ<Q>(value.template operator()<true>(in[0], k, k, StagedF(in[1]), StagedF(in[2]),
-                                                                   StagedF(in[3])),
-                                   out[0], k);
-                       });
+    StagedTail<kBlock>(
+        i, rem,
+        {{.base = x, .offset = pos, .es = es},
+         StageIn::Param(sa, s),
+         {.base = za, .fill = za != nullptr ? 0.0f : z},
+         StageIn::Param(rsa, rs)},
+        {{.base = y, .offset = pos, .es = Q == QuantDType::quint4x2 ? 0 : kOutSize}},
+        [=](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+          StoreQ<Q>(value.template operator()<true>(in[0], k, k, StagedF(in[1]), StagedF(in[2]), StagedF(in[3])),
+                    out[0], k);
+        });
   };
   if constexpr (Q == QuantDType::quint4x2) {
     std::int64_t i = 0;
@@ -129,8 +129,9 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 #if XQUANT_HAVE_VECTOR_INT4
     auto one = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {  // 16 elements -> 2 words (8 on AVX2: 1 word)
       ahead(k);
-      StoreInt4Words<true>(RoundSaturateToI32Range(value.template operator()<kArr>(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f),
-                                  words + ((pos + k) >> 3));
+      StoreInt4Words<true>(
+          RoundSaturateToI32Range(value.template operator()<kArr>(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f),
+          words + ((pos + k) >> 3));
     };
 #endif
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -159,7 +160,8 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 #else
     HWY_ALIGN std::int8_t tmp[kBlock] = {};
     for (; i + kBlock <= n; i += kBlock) {
-      for (std::int64_t k = 0; k < kBlock; k += N) StoreQ<Q>(value.template operator()<kArr>(x, pos + i + k, i + k, sa, za, rsa), tmp, k);
+      for (std::int64_t k = 0; k < kBlock; k += N)
+        StoreQ<Q>(value.template operator()<kArr>(x, pos + i + k, i + k, sa, za, rsa), tmp, k);
       pack_int4_bytes(tmp, kBlock, words + (pos + i) / 8);
     }
 #endif
@@ -183,7 +185,7 @@ void RangeT(const QJob& j, std::int64_t a, std::int64_t b) {
       },
       [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
         SpanT<DT, Q, kMode, true>(j, pos, n, j.scale + ph, j.zero_point ? j.zero_point + ph : nullptr, 0.f, 0.f,
-                            j.rscale ? j.rscale + ph : nullptr, 1.0f);
+                                  j.rscale ? j.rscale + ph : nullptr, 1.0f);
       });
 }
 
