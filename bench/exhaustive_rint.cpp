@@ -2,10 +2,10 @@
 // for each row range [lo, hi] below, every float32 x in it (both signs, zeros, subnormals) is quantized
 // by the cpu backend with the check forced on and compared byte for byte with the scalar reference,
 // which divides as SPEC 4 / 6 write it. Asymmetric and symmetric (npu_dynamic_quant), int8 and int4,
-// on every compiled SIMD target this CPU runs, in division mode 2 (rounding check forced, with the Intel
-// int4 packing) and in this CPU's default mode (on AMD: the rounding check with the other int4 packing).
+// on every compiled SIMD target this CPU runs, in division mode 2 (rounding check forced: on AVX-512 its
+// fixed-point form, rint_fixed), mode 3 (the check's y - rint(y) form) and this CPU's default mode.
 //
-//   build/release/bench/exhaustive_rint [--quick | --16]
+//   build/release/bench/exhaustive_rint [--quick | --16] [--mode M]
 //   (--quick: every 61st float32 only; --16: only the float16 / bfloat16 part, every value, seconds)
 //
 // Each row is [lo, hi, x...]: its min and max are lo and hi, so every row of a range has the same scale
@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -62,7 +63,16 @@ struct Sweep {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string opt = argc > 1 ? argv[1] : "";
+  // [--quick | --16] [--mode M]: --mode runs one division mode (2, 3 or -1) instead of all three
+  std::string opt;
+  std::vector<int> modes = {2, 3, -1};
+  for (int k = 1; k < argc; ++k) {
+    const std::string a = argv[k];
+    if (a == "--mode" && k + 1 < argc)
+      modes = {std::atoi(argv[++k])};
+    else
+      opt = a;
+  }
   const bool quick = opt == "--quick", only16 = opt == "--16";
   const std::uint64_t step = quick ? 61 : 1;
   struct Range {
@@ -133,7 +143,7 @@ int main(int argc, char** argv) {
     return diffs;
   };
   const auto t0 = std::chrono::steady_clock::now();
-  for (int mode : {2, -1})
+  for (int mode : modes)
     for (const Range& r : ranges) {
       if (only16) break;
       xquant::detail::set_fast_div_mode(mode);
@@ -167,7 +177,7 @@ int main(int argc, char** argv) {
     }
   // float16 and bfloat16 rows: every value of the dtype in each range (at most 2^16, so one row each),
   // through the kernels' 16-bit loads (bfloat16's pairs are widened by unpacking, float16's by conversion).
-  for (int mode : {2, -1})
+  for (int mode : modes)
     for (xquant::DType dt : {xquant::DType::bfloat16, xquant::DType::float16}) {
       xquant::detail::set_fast_div_mode(mode);
       const bool bf = dt == xquant::DType::bfloat16;

@@ -86,7 +86,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
   xquant::set_backend(Backend::cpu);
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
-    for (int threads : {1, 2, 3, 7}) {
+    for (int threads : {1, 2, 3, 5, 7}) {
       xquant::set_num_threads(threads);
       // thread counts 1 and 3 also run with non-temporal stores forced on (normally only >= 16 MiB)
       xquant::detail::set_stream_min_bytes(threads % 2 == 1 ? 0 : xquant::detail::kStreamMinBytes);
@@ -94,8 +94,9 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
       xquant::detail::set_parallel_min_bytes(0);
       // the division paths, whatever this CPU's default (both streaming settings meet each): 1 thread
       // the rounding check of dynamic quantization where a row allows it (else the FMA sequence), 2 the
-      // FMA sequence only (where the target has FMA), 3 the divider only, 7 this CPU's default
-      xquant::detail::set_fast_div_mode(threads == 1 ? 2 : threads == 2 ? 1 : threads == 3 ? 0 : -1);
+      // FMA sequence only (where the target has FMA), 3 the divider only, 5 the rounding check in its
+      // y - rint(y) form only (no fixed point), 7 this CPU's default
+      xquant::detail::set_fast_div_mode(threads == 1 ? 2 : threads == 2 ? 1 : threads == 3 ? 0 : threads == 5 ? 3 : -1);
       std::vector<Placed> out;
       std::vector<TensorView> views;
       for (auto& [dt, shape] : outputs) out.emplace_back(dt, shape, 3);  // misaligned by 3 elements

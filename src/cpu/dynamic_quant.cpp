@@ -3,9 +3,10 @@
 // rowMax(|x'|) = max(0, -rowMin, rowMax) from the same reduction, and its rows are quantized with offset 0
 // (x' / scale + 0 gives the same integer as x' / scale).
 //
-// Pertoken is single-pass over DRAM: each row is read once, widened (and multiplied by its smooth
-// scales) into a per-thread float32 row buffer while min / max are tracked, then quantized from that
-// buffer while it is in cache. Rows are independent, so any thread partition gives the same bits.
+// Pertoken is single-pass over DRAM: each row is read once for its min / max (of x' = x * smooth scales),
+// then quantized from the row itself while it is in cache (x' computed again: no float32 row buffer,
+// whose writes and reads cost more than the multiplication on the cores measured: RowsT). Rows are
+// independent, so any thread partition gives the same bits.
 // Pertensor needs the global min / max first: a parallel reduction (exact, order-free), then an
 // elementwise pass.
 //
@@ -53,10 +54,35 @@ using RangeQuantFn = void (*)(const DynamicQuantArgs& a, std::int64_t b0, std::i
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-// x' = x (* smooth) for n elements into buf (padded to whole vectors), with min / max / NaN tracking.
+// Whether the two-vector loops load bfloat16 as one 64-byte vector widened by unpacking against zero
+// (AVX-512: vpunpck{l,h}wd give elements 0-3, 8-11, 16-19, 24-27 and 4-7, 12-15, 20-23, 28-31 of each 32):
+// smooth scales for those loops come in that order too (PairOrder).
 template <DType DT>
-RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const float* smooth, float* buf) {
-  // buf == nullptr: only reduce (float32 input without smooth scales is quantized straight from x).
+inline constexpr bool kUnpackedPairs =
+    DT == DType::bfloat16 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL);
+
+// Smooth scales s[0, n) into the order of the two-vector loops (kUnpackedPairs): each whole 32-element block
+// permuted as the unpacking loads its x, the rest in order.
+HWY_INLINE void PairOrder(const float* s, std::int64_t n, float* out) {
+  std::int64_t i = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(s + i), b = _mm512_loadu_ps(s + i + 16);
+    _mm512_storeu_ps(out + i, _mm512_permutex2var_ps(a, lo, b));
+    _mm512_storeu_ps(out + i + 16, _mm512_permutex2var_ps(a, hi, b));
+  }
+#endif
+  for (; i + 32 <= n; i += 32)
+    for (int p = 0; p < 32; ++p) out[i + p] = s[i + 8 * ((p % 16) / 4) + (p >= 16 ? 4 : 0) + p % 4];
+  for (; i < n; ++i) out[i] = s[i];
+}
+
+// min / max / NaN of x' = x (* smooth) for n elements. bfloat16 on AVX-512 (kUnpackedPairs): smooth in
+// PairOrder, unless kInOrder.
+template <DType DT, bool kInOrder = false>
+RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const float* smooth) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   if (n == 0) return RowMinMax{};
@@ -71,24 +97,43 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
   std::int64_t i = 0;
   // Two vectors per iteration: one unordered compare finds NaN in either, and min / max fold the pair
   // first (min / max are exact and order-free, NaN is decided by `nan`).
-  for (; i + 2 * N <= n; i += 2 * N) {
-    VF v = LoadF<DT>(x, pos + i), w = LoadF<DT>(x, pos + i + N);
-    if (smooth) {
-      v = hn::Mul(v, hn::LoadU(df, smooth + i));
-      w = hn::Mul(w, hn::LoadU(df, smooth + i + N));
+  // (The loop is instantiated with and without smooth scales: a test inside it is not hoisted by the
+  // compiler.)
+  auto pairs = [&]<bool kSm>() XQUANT_LAMBDA_INLINE {
+    VF lmin = vmin, lmax = vmax;
+    auto lnan = nan;
+    for (; i + 2 * N <= n; i += 2 * N) {
+      VF v, w;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      if constexpr (kUnpackedPairs<DT> && !kInOrder) {
+        const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(x) + pos + i);
+        v = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
+        w = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
+      } else
+#endif
+      {
+        v = LoadF<DT>(x, pos + i);
+        w = LoadF<DT>(x, pos + i + N);
+      }
+      if constexpr (kSm) {
+        v = hn::Mul(v, hn::LoadU(df, smooth + i));
+        w = hn::Mul(w, hn::LoadU(df, smooth + i + N));
+      }
+      lnan = hn::Or(lnan, EitherNaN(v, w));
+      lmin = hn::Min(lmin, hn::Min(v, w));
+      lmax = hn::Max(lmax, hn::Max(v, w));
     }
-    if (buf) {
-      hn::StoreU(v, df, buf + i);
-      hn::StoreU(w, df, buf + i + N);
-    }
-    nan = hn::Or(nan, EitherNaN(v, w));
-    vmin = hn::Min(vmin, hn::Min(v, w));
-    vmax = hn::Max(vmax, hn::Max(v, w));
-  }
+    vmin = lmin;
+    vmax = lmax;
+    nan = lnan;
+  };
+  if (smooth != nullptr)
+    pairs.template operator()<true>();
+  else
+    pairs.template operator()<false>();
   for (; i + N <= n; i += N) {
     VF v = LoadF<DT>(x, pos + i);
     if (smooth) v = hn::Mul(v, hn::LoadU(df, smooth + i));
-    if (buf) hn::StoreU(v, df, buf + i);
     step(v);
   }
   if (i < n) {
@@ -99,11 +144,10 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     StagedTail(i, n - i,
                {{.base = x, .offset = pos, .es = es, .repeat_first = true},
                 {.base = smooth, .fill = 1.0f, .repeat_first = true}},
-               {{.base = buf}},
-               [=, &last](const void* const* in, void* const* out, std::int64_t k) XQUANT_LAMBDA_INLINE {
+               {{.base = nullptr}},
+               [=, &last](const void* const* in, void* const*, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  VF v = LoadF<DT>(in[0], k);
                  if (smooth) v = hn::Mul(v, hn::LoadU(df, StagedF(in[1]) + k));
-                 if (buf) hn::StoreU(v, df, static_cast<float*>(out[0]) + k);
                  last = v;
                });
     step(last);
@@ -173,8 +217,9 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
   return r;
 }
 
-// y = sat(rint(x' / scale + offset)) for n values of src (dtype DT, widened; float32 rows come from
-// the caller's row or the smooth buffer). int8 output may be streamed (non-temporal); int4 is packed.
+// y = sat(rint(x' / scale + offset)) for n values of src (dtype DT, widened; x' = x * smooth scales when
+// kSmooth: 1 with sm_pair in order, 2 in PairOrder). int8 output may be streamed (non-temporal); int4 is
+// packed.
 // kFinite: the caller proved every x' / scale + offset finite or +-Inf (finite row min / max, scale,
 // offset, rowMin / scale and rowMax / scale), so the NaN -> 0 step is skipped: x / s is monotonic in x,
 // and finite + finite cannot be NaN. kMode: how x' / scale is computed:
@@ -183,11 +228,16 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
 //   kRint:   the rounding check (rint_check for this row): y = RN(x' * (1 / scale) + offset) and its
 //            nearest integer, for vectors whose every lane is farther than the row's delta from a
 //            half-integer; the other vectors divide. (kFinite holds.)
-enum class DivMode { kDivide, kFma, kRint };
+//   kFixed:  the same check in fixed point (rint_fixed for this row; AVX-512 only): threshold holds its
+//            constant c and fixed_mask its fraction mask; vectors that fail it divide. (kFinite holds.)
+enum class DivMode { kDivide, kFma, kRint, kFixed };
 
 // Where a row's results go, and what to prefetch meanwhile: the next row's input (pf, pf_es bytes per
 // element of this row; the row itself when there is none), so that its DRAM reads overlap this row's
 // arithmetic instead of following it.
+// sm: the row's smooth scales (float32, nullptr: none), multiplied in as each vector is loaded; sm_pair:
+// the same scales in the order the two-vector loop loads x (bfloat16 on AVX-512: each 32-element block in
+// unpacking order, see QuantizeRow; the elements past the last whole block in order, as in sm).
 struct RowOut {
   std::int8_t* y8;
   std::int32_t* y4;
@@ -195,18 +245,22 @@ struct RowOut {
   bool stream;
   const unsigned char* pf;
   std::int64_t pf_es;
+  const float* sm = nullptr;
+  const float* sm_pair = nullptr;
 };
 
 // kPfL2: the next row is prefetched into L2 instead of L1 (smooth rows, whose float32 row buffer and smooth
 // scales already fill L1: see RowsT).
-template <DType DT, bool kFinite, DivMode kMode, bool kInt4, bool kPfL2>
+template <DType DT, bool kFinite, DivMode kMode, bool kInt4, bool kPfL2, int kSmooth>
 HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float offset, float threshold,
-                            const RowOut& out) {
+                            const RowOut& out, std::uint32_t fixed_mask = 0) {
   std::int8_t* y8 = out.y8;
   std::int32_t* y4 = out.y4;
   std::int8_t* qtmp = out.qtmp;
   const unsigned char* pf = out.pf;
   const std::int64_t pf_es = out.pf_es;
+  const float* sm = out.sm;
+  [[maybe_unused]] const float* sm_pair = out.sm_pair;
   auto prefetch = [](const unsigned char* p) XQUANT_LAMBDA_INLINE {
     if constexpr (kPfL2)
       PrefetchL2(p);
@@ -219,9 +273,26 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   const VF lo = hn::Set(df, kInt4 ? -8.0f : -128.0f), hi = hn::Set(df, kInt4 ? 7.0f : 127.0f);
   // Captured by value: the int8 stores may alias anything, so values behind references would be
   // reloaded from memory for every vector.
-  auto value = [XQUANT_BY_VALUE](const void* base, std::int64_t i) XQUANT_LAMBDA_INLINE {
-    const VF x = LoadF<DT>(base, i);
-    if constexpr (kMode == DivMode::kRint) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // kFixed: n = (bits(w) >> k) - base (rint_fixed); int8 k = 14, int4 k = 16.
+  constexpr int kK = kInt4 ? 16 : 14;
+  const __m512i fmask = _mm512_set1_epi32(static_cast<std::int32_t>(fixed_mask));
+  const __m512i fbase = _mm512_set1_epi32(kRintFixedBase<kK>);
+#else
+  (void)fixed_mask;
+#endif
+  // x' at i: x (base) times the smooth scales (smb) when the row has them.
+  auto value = [XQUANT_BY_VALUE](const void* base, const float* smb, std::int64_t i) XQUANT_LAMBDA_INLINE {
+    VF x = LoadF<DT>(base, i);
+    if constexpr (kSmooth != 0) x = hn::Mul(x, hn::LoadU(df, smb + i));
+    if constexpr (kMode == DivMode::kFixed) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      const __m512i w = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x, rs, o).raw, thr.raw));
+      if (HWY_LIKELY(_mm512_test_epi32_mask(w, fmask) == 0xFFFF))
+        return VI{_mm512_sub_epi32(_mm512_srli_epi32(w, kK), fbase)};
+#endif
+      return RoundSaturateToI32Range<true>(hn::Add(hn::Div(x, s), o), lo, hi);
+    } else if constexpr (kMode == DivMode::kRint) {
       const VF yv = hn::MulAdd(x, rs, o);
       // |y| < 2^19, so rint(y) converts exactly; the int8 and int4 stores saturate / clamp (StoreI8,
       // StoreInt4Words), except int4 through qtmp on targets without vector packing.
@@ -246,34 +317,36 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   std::int8_t* dst = kInt4 ? qtmp : y8;
   auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
     prefetch(pf + i * pf_es);
-    StoreI8<kStream>(value(src, i), dst + i);
+    StoreI8<kStream>(value(src, sm, i), dst + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
-    StagedTail(i, count, {{.base = src, .es = es}}, {{.base = dst, .es = 1}},
-               [=](const void* const* in, void* const* outs, std::int64_t k)
-                   XQUANT_LAMBDA_INLINE { StoreI8(value(in[0], k), static_cast<std::int8_t*>(outs[0]) + k); });
+    StagedTail(i, count, {{.base = src, .es = es}, {.base = sm, .fill = 1.0f}}, {{.base = dst, .es = 1}},
+               [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
+                 StoreI8(value(in[0], StagedF(in[1]), k), static_cast<std::int8_t*>(outs[0]) + k);
+               });
   };
   // int4 packed in registers: fewer than a vector of values at i, clamped to [-8, 7] and packed into words.
   [[maybe_unused]] auto stage4 = [&](std::int64_t i, std::int64_t count) {
-    StagedTail(i, count, {{.base = src, .es = es}}, {{.base = y4, .es = 0}},
+    StagedTail(i, count, {{.base = src, .es = es}, {.base = sm, .fill = 1.0f}}, {{.base = y4, .es = 0}},
                [=](const void* const* in, void* const* outs, std::int64_t k) XQUANT_LAMBDA_INLINE {
                  const DI di;
-                 StoreI8(hn::Min(hn::Max(value(in[0], k), hn::Set(di, -8)), hn::Set(di, 7)),
+                 StoreI8(hn::Min(hn::Max(value(in[0], StagedF(in[1]), k), hn::Set(di, -8)), hn::Set(di, 7)),
                          static_cast<std::int8_t*>(outs[0]) + k);
                });
   };
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (kMode == DivMode::kRint) {
-    // Two vectors per step with one check for both (RintPairWithin); a pair that fails it is divided.
+  if constexpr (kMode == DivMode::kRint || kMode == DivMode::kFixed) {
+    // Two vectors per step with one check for both (RintPairWithin, or for kFixed two vptestmd, the
+    // second masked by the first); a pair that fails it is divided.
     // bfloat16: one 64-byte load whose halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3,
     // 8-11, 16-19, 24-27 and 4-7, 12-15, ...), an order that vpackssdw undoes in both stores below.
     // int8: vpackssdw + vpmovswb (saturating twice: 32 bytes in order) for bfloat16, one vpmovsdb per
     // vector otherwise; int4: StoreInt4Pair (streamed when the output is large).
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-    constexpr bool kUnpacked = DT == DType::bfloat16;
+    constexpr bool kUnpacked = kUnpackedPairs<DT> && kSmooth != 1;
     auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
       prefetch(pf + i * pf_es);
-      prefetch(pf + (i + N) * pf_es);
+      if (pf_es > 2) prefetch(pf + (i + N) * pf_es);  // a 16-bit pair is one 64-byte line
       VF x1, x2;
       if constexpr (kUnpacked) {
         const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(src) + i);
@@ -283,8 +356,28 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         x1 = LoadF<DT>(src, i);
         x2 = LoadF<DT>(src, i + N);
       }
+      if constexpr (kSmooth != 0) {
+        x1 = hn::Mul(x1, hn::LoadU(df, sm_pair + i));
+        x2 = hn::Mul(x2, hn::LoadU(df, sm_pair + i + N));
+      }
       __m512i q1, q2;
-      if (HWY_UNLIKELY(!RintPairWithin(hn::MulAdd(x1, rs, o), hn::MulAdd(x2, rs, o), thr, q1, q2))) {
+      bool within;
+      if constexpr (kMode == DivMode::kFixed) {
+        // q = bits(w) >> k: n plus a multiple of 2^(22 - k) (256 for int8, 64 for int4), positive and below
+        // 2^15: the int4 packing keeps the low nibble, int8 subtracts the base (its packs saturate).
+        const __m512i w1 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x1, rs, o).raw, thr.raw));
+        const __m512i w2 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x2, rs, o).raw, thr.raw));
+        within = _mm512_mask_test_epi32_mask(_mm512_test_epi32_mask(w1, fmask), w2, fmask) == 0xFFFF;
+        q1 = _mm512_srli_epi32(w1, kK);
+        q2 = _mm512_srli_epi32(w2, kK);
+        if constexpr (!kInt4) {
+          q1 = _mm512_sub_epi32(q1, fbase);
+          q2 = _mm512_sub_epi32(q2, fbase);
+        }
+      } else {
+        within = RintPairWithin(hn::MulAdd(x1, rs, o), hn::MulAdd(x2, rs, o), thr, q1, q2);
+      }
+      if (HWY_UNLIKELY(!within)) {
         q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
         q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
       }
@@ -310,7 +403,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     if constexpr (kInt4) {  // n % 8 == 0; a last part vector goes through qtmp
       auto step4 = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
         prefetch(pf + i * pf_es);
-        StoreInt4Words(value(src, i), y4 + i / 8);
+        StoreInt4Words(value(src, sm, i), y4 + i / 8);
       };
       if (out.stream && reinterpret_cast<std::uintptr_t>(y4) % 16 == 0) {
         // Large outputs: each pair's 16 bytes streamed (non-temporal, 16-byte aligned from the row start).
@@ -325,7 +418,10 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         DriveSpanPairs(n, false, y4, 0, 1, pair, step4, stage4);
       }
     } else {
-      DriveSpanPairs(n, out.stream, y8, 0, 1, pair, step, stage);
+      // Smooth scales in unpacking order (bfloat16) hold for pairs from element 0: such rows stream only
+      // when that is where the stream's pairs start (y8 32-byte aligned).
+      const bool pairs_at_0 = !(kSmooth != 0 && kUnpacked) || reinterpret_cast<std::uintptr_t>(y8) % 32 == 0;
+      DriveSpanPairs(n, out.stream && pairs_at_0, y8, 0, 1, pair, step, stage);
     }
     return;
   }
@@ -336,7 +432,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     std::int64_t i = 0;
     for (; i + N <= n; i += N) {
       prefetch(pf + i * pf_es);
-      StoreInt4Words(value(src, i), y4 + i / 8);
+      StoreInt4Words(value(src, sm, i), y4 + i / 8);
     }
     if (i < n) stage4(i, n - i);
     return;
@@ -352,35 +448,44 @@ inline bool finite_row(float rmin, float rmax, float scale, float offset) {
          std::isfinite(rmin / scale) && std::isfinite(rmax / scale);
 }
 
-template <DType DT, bool kInt4, bool kPfL2>
+template <DType DT, bool kInt4, bool kPfL2, int kSmooth>
 HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
                              const RowOut& out) {
   if (finite_row(rmin, rmax, scale, offset)) {
     const float x_absmax = std::max(std::abs(rmin), std::abs(rmax));
     if (rint_check_wanted()) {
       const RintCheck rc = rint_check(scale, offset, x_absmax);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      if (rc.ok && rint_fixed_wanted()) {
+        const float lo = kInt4 ? -8.0f : -128.0f, hi = kInt4 ? 7.0f : 127.0f;
+        const RintFixed rf = kInt4 ? rint_fixed<16>(scale, offset, rmin, rmax, lo, hi)
+                                   : rint_fixed<14>(scale, offset, rmin, rmax, lo, hi);
+        if (rf.ok)
+          return QuantizeRow<DT, true, DivMode::kFixed, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rf.c, out, rf.mask);
+      }
+#endif
       if (rc.ok) {
-        return QuantizeRow<DT, true, DivMode::kRint, kInt4, kPfL2>(src, n, scale, offset, rc.threshold, out);
+        return QuantizeRow<DT, true, DivMode::kRint, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rc.threshold, out);
       }
     }
 #if XQUANT_HAVE_FAST_DIV
     if (fast_div_wanted()) {
       const FastDivInt fd = fast_div_int(scale, scale, std::abs(offset));
       if (fd.ok && x_absmax <= fd.x_max)
-        return QuantizeRow<DT, true, DivMode::kFma, kInt4, kPfL2>(src, n, scale, offset, 0.f, out);
+        return QuantizeRow<DT, true, DivMode::kFma, kInt4, kPfL2, kSmooth>(src, n, scale, offset, 0.f, out);
     }
 #endif
-    QuantizeRow<DT, true, DivMode::kDivide, kInt4, kPfL2>(src, n, scale, offset, 0.f, out);
+    QuantizeRow<DT, true, DivMode::kDivide, kInt4, kPfL2, kSmooth>(src, n, scale, offset, 0.f, out);
   } else {
-    QuantizeRow<DT, false, DivMode::kDivide, kInt4, kPfL2>(src, n, scale, offset, 0.f, out);
+    QuantizeRow<DT, false, DivMode::kDivide, kInt4, kPfL2, kSmooth>(src, n, scale, offset, 0.f, out);
   }
 }
 
-template <DType DT, bool kPfL2 = false>
+template <DType DT, bool kPfL2 = false, int kSmooth = 0>
 HWY_INLINE void QuantizeAny(const void* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
                             bool int4, const RowOut& out) {
-  if (int4) return QuantizeAnyT<DT, true, kPfL2>(src, n, rmin, rmax, scale, offset, out);
-  QuantizeAnyT<DT, false, kPfL2>(src, n, rmin, rmax, scale, offset, out);
+  if (int4) return QuantizeAnyT<DT, true, kPfL2, kSmooth>(src, n, rmin, rmax, scale, offset, out);
+  QuantizeAnyT<DT, false, kPfL2, kSmooth>(src, n, rmin, rmax, scale, offset, out);
 }
 
 template <DType DT>
@@ -391,40 +496,65 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   // kKeepCols; longer rows use scratch that is freed when the call ends, so one huge row does not pin
   // memory in every worker thread for the life of the process.
   constexpr std::int64_t kKeepCols = std::int64_t{1} << 20;
-  thread_local std::vector<float> kept_buf;
   thread_local std::vector<std::int8_t> kept_qtmp;
-  std::vector<float> big_buf;
   std::vector<std::int8_t> big_qtmp;
-  std::vector<float>& buf = padded <= kKeepCols ? kept_buf : big_buf;
   std::vector<std::int8_t>& qtmp = padded <= kKeepCols ? kept_qtmp : big_qtmp;
-  if (buf.size() < static_cast<std::size_t>(padded)) buf.resize(static_cast<std::size_t>(padded));
   if (a.dst == QuantDType::quint4x2 && qtmp.size() < static_cast<std::size_t>(padded))
     qtmp.resize(static_cast<std::size_t>(padded));
   const bool int4 = a.dst == QuantDType::quint4x2;
   // float32 rows quantized straight from x: on the Intel VM measured, prefetching the next row during pass
   // 2 made [8192, 4096] -> int8 slower (61-67 % of memcpy without it, 46-54 % with it: docs/performance.md);
   // the other cases gain from it there, and every case on AMD. Smooth rows prefetch it into L2 only: their
-  // float32 row buffer and smooth scales (16 KiB each for 4096 columns) fill a 32 KiB L1, which an L1
-  // prefetch of the next row would evict (Zen 4, [8192, 4096], interleaved processes: bf16 -> int8 smooth
-  // 3.92 -> 3.41-3.65 ms, f32 -> int4 smooth 5.47-5.54 -> 4.75-4.89 ms; rows without smooth scales
-  // unchanged or slower with L2 prefetch).
+  // smooth scales (16 KiB for 4096 columns) and the row fill a 32 KiB L1, which an L1 prefetch of the next
+  // row would evict (Zen 4, [8192, 4096], interleaved processes, with the row buffer of before: bf16 ->
+  // int8 smooth 3.92 -> 3.41-3.65 ms, f32 -> int4 smooth 5.47-5.54 -> 4.75-4.89 ms; rows without smooth
+  // scales unchanged or slower with L2 prefetch).
   const bool skip_next_row_prefetch = DT == DType::float32 && smooth_f32 == nullptr && prefetch_ahead_wanted();
+  // Rows with smooth scales keep no float32 row buffer: pass 2 multiplies again, from the row itself (in
+  // L1 or L2), which costs fewer loads and stores than writing x' and reading it back (Zen 4, one thread
+  // in cache: bf16 -> int8 [64, 4096] 42.7 -> 40.0 us with the fixed-point check either way, f32 -> int4
+  // [32, 4096] 22.9 -> 19.5 us; the buffer's 16 KiB beside 16 KiB of scales overflowed L1). The scales in
+  // PairOrder for the two-vector loops (bfloat16 on AVX-512), rebuilt per group.
+  thread_local std::vector<float> kept_pair_sm;
+  std::vector<float> big_pair_sm;
+  std::vector<float>& pair_sm = padded <= kKeepCols ? kept_pair_sm : big_pair_sm;
+  std::int64_t pair_sm_group = -1;
+  constexpr std::int64_t kPairOrderMinRows = 4;
   std::int64_t e = 0;
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* smooth = nullptr;
+    const float* smooth_pair = nullptr;
     if (smooth_f32 != nullptr) {
       if (a.group_ends != nullptr)
         while (e < a.num_groups - 1 && a.group_ends[e] <= r) ++e;  // first e with group_ends[e] > r
-      smooth = smooth_f32 + (a.group_ends ? e : 0) * H;
+      const std::int64_t g = a.group_ends ? e : 0;
+      smooth = smooth_f32 + g * H;
+      smooth_pair = smooth;
+      if constexpr (kUnpackedPairs<DT>) {
+        // Reordering costs about as much as two rows' extra shuffles: a group with fewer rows left on
+        // this thread keeps the scales in order (one decode token: 1.31 us with, 1.5-1.7 us without this).
+        const std::int64_t group_end = a.group_ends ? std::min(r1, a.group_ends[e]) : r1;
+        if (pair_sm_group != g && group_end - r >= kPairOrderMinRows) {
+          if (pair_sm.size() < static_cast<std::size_t>(H)) pair_sm.resize(static_cast<std::size_t>(H));
+          PairOrder(smooth, H, pair_sm.data());
+          pair_sm_group = g;
+        }
+        if (pair_sm_group == g) smooth_pair = pair_sm.data();
+      }
     }
     // Without smooth scales x' is x itself: quantized straight from the row (in cache); 16-bit rows are
     // reduced on their bits (ReduceHalfKeys).
     const bool direct = smooth == nullptr;
     RowMinMax mm;
     if constexpr (DT == DType::float32) {
-      mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth, direct ? nullptr : buf.data());
+      mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth);
     } else {
-      mm = direct ? ReduceHalfKeys<DT>(a.x, r * H, H) : SmoothAndReduce<DT>(a.x, r * H, H, smooth, buf.data());
+      if (direct)
+        mm = ReduceHalfKeys<DT>(a.x, r * H, H);
+      else if (smooth_pair != smooth)
+        mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth_pair);
+      else
+        mm = SmoothAndReduce<DT, /*kInOrder=*/true>(a.x, r * H, H, smooth);
     }
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = mm.empty ? 0.f : (mm.nan ? nan : mm.max);
@@ -440,11 +570,15 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                      .qtmp = qtmp.data(),
                      .stream = stream,
                      .pf = r + 1 < a.rows && !skip_next_row_prefetch ? row + H * es : row,
-                     .pf_es = es};
+                     .pf_es = es,
+                     .sm = smooth,
+                     .sm_pair = smooth_pair};
     if (direct)
       QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
+    else if (smooth_pair != smooth)
+      QuantizeAny<DT, /*kPfL2=*/true, /*kSmooth=*/2>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
     else
-      QuantizeAny<DType::float32, /*kPfL2=*/true>(buf.data(), H, rmin, rmax, p.scale, p.offset, int4, out);
+      QuantizeAny<DT, /*kPfL2=*/true, /*kSmooth=*/1>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
   }
   if (stream) hwy::FlushStream();
 }
@@ -462,7 +596,7 @@ RowMinMax RangeMinMaxT(const DynamicQuantArgs& a, std::int64_t b0, std::int64_t 
     const std::int64_t n = std::min(kPiece, b1 - p);
     RowMinMax m;
     if constexpr (DT == DType::float32)
-      m = SmoothAndReduce<DT>(a.x, p, n, nullptr, nullptr);
+      m = SmoothAndReduce<DT>(a.x, p, n, nullptr);
     else
       m = ReduceHalfKeys<DT>(a.x, p, n);
     if (m.empty) continue;

@@ -138,7 +138,7 @@ inline RintCheck rint_check(float s, float z, float x_absmax) {
   RintCheck c;
   if (!(s >= 0x1p-126f && s < 0x1p126f) || !std::isfinite(z) || !std::isfinite(x_absmax)) return c;
   const double m = static_cast<double>(x_absmax) / static_cast<double>(s);
-  const double thr = 0.5 - (std::ldexp(m + std::fabs(static_cast<double>(z)), -21) + 0x1p-126);
+  const double thr = 0.5 - ((m + std::fabs(static_cast<double>(z))) * 0x1p-21 + 0x1p-126);
   if (!(thr > 0.25)) return c;
   float t = static_cast<float>(thr);
   if (static_cast<double>(t) > thr) t = std::nextafter(t, 0.0f);
@@ -147,12 +147,66 @@ inline RintCheck rint_check(float s, float z, float x_absmax) {
   return c;
 }
 
+// The rounding check in fixed point (AVX-512 dynamic quantization; fewer operations than rint_check's
+// y - rint(y), and none of them a conversion). Same y = RN(x * r + z), r = RN(1 / s), same delta
+// (|v - y| <= delta, see rint_check). Then w = RN(y + c) with c = 1.5 * 2^(23 - k) + 1/2 + h, h = 2^-j:
+// while y + 1/2 + h stays inside (-2^(22 - k), 2^(22 - k)), w lies in [2^(23 - k), 2^(24 - k)), whose
+// spacing is 2^-k, so w - c is y rounded to a multiple of 2^-k (error <= 2^-(k + 1)), and w's bit
+// pattern holds g = (y + 1/2 + h) in fixed point: bits [0, k) its fraction, bits [k, 22] its integer
+// part n = floor(g) plus a constant whose low 22 - k bits are zero (base below). If g's fraction is at
+// least 2h (one of the fraction bits [k - j + 1, k) set: the mask), then y + 1/2 lies in
+// [n + h - 2^-(k + 1), n + 1 - h - 2^-(k + 1)], and v + 1/2 strictly inside (n, n + 1) when
+// h > delta + 2^-(k + 1): rint(v) = n, never a tie. A lane that fails (fraction below 2h: about 2h of
+// the lanes) sends its vector pair to the divider, as rint_check's do. n = (bits(w) >> k) - base.
+// The row's y lie in [RN(x_min r + z), RN(x_max r + z)] (an FMA is monotonic in x for r > 0); that
+// interval must keep w in its binade and rint(v) inside [lo, hi] (so no lane needs saturation), or the
+// row takes rint_check. k = 14 for int8 (|g| < 256), 16 for int4 (|g| < 64: the integer part lands in
+// the upper 16 bits). Checked against the divider by bench/exhaustive_rint (--fixed) and the tests.
+struct RintFixed {
+  bool ok = false;
+  float c = 0.0f;
+  std::uint32_t mask = 0;
+};
+template <int k>
+inline constexpr std::int32_t kRintFixedBase =
+    static_cast<std::int32_t>(((static_cast<std::uint32_t>(127 + 23 - k) << 23) | (1u << 22)) >> k);
+template <int k>
+inline RintFixed rint_fixed(float s, float z, float x_min, float x_max, float lo, float hi) {
+  static_assert(k >= 8 && k <= 20);
+  RintFixed f;
+  if (!(s >= 0x1p-126f && s < 0x1p126f) || !std::isfinite(z) || !std::isfinite(x_min) || !std::isfinite(x_max) ||
+      !(x_min <= x_max))
+    return f;
+  const double m = std::max(std::fabs(static_cast<double>(x_min)), std::fabs(static_cast<double>(x_max))) /
+                   static_cast<double>(s);
+  // (Called per row: powers of two as products, not std::ldexp.)
+  constexpr double kHalfUlp = 1.0 / static_cast<double>(std::uint64_t{1} << (k + 1));  // 2^-(k + 1)
+  const double delta = (m + std::fabs(static_cast<double>(z))) * 0x1p-21 + 0x1p-126;
+  const double need = delta + kHalfUlp;
+  int j = k;
+  double h = 2.0 * kHalfUlp;  // 2^-j
+  while (j > 2 && !(h > need)) {
+    --j;
+    h *= 2.0;
+  }
+  if (!(h > need)) return f;
+  const float r = 1.0f / s;
+  const double ylo = static_cast<double>(std::fma(x_min, r, z)), yhi = static_cast<double>(std::fma(x_max, r, z));
+  if (!(ylo > static_cast<double>(lo) - 0.25 && yhi < static_cast<double>(hi) + 0.25)) return f;
+  constexpr double kBinade = static_cast<double>(std::uint64_t{1} << (22 - k));  // 2^(22 - k)
+  if (!(ylo + 0.5 + h > -(kBinade - 1.0) && yhi + 0.5 + h < kBinade - 1.0)) return f;
+  f.c = static_cast<float>(3.0 * kBinade + 0.5 + h);  // 1.5 * 2^(23 - k) + 1/2 + h: exact, a multiple of 2^-k
+  f.mask = ((1u << k) - 1u) & ~((1u << (k - j + 1)) - 1u);
+  f.ok = true;
+  return f;
+}
+
 // Whether kernels use the fast path (where the target has a real FMA). Default: on Intel CPUs, whose
 // 512-bit divider retires one quotient vector per 5-10 cycles, while AMD Zen 4 divides a 512-bit vector
 // in about the time of 4 of its double-pumped 512-bit FMAs (docs/performance.md). XQUANT_FAST_DIV=0
 // (the divider everywhere, no rounding check either) / 1 (the FMA sequence on every CPU) overrides; tests
-// force each path with set_fast_div_mode: 0 divider only, 1 FMA sequence only, 2 rounding check and FMA
-// sequence, -1 the default. Results are the same bits either way.
+// force each path with set_fast_div_mode: 0 divider only, 1 FMA sequence only, 2 rounding check (fixed-point
+// form where a kernel has one) and FMA sequence, 3 the same with the check's y - rint(y) form, -1 the default. Results are the same bits either way.
 inline std::atomic<int>& fast_div_mode_override() {
   static std::atomic<int> mode{-1};
   return mode;
@@ -193,7 +247,19 @@ inline bool fast_div_forced() {
 // forced to 2; mode 0 (divider only) and mode 1 (FMA division only) turn it off, so tests reach every path.
 inline bool rint_check_wanted() {
   const int m = fast_div_mode_override().load(std::memory_order_relaxed);
-  return m >= 0 ? m == 2 : fast_div_env() != 0;
+  return m >= 0 ? m == 2 || m == 3 : fast_div_env() != 0;
+}
+// The fixed-point form of the check (rint_fixed; AVX-512 dynamic quantization) where the check is used:
+// by default, and in mode 2; mode 3 keeps the check in its y - rint(y) form, so tests reach both.
+// XQUANT_RINT_FIXED=0 turns it off (measurement); the same bits either way.
+inline bool rint_fixed_wanted() {
+  const int m = fast_div_mode_override().load(std::memory_order_relaxed);
+  if (m >= 0) return m == 2;
+  static const bool env_off = [] {
+    const char* e = std::getenv("XQUANT_RINT_FIXED");
+    return e != nullptr && e[0] == '0' && e[1] == '\0';
+  }();
+  return !env_off;
 }
 // Software prefetch of the inputs 2 KiB ahead in the streaming loops (quantize, fake quant forward and
 // backward, ActsULQ backward; only calls large enough to stream their output). Measured on 2 threads, % of

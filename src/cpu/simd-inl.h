@@ -315,7 +315,7 @@ template <std::size_t kLen = kMaxLanes, std::size_t kIn, std::size_t kOut, class
 HWY_NOINLINE void StagedTail(std::int64_t i, std::int64_t count, const StageIn (&in)[kIn], const StageOut (&out)[kOut],
                              Body&& body) {
   alignas(64) unsigned char ibuf[kIn][kLen * 4];
-  alignas(64) unsigned char obuf[kOut][kLen * 4];
+  alignas(64) unsigned char obuf[kOut][kLen * 4] = {};  // zeroed: GCC 12 cannot see every byte read is written
   const void* ip[kIn];
   void* op[kOut];
   const auto n = static_cast<std::size_t>(count);
