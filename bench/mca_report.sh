@@ -22,17 +22,19 @@ run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1, f
 run "quantize div_mode f32 -> int8, FMA (streamed)" quantize.cpp.o "$Q, 2, false>" 'vfnmadd,vmovntdq'
 run "quantize mul f32 -> quint4x2 (two vectors per iteration; the streamed twin has the same arithmetic)" quantize.cpp.o 'N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)3, 0, true>' 'vmulps*2,vpmaddwd' 2
 D='N_AVX3::SmoothAndReduce<(xquant::DType)'
-run "dynamic quant pass 1, bf16 int16-key min/max (per 16 elements)" dynamic_quant.cpp.o 'N_AVX3::ReduceHalfKeys<(xquant::DType)2>' 'vpminsw*2,vpsraw' 4
-run "dynamic quant pass 1, bf16 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}2>" 'vpmovzxwd,vmulps*2,vminps' 2
-run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vcmpunordps,vminps*2,!vmulps,!vmovups %zmm' 2
-run "dynamic quant pass 1, f32 * smooth into the row buffer (two vectors per iteration)" dynamic_quant.cpp.o "${D}0>" 'vmulps*2,vminps,vmovups*4' 2
 R='N_AVX3::RowsT<(xquant::DType)2>'
-run "dynamic quant pass 2 bf16 -> int8, rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmovswb,vmovntdq' 2
-run "dynamic quant pass 2 bf16 -> int4, two vectors per check, pair packing" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmaddwd' 2
 R0='N_AVX3::RowsT<(xquant::DType)0>'
-run "dynamic quant pass 2 f32 -> int8, rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmovsdb*2,vmovntdq' 2
-run "dynamic quant pass 2 f32 -> int4 (and smooth rows' buffer), pair packing" dynamic_quant.cpp.o "$R0" 'vrangeps,vpmaddwd,vpshufb' 2
-run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass,!vrangeps'
+run "dynamic quant pass 1, bf16 int16-key min/max (per 16 elements)" dynamic_quant.cpp.o 'N_AVX3::ReduceHalfKeys<(xquant::DType)2>' 'vpminsw*2,vpsraw' 4
+run "dynamic quant pass 1, bf16 * smooth (scales in unpacking order; two vectors per iteration)" dynamic_quant.cpp.o "${D}2, false>" 'vpunpcklwd,vmulps*2,vminps' 2
+run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0, false>" 'vcmpunordps,vminps*2,!vmulps' 2
+run "dynamic quant pass 1, f32 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}0, false>" 'vmulps*2,vcmpunordps' 2
+run "dynamic quant pass 2 bf16 -> int8, fixed-point rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vptestmd,vpmovswb,vmovntdq,!vmulps' 2
+run "dynamic quant pass 2 bf16 -> int8 smooth, fixed-point check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vmulps*2,vptestmd,vpmovswb,vmovntdq' 2
+run "dynamic quant pass 2 bf16 -> int4, fixed-point check, pair packing" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vptestmd,vpmaddwd,!vmulps' 2
+run "dynamic quant pass 2 f32 -> int8, fixed-point check (streamed)" dynamic_quant.cpp.o "$R0" 'vptestmd,vpmovsdb*2,vmovntdq,!vmulps' 2
+run "dynamic quant pass 2 f32 -> int4 smooth, fixed-point check, pair packing (streamed)" dynamic_quant.cpp.o "$R0" 'vmulps*2,vptestmd,vpmaddwd,vmovntdq' 2
+run "dynamic quant pass 2 bf16 -> int8, y - rint(y) check (mode 3 / rows rint_fixed refuses; streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmovswb,vmovntdq,!vmulps' 2
+run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass,!vrangeps,!vmulps'
 run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass,!vrangeps'
 U='N_AVX3::UlqSpanT<(xquant::DType)0'
 run "ActsULQ forward f32, 4 outputs, divider (streamed)" acts_ulq.cpp.o "$U, false>" 'vdivps,vmovnt'

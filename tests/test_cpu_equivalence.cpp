@@ -372,7 +372,7 @@ TEST(CpuEquivalence, ActsUlq) {
 TEST(CpuEquivalence, DynamicQuant) {
   using xquant::DynamicQuantMode;
   using xquant::QuantDType;
-  const std::vector<Shape> shapes = {{3, 8}, {5, 16}, {7, 24}, {2, 3, 40}, {9, 1000}, {40, 4104}, {300, 264}, {1, 0}};
+  const std::vector<Shape> shapes = {{3, 8}, {5, 16}, {7, 24}, {2, 3, 40}, {9, 1000}, {40, 4104}, {300, 264}, {33, 256}, {1, 0}};  // 256: whole vector pairs (the fused smooth loop)
   for (DType dt : kFloatTypes)
     for (const Shape& shape : shapes)
       for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
@@ -620,6 +620,34 @@ TEST(CpuEquivalence, RoundingCheckParameters) {
   EXPECT_FALSE(rint_check(1.0f, 0.0f, kInf).ok);
 }
 
+// The fixed-point form's per-row parameters (rint_fixed): h = 2^-j is the smallest power of two above
+// delta + 2^-(k + 1), c = 1.5 * 2^(23 - k) + 1/2 + h, the mask covers fraction bits [k - j + 1, k); rows
+// whose y would leave [lo - 1/4, hi + 1/4] or the magic constant's binade are refused (they take
+// rint_check, which saturates).
+TEST(CpuEquivalence, RoundingCheckFixedParameters) {
+  using xquant::detail::rint_fixed;
+  // int8, scale 1, offset 0, |x| <= 127: delta = 127 * 2^-21 + 2^-126 ~ 2^-14, need ~ 2^-14 + 2^-15: j = 13
+  const auto f = rint_fixed<14>(1.0f, 0.0f, -127.0f, 127.0f, -128.0f, 127.0f);
+  ASSERT_TRUE(f.ok);
+  EXPECT_EQ(f.c, 768.0f + 0.5f + 0x1p-13f);
+  EXPECT_EQ(f.mask, 0x3FFCu);  // bits 2..13: fraction >= 2^-12 = 2h
+  // int4 (k = 16): |x| <= 7, delta ~ 2^-18: need 2^-17 + 2^-18 -> h = 2^-16 (j = k), mask bits 1..15
+  const auto g = rint_fixed<16>(1.0f, 0.0f, -7.0f, 7.0f, -8.0f, 7.0f);
+  ASSERT_TRUE(g.ok);
+  EXPECT_EQ(g.c, 192.0f + 0.5f + 0x1p-16f);
+  EXPECT_EQ(g.mask, 0xFFFEu);
+  // the asymmetric int8 row of [-1, 2]: scale 3 / 255, offset 127 - 2 / scale
+  const auto p = xquant::detail::init_dynamic_quant_params(2.0f, -1.0f, xquant::QuantDType::qint8);
+  EXPECT_TRUE((rint_fixed<14>(p.scale, p.offset, -1.0f, 2.0f, -128.0f, 127.0f).ok));
+  EXPECT_FALSE((rint_fixed<14>(1.0f, 0.0f, -129.0f, 127.0f, -128.0f, 127.0f).ok));  // y below lo - 1/4
+  EXPECT_FALSE((rint_fixed<14>(1.0f, 0.0f, -127.0f, 127.3f, -128.0f, 127.0f).ok));  // y above hi + 1/4
+  EXPECT_FALSE((rint_fixed<16>(1.0f, 0.0f, -9.0f, 7.0f, -8.0f, 7.0f).ok));
+  EXPECT_FALSE((rint_fixed<14>(1.0f, 0.0f, -300.0f, 300.0f, -1000.0f, 1000.0f).ok));  // beyond the binade
+  EXPECT_FALSE((rint_fixed<14>(1.0f, 0.0f, 0.0f, kInf, -128.0f, 127.0f).ok));
+  EXPECT_FALSE((rint_fixed<14>(1.0f, kNaN, 0.0f, 1.0f, -128.0f, 127.0f).ok));
+  EXPECT_FALSE((rint_fixed<14>(0x1p126f, 0.0f, 0.0f, 1.0f, -128.0f, 127.0f).ok));
+}
+
 TEST(CpuEquivalence, FastDivisionBoundariesActsUlq) {
   // clamp ranges from the LEVELS * EPS floor to huge, x with tiny, subnormal and huge values
   for (DType dt : kFloatTypes)
@@ -646,7 +674,7 @@ TEST(CpuEquivalence, FastDivisionBoundariesActsUlq) {
 
 TEST(CpuEquivalence, DynamicQuantSymmetric) {
   using xquant::QuantDType;
-  const std::vector<Shape> shapes = {{3, 8}, {5, 16}, {7, 24}, {2, 3, 40}, {9, 1000}, {40, 4104}, {300, 264}, {1, 0}};
+  const std::vector<Shape> shapes = {{3, 8}, {5, 16}, {7, 24}, {2, 3, 40}, {9, 1000}, {40, 4104}, {300, 264}, {33, 256}, {1, 0}};
   for (DType dt : kFloatTypes)
     for (const Shape& shape : shapes)
       for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})

@@ -232,6 +232,79 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
 //            constant c and fixed_mask its fraction mask; vectors that fail it divide. (kFinite holds.)
 enum class DivMode { kDivide, kFma, kRint, kFixed };
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Two vectors of x at i (2 N elements): bfloat16 unpacked (kUnpacked: one 64-byte load, see kUnpackedPairs),
+// otherwise widened in order.
+template <DType DT, bool kUnpacked>
+HWY_INLINE void LoadPair(const void* x, std::int64_t i, VF& x1, VF& x2) {
+  if constexpr (kUnpacked) {
+    const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(x) + i);
+    x1 = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
+    x2 = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
+  } else {
+    x1 = LoadF<DT>(x, i);
+    x2 = LoadF<DT>(x, i + static_cast<std::int64_t>(hn::Lanes(DF())));
+  }
+}
+
+// A row's constants for the two-vector loop of pass 2 (QuantizePair).
+struct PairConsts {
+  VF s, o, rs, thr, lo, hi;  // thr: rint_check's threshold, or for kFixed rint_fixed's c
+  __m512i fmask, fbase;      // kFixed: the fraction mask and n's base
+};
+
+// Pass 2 on two vectors of x' (elements i .. i + 2 N): the rounding check (kRint: RintPairWithin; kFixed: two
+// vptestmd, the second masked by the first), a pair that fails it divided; int8: vpackssdw + vpmovswb
+// (saturating twice: 32 bytes in order, undoing the unpacking order) for kUnpacked, one vpmovsdb per vector
+// otherwise; int4: StoreInt4Pair. kStream: non-temporal stores (aligned: 32 bytes int8 kUnpacked, 16
+// otherwise).
+template <DivMode kMode, bool kInt4, bool kUnpacked, bool kStream>
+HWY_INLINE void QuantizePair(VF x1, VF x2, const PairConsts& c, std::int8_t* y8, std::int32_t* y4, std::int64_t i) {
+  constexpr int kK = kInt4 ? 16 : 14;
+  __m512i q1, q2;
+  bool within;
+  if constexpr (kMode == DivMode::kFixed) {
+    // q = bits(w) >> k: n plus a multiple of 2^(22 - k) (256 for int8, 64 for int4), positive and below
+    // 2^15: the int4 packing keeps the low nibble, int8 subtracts the base (its packs saturate).
+    const __m512i w1 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x1, c.rs, c.o).raw, c.thr.raw));
+    const __m512i w2 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x2, c.rs, c.o).raw, c.thr.raw));
+    within = _mm512_mask_test_epi32_mask(_mm512_test_epi32_mask(w1, c.fmask), w2, c.fmask) == 0xFFFF;
+    q1 = _mm512_srli_epi32(w1, kK);
+    q2 = _mm512_srli_epi32(w2, kK);
+    if constexpr (!kInt4) {
+      q1 = _mm512_sub_epi32(q1, c.fbase);
+      q2 = _mm512_sub_epi32(q2, c.fbase);
+    }
+  } else {
+    static_assert(kMode == DivMode::kRint);
+    within = RintPairWithin(hn::MulAdd(x1, c.rs, c.o), hn::MulAdd(x2, c.rs, c.o), c.thr, q1, q2);
+  }
+  if (HWY_UNLIKELY(!within)) {
+    q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, c.s), c.o), c.lo, c.hi).raw;
+    q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, c.s), c.o), c.lo, c.hi).raw;
+  }
+  if constexpr (kInt4) {
+    // Already in [-8, 7], no clamp: the divided pairs are clamped above; kFixed rows are in range by
+    // rint_fixed's test, and kRint rows because rint_check accepted them, i.e. m + |offset| < 2^19 (m =
+    // max|x'| / scale). Then x' * (1 / scale) and max / scale are within m 2^-24 <= 2^-5 of x' / scale,
+    // offset = RN(7 - RN(max / scale)) within 2^-5 + 2^-5 of 7 - max / scale, so y(rowMax) is within 0.1 of
+    // 7 and, as (rowMax - rowMin) / scale <= 15 (1 + 2^-23), y(rowMin) >= -8 - 0.1: every y of the row rounds
+    // into [-8, 7] (symmetric rows: |y| <= 7 (1 + 2^-23) + 0.1). Measured on Zen 4 in cache: bf16 -> int4
+    // [64, 4096] 33.9 -> 31.0 us.
+    StoreInt4Pair<kUnpacked, /*kInRange=*/true, kStream>(q1, q2, y4 + i / 8);
+  } else if constexpr (kUnpacked) {
+    const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
+    if constexpr (kStream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), b);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), b);
+  } else {
+    StoreI8<kStream>(VI{q1}, y8 + i);
+    StoreI8<kStream>(VI{q2}, y8 + i + static_cast<std::int64_t>(hn::Lanes(DF())));
+  }
+}
+#endif
+
 // Where a row's results go, and what to prefetch meanwhile: the next row's input (pf, pf_es bytes per
 // element of this row; the row itself when there is none), so that its DRAM reads overlap this row's
 // arithmetic instead of following it.
@@ -336,69 +409,20 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   };
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (kMode == DivMode::kRint || kMode == DivMode::kFixed) {
-    // Two vectors per step with one check for both (RintPairWithin, or for kFixed two vptestmd, the
-    // second masked by the first); a pair that fails it is divided.
-    // bfloat16: one 64-byte load whose halves widen by unpacking against zero (vpunpck{l,h}wd: lanes 0-3,
-    // 8-11, 16-19, 24-27 and 4-7, 12-15, ...), an order that vpackssdw undoes in both stores below.
-    // int8: vpackssdw + vpmovswb (saturating twice: 32 bytes in order) for bfloat16, one vpmovsdb per
-    // vector otherwise; int4: StoreInt4Pair (streamed when the output is large).
+    // Two vectors per step with one check for both (QuantizePair); int4 streamed when the output is large.
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
     constexpr bool kUnpacked = kUnpackedPairs<DT> && kSmooth != 1;
+    const PairConsts pc{.s = s, .o = o, .rs = rs, .thr = thr, .lo = lo, .hi = hi, .fmask = fmask, .fbase = fbase};
     auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
       prefetch(pf + i * pf_es);
       if (pf_es > 2) prefetch(pf + (i + N) * pf_es);  // a 16-bit pair is one 64-byte line
       VF x1, x2;
-      if constexpr (kUnpacked) {
-        const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(src) + i);
-        x1 = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
-        x2 = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
-      } else {
-        x1 = LoadF<DT>(src, i);
-        x2 = LoadF<DT>(src, i + N);
-      }
+      LoadPair<DT, kUnpacked>(src, i, x1, x2);
       if constexpr (kSmooth != 0) {
         x1 = hn::Mul(x1, hn::LoadU(df, sm_pair + i));
         x2 = hn::Mul(x2, hn::LoadU(df, sm_pair + i + N));
       }
-      __m512i q1, q2;
-      bool within;
-      if constexpr (kMode == DivMode::kFixed) {
-        // q = bits(w) >> k: n plus a multiple of 2^(22 - k) (256 for int8, 64 for int4), positive and below
-        // 2^15: the int4 packing keeps the low nibble, int8 subtracts the base (its packs saturate).
-        const __m512i w1 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x1, rs, o).raw, thr.raw));
-        const __m512i w2 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x2, rs, o).raw, thr.raw));
-        within = _mm512_mask_test_epi32_mask(_mm512_test_epi32_mask(w1, fmask), w2, fmask) == 0xFFFF;
-        q1 = _mm512_srli_epi32(w1, kK);
-        q2 = _mm512_srli_epi32(w2, kK);
-        if constexpr (!kInt4) {
-          q1 = _mm512_sub_epi32(q1, fbase);
-          q2 = _mm512_sub_epi32(q2, fbase);
-        }
-      } else {
-        within = RintPairWithin(hn::MulAdd(x1, rs, o), hn::MulAdd(x2, rs, o), thr, q1, q2);
-      }
-      if (HWY_UNLIKELY(!within)) {
-        q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, s), o), lo, hi).raw;
-        q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, s), o), lo, hi).raw;
-      }
-      if constexpr (kInt4) {
-        // Already in [-8, 7], no clamp: the divided pairs are clamped above, and a row takes this loop only
-        // when rint_check accepted it, i.e. m + |offset| < 2^19 (m = max|x'| / scale). Then x' * (1 / scale)
-        // and max / scale are within m 2^-24 <= 2^-5 of x' / scale, offset = RN(7 - RN(max / scale)) within
-        // 2^-5 + 2^-5 of 7 - max / scale, so y(rowMax) is within 0.1 of 7 and, as (rowMax - rowMin) / scale
-        // <= 15 (1 + 2^-23), y(rowMin) >= -8 - 0.1: every y of the row rounds into [-8, 7] (symmetric
-        // rows: |y| <= 7 (1 + 2^-23) + 0.1). Measured on Zen 4 in cache: bf16 -> int4 [64, 4096] 33.9 -> 31.0 us.
-        StoreInt4Pair<kUnpacked, /*kInRange=*/true, kStream>(q1, q2, y4 + i / 8);
-      } else if constexpr (kUnpacked) {
-        const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
-        if constexpr (kStream)
-          _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), b);
-        else
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), b);
-      } else {
-        StoreI8<kStream>(VI{q1}, y8 + i);
-        StoreI8<kStream>(VI{q2}, y8 + i + N);
-      }
+      QuantizePair<kMode, kInt4, kUnpacked, kStream>(x1, x2, pc, y8, y4, i);
     };
     if constexpr (kInt4) {  // n % 8 == 0; a last part vector goes through qtmp
       auto step4 = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
@@ -448,22 +472,32 @@ inline bool finite_row(float rmin, float rmax, float scale, float offset) {
          std::isfinite(rmin / scale) && std::isfinite(rmax / scale);
 }
 
+// The fixed-point check's parameters for a row, ok when QuantizeAnyT takes DivMode::kFixed (AVX-512).
+inline RintFixed FixedFor(float rmin, float rmax, float scale, float offset, bool int4) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (finite_row(rmin, rmax, scale, offset) && rint_check_wanted() && rint_fixed_wanted() &&
+      rint_check(scale, offset, std::max(std::abs(rmin), std::abs(rmax))).ok) {
+    return int4 ? rint_fixed<16>(scale, offset, rmin, rmax, -8.0f, 7.0f)
+                : rint_fixed<14>(scale, offset, rmin, rmax, -128.0f, 127.0f);
+  }
+#else
+  (void)rmin, (void)rmax, (void)scale, (void)offset, (void)int4;
+#endif
+  return RintFixed{};
+}
+
 template <DType DT, bool kInt4, bool kPfL2, int kSmooth>
 HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float rmax, float scale, float offset,
                              const RowOut& out) {
   if (finite_row(rmin, rmax, scale, offset)) {
     const float x_absmax = std::max(std::abs(rmin), std::abs(rmax));
     if (rint_check_wanted()) {
-      const RintCheck rc = rint_check(scale, offset, x_absmax);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if (rc.ok && rint_fixed_wanted()) {
-        const float lo = kInt4 ? -8.0f : -128.0f, hi = kInt4 ? 7.0f : 127.0f;
-        const RintFixed rf = kInt4 ? rint_fixed<16>(scale, offset, rmin, rmax, lo, hi)
-                                   : rint_fixed<14>(scale, offset, rmin, rmax, lo, hi);
-        if (rf.ok)
-          return QuantizeRow<DT, true, DivMode::kFixed, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rf.c, out, rf.mask);
-      }
+      const RintFixed rf = FixedFor(rmin, rmax, scale, offset, kInt4);
+      if (rf.ok)
+        return QuantizeRow<DT, true, DivMode::kFixed, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rf.c, out, rf.mask);
 #endif
+      const RintCheck rc = rint_check(scale, offset, x_absmax);
       if (rc.ok) {
         return QuantizeRow<DT, true, DivMode::kRint, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rc.threshold, out);
       }
@@ -487,6 +521,45 @@ HWY_INLINE void QuantizeAny(const void* src, std::int64_t n, float rmin, float r
   if (int4) return QuantizeAnyT<DT, true, kPfL2, kSmooth>(src, n, rmin, rmax, scale, offset, out);
   QuantizeAnyT<DT, false, kPfL2, kSmooth>(src, n, rmin, rmax, scale, offset, out);
 }
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Pass 2 of a row with smooth scales (x0, in the fixed-point mode) fused with pass 1 of the next row of the
+// same group (x1): one loop loads the scales once for both, and the next row's min / max (FP2/FP3 pipes on
+// Zen 4) interleave with this row's multiplies and checks (FP0/FP1). n a whole number of vector pairs. pf:
+// the row after x1, prefetched into L2. Returns x1's RowMinMax.
+template <DType DT, bool kInt4, bool kUnpacked, bool kStream>
+HWY_NOINLINE RowMinMax FusedSmoothRows(const void* x0, const void* x1, const float* smp, std::int64_t n,
+                                       const PairConsts& consts, std::int8_t* y8, std::int32_t* y4,
+                                       const unsigned char* pf, std::int64_t pf_es) {
+  const DF df;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  const PairConsts c = consts;  // a local copy: kept in registers across the stores
+  VF vmin = hn::Set(df, std::numeric_limits<float>::infinity());
+  VF vmax = hn::Neg(vmin);
+  auto nan = hn::Lt(vmin, vmin);  // all false
+  for (std::int64_t i = 0; i + 2 * N <= n; i += 2 * N) {
+    PrefetchL2(pf + i * pf_es);
+    if (pf_es > 2) PrefetchL2(pf + (i + N) * pf_es);
+    const VF s1 = hn::LoadU(df, smp + i), s2 = hn::LoadU(df, smp + i + N);
+    VF v, w;
+    LoadPair<DT, kUnpacked>(x1, i, v, w);
+    v = hn::Mul(v, s1);
+    w = hn::Mul(w, s2);
+    nan = hn::Or(nan, EitherNaN(v, w));
+    vmin = hn::Min(vmin, hn::Min(v, w));
+    vmax = hn::Max(vmax, hn::Max(v, w));
+    VF a, b;
+    LoadPair<DT, kUnpacked>(x0, i, a, b);
+    QuantizePair<DivMode::kFixed, kInt4, kUnpacked, kStream>(hn::Mul(a, s1), hn::Mul(b, s2), c, y8, y4, i);
+  }
+  RowMinMax r{};
+  r.nan = !hn::AllFalse(df, nan);
+  r.empty = n == 0;
+  r.min = hn::GetLane(hn::MinOfLanes(df, vmin));
+  r.max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  return r;
+}
+#endif
 
 template <DType DT>
 void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, std::int64_t r1, bool stream) {
@@ -521,6 +594,8 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   std::int64_t pair_sm_group = -1;
   constexpr std::int64_t kPairOrderMinRows = 4;
   std::int64_t e = 0;
+  RowMinMax next_mm{};     // row r's min / max when the fused loop of row r - 1 reduced it
+  bool have_next = false;
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* smooth = nullptr;
     const float* smooth_pair = nullptr;
@@ -546,7 +621,10 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     // reduced on their bits (ReduceHalfKeys).
     const bool direct = smooth == nullptr;
     RowMinMax mm;
-    if constexpr (DT == DType::float32) {
+    if (have_next) {
+      mm = next_mm;
+      have_next = false;
+    } else if constexpr (DT == DType::float32) {
       mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth);
     } else {
       if (direct)
@@ -573,6 +651,52 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                      .pf_es = es,
                      .sm = smooth,
                      .sm_pair = smooth_pair};
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    // Smooth rows: pass 2 fused with the next row's pass 1 when that row is in the same group and this one
+    // takes the fixed-point check over whole vector pairs (FusedSmoothRows).
+    const std::int64_t kPair = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
+    if (!direct && r + 1 < r1 && H > 0 && H % kPair == 0 && (a.group_ends == nullptr || a.group_ends[e] > r + 1)) {
+      const RintFixed rf = FixedFor(rmin, rmax, p.scale, p.offset, int4);
+      if (rf.ok) {
+        const DF df;
+        const PairConsts pc{.s = hn::Set(df, p.scale),
+                            .o = hn::Set(df, p.offset),
+                            .rs = hn::Set(df, 1.0f / p.scale),
+                            .thr = hn::Set(df, rf.c),
+                            .lo = hn::Set(df, int4 ? -8.0f : -128.0f),
+                            .hi = hn::Set(df, int4 ? 7.0f : 127.0f),
+                            .fmask = _mm512_set1_epi32(static_cast<std::int32_t>(rf.mask)),
+                            .fbase = _mm512_set1_epi32(int4 ? kRintFixedBase<16> : kRintFixedBase<14>)};
+        const unsigned char* next = row + H * es;
+        const unsigned char* pf2 = r + 2 < a.rows ? next + H * es : next;
+        const bool unpacked = kUnpackedPairs<DT> && smooth_pair != smooth;
+        // Streaming needs the stores aligned: 32 bytes (int8 unpacked), 16 (other int8, int4).
+        const auto at = reinterpret_cast<std::uintptr_t>(int4 ? static_cast<void*>(out.y4) : out.y8);
+        const bool st = stream && at % (!int4 && unpacked ? 32 : 16) == 0;
+        auto run = [&]<bool kI4, bool kUn, bool kSt>() {
+          next_mm = FusedSmoothRows<DT, kI4, kUn, kSt>(row, next, smooth_pair, H, pc, out.y8, out.y4, pf2, es);
+        };
+        auto run_st = [&]<bool kI4, bool kUn>() {
+          if (st)
+            run.template operator()<kI4, kUn, true>();
+          else
+            run.template operator()<kI4, kUn, false>();
+        };
+        auto run_un = [&]<bool kI4>() {
+          if constexpr (kUnpackedPairs<DT>) {
+            if (unpacked) return run_st.template operator()<kI4, true>();
+          }
+          run_st.template operator()<kI4, false>();
+        };
+        if (int4)
+          run_un.template operator()<true>();
+        else
+          run_un.template operator()<false>();
+        have_next = true;
+        continue;
+      }
+    }
+#endif
     if (direct)
       QuantizeAny<DT>(row, H, rmin, rmax, p.scale, p.offset, int4, out);
     else if (smooth_pair != smooth)

@@ -161,7 +161,7 @@ inline RintCheck rint_check(float s, float z, float x_absmax) {
 // The row's y lie in [RN(x_min r + z), RN(x_max r + z)] (an FMA is monotonic in x for r > 0); that
 // interval must keep w in its binade and rint(v) inside [lo, hi] (so no lane needs saturation), or the
 // row takes rint_check. k = 14 for int8 (|g| < 256), 16 for int4 (|g| < 64: the integer part lands in
-// the upper 16 bits). Checked against the divider by bench/exhaustive_rint (--fixed) and the tests.
+// the upper 16 bits). Checked against the divider by bench/exhaustive_rint (mode 2) and the tests.
 struct RintFixed {
   bool ok = false;
   float c = 0.0f;
