@@ -322,8 +322,8 @@ struct RowOut {
   const float* sm_pair = nullptr;
 };
 
-// kPfL2: the next row is prefetched into L2 instead of L1 (smooth rows, whose float32 row buffer and smooth
-// scales already fill L1: see RowsT).
+// kPfL2: the next row is prefetched into L2 instead of L1 (smooth rows, whose smooth scales and row already
+// fill most of L1: see RowsT).
 template <DType DT, bool kFinite, DivMode kMode, bool kInt4, bool kPfL2, int kSmooth>
 HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float offset, float threshold,
                             const RowOut& out, std::uint32_t fixed_mask = 0) {
