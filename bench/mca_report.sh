@@ -33,9 +33,10 @@ run "dynamic quant pass 2 bf16 -> int8 smooth, fixed-point check (streamed)" dyn
 run "dynamic quant pass 2 bf16 -> int4, fixed-point check, pair packing" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vptestmd,vpmaddwd,!vmulps' 2
 run "dynamic quant pass 2 f32 -> int8, fixed-point check (streamed)" dynamic_quant.cpp.o "$R0" 'vptestmd,vpmovsdb*2,vmovntdq,!vmulps' 2
 run "dynamic quant pass 2 f32 -> int4 smooth, fixed-point check, pair packing (streamed)" dynamic_quant.cpp.o "$R0" 'vmulps*2,vptestmd,vpmaddwd,vmovntdq' 2
-F='N_AVX3::FusedSmoothRows<(xquant::DType)'
-run "dynamic quant smooth rows fused: pass 2 bf16 -> int8 and the next row's pass 1 (streamed; per pair of vectors of each row)" dynamic_quant.cpp.o "${F}2, false, true, true>" 'vptestmd,vminps,vmovntdq' 2
-run "dynamic quant smooth rows fused: pass 2 f32 -> int4 and the next row's pass 1 (streamed)" dynamic_quant.cpp.o "${F}0, true, false, true>" 'vptestmd,vminps,vpmaddwd' 2
+F='N_AVX3::FusedRows<(xquant::DType)'
+run "dynamic quant smooth rows fused: pass 2 bf16 -> int8 and the next row's pass 1 (streamed; per pair of vectors of each row)" dynamic_quant.cpp.o "${F}2, true, false, true, true>" 'vptestmd,vminps,vmovntdq' 2
+run "dynamic quant smooth rows fused: pass 2 f32 -> int4 and the next row's pass 1 (streamed)" dynamic_quant.cpp.o "${F}0, true, true, false, true>" 'vptestmd,vminps,vpmaddwd' 2
+run "dynamic quant rows fused: pass 2 f32 -> int8 and the next row's pass 1 (no smooth scales; streamed)" dynamic_quant.cpp.o "${F}0, false, false, false, true>" 'vptestmd,vminps,vmovntdq' 2
 run "dynamic quant pass 2 bf16 -> int8, y - rint(y) check (mode 3 / rows rint_fixed refuses; streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmovswb,vmovntdq,!vmulps' 2
 run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass,!vrangeps,!vmulps'
 run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass,!vrangeps'

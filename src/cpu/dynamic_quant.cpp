@@ -166,6 +166,25 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
 // below key(-Inf)), so the row has a NaN iff its max key or min key lies beyond them. The min / max are
 // exact (widening is exact); -0 sorts below +0, which no output depends on (rowMax - rowMin and
 // rowMax / scale give the same results for either zero).
+// A non-empty row's RowMinMax from its smallest and largest key (see ReduceHalfKeys).
+template <DType DT>
+RowMinMax HalfKeysMinMax(std::int16_t kmn, std::int16_t kmx) {
+  auto key = [](std::int16_t b) { return static_cast<std::int16_t>(b ^ ((b < 0 ? 0xFFFF : 0) & 0x7FFF)); };
+  constexpr std::uint16_t kInf = DT == DType::bfloat16 ? 0x7F80 : 0x7C00;
+  const std::int16_t pos_inf = static_cast<std::int16_t>(kInf);
+  const std::int16_t neg_inf = key(static_cast<std::int16_t>(kInf | 0x8000));
+  RowMinMax r{};
+  r.empty = false;
+  r.nan = kmx > pos_inf || kmn < neg_inf;
+  const auto value = [&](std::int16_t k) {  // key is an involution
+    const auto b = static_cast<std::uint16_t>(key(k));
+    return DT == DType::bfloat16 ? hd_bfloat16_to_float(b) : hd_half_to_float(b);
+  };
+  r.min = value(kmn);
+  r.max = value(kmx);
+  return r;
+}
+
 template <DType DT>
 RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
   static_assert(DT == DType::float16 || DT == DType::bfloat16);
@@ -202,19 +221,7 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
     kmn = std::min(kmn, k);
     kmx = std::max(kmx, k);
   }
-  constexpr std::uint16_t kInf = DT == DType::bfloat16 ? 0x7F80 : 0x7C00;
-  const std::int16_t pos_inf = static_cast<std::int16_t>(kInf);
-  const std::int16_t neg_inf = key(static_cast<std::int16_t>(kInf | 0x8000));
-  RowMinMax r{};
-  r.empty = false;
-  r.nan = kmx > pos_inf || kmn < neg_inf;
-  const auto value = [&](std::int16_t k) {  // key is an involution
-    const auto b = static_cast<std::uint16_t>(key(k));
-    return DT == DType::bfloat16 ? hd_bfloat16_to_float(b) : hd_half_to_float(b);
-  };
-  r.min = value(kmn);
-  r.max = value(kmx);
-  return r;
+  return HalfKeysMinMax<DT>(kmn, kmx);
 }
 
 // y = sat(rint(x' / scale + offset)) for n values of src (dtype DT, widened; x' = x * smooth scales when
@@ -527,37 +534,65 @@ HWY_INLINE void QuantizeAny(const void* src, std::int64_t n, float rmin, float r
 // same group (x1): one loop loads the scales once for both, and the next row's min / max (FP2/FP3 pipes on
 // Zen 4) interleave with this row's multiplies and checks (FP0/FP1). n a whole number of vector pairs. pf:
 // the row after x1, prefetched into L2. Returns x1's RowMinMax.
-template <DType DT, bool kInt4, bool kUnpacked, bool kStream>
-HWY_NOINLINE RowMinMax FusedSmoothRows(const void* x0, const void* x1, const float* smp, std::int64_t n,
-                                       const PairConsts& consts, std::int8_t* y8, std::int32_t* y4,
-                                       const unsigned char* pf, std::int64_t pf_es) {
+// kSmooth false: rows without smooth scales (smp unused; 16-bit rows reduced on int16 keys as in
+// ReduceHalfKeys).
+template <DType DT, bool kSmooth, bool kInt4, bool kUnpacked, bool kStream>
+HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* smp, std::int64_t n,
+                                 const PairConsts& consts, std::int8_t* y8, std::int32_t* y4,
+                                 const unsigned char* pf, std::int64_t pf_es) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const PairConsts c = consts;  // a local copy: kept in registers across the stores
+  constexpr bool kKeys = !kSmooth && DT != DType::float32;
   VF vmin = hn::Set(df, std::numeric_limits<float>::infinity());
   VF vmax = hn::Neg(vmin);
   auto nan = hn::Lt(vmin, vmin);  // all false
+  const hn::ScalableTag<std::int16_t> d16;
+  auto kmin = hn::Set(d16, std::numeric_limits<std::int16_t>::max());
+  auto kmax = hn::Set(d16, std::numeric_limits<std::int16_t>::min());
+  const auto m7 = hn::Set(d16, std::int16_t{0x7FFF});
   for (std::int64_t i = 0; i + 2 * N <= n; i += 2 * N) {
     PrefetchL2(pf + i * pf_es);
     if (pf_es > 2) PrefetchL2(pf + (i + N) * pf_es);
-    const VF s1 = hn::LoadU(df, smp + i), s2 = hn::LoadU(df, smp + i + N);
-    VF v, w;
-    LoadPair<DT, kUnpacked>(x1, i, v, w);
-    v = hn::Mul(v, s1);
-    w = hn::Mul(w, s2);
-    nan = hn::Or(nan, EitherNaN(v, w));
-    vmin = hn::Min(vmin, hn::Min(v, w));
-    vmax = hn::Max(vmax, hn::Max(v, w));
+    VF s1, s2;
+    if constexpr (kSmooth) {
+      s1 = hn::LoadU(df, smp + i);
+      s2 = hn::LoadU(df, smp + i + N);
+    }
+    if constexpr (kKeys) {
+      const auto b = hn::LoadU(d16, static_cast<const std::int16_t*>(x1) + i);  // 2 N elements
+      const auto k = hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
+      kmin = hn::Min(kmin, k);
+      kmax = hn::Max(kmax, k);
+    } else {
+      VF v, w;
+      LoadPair<DT, kUnpacked>(x1, i, v, w);
+      if constexpr (kSmooth) {
+        v = hn::Mul(v, s1);
+        w = hn::Mul(w, s2);
+      }
+      nan = hn::Or(nan, EitherNaN(v, w));
+      vmin = hn::Min(vmin, hn::Min(v, w));
+      vmax = hn::Max(vmax, hn::Max(v, w));
+    }
     VF a, b;
     LoadPair<DT, kUnpacked>(x0, i, a, b);
-    QuantizePair<DivMode::kFixed, kInt4, kUnpacked, kStream>(hn::Mul(a, s1), hn::Mul(b, s2), c, y8, y4, i);
+    if constexpr (kSmooth) {
+      a = hn::Mul(a, s1);
+      b = hn::Mul(b, s2);
+    }
+    QuantizePair<DivMode::kFixed, kInt4, kUnpacked, kStream>(a, b, c, y8, y4, i);
   }
-  RowMinMax r{};
-  r.nan = !hn::AllFalse(df, nan);
-  r.empty = n == 0;
-  r.min = hn::GetLane(hn::MinOfLanes(df, vmin));
-  r.max = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  return r;
+  if constexpr (kKeys) {
+    return HalfKeysMinMax<DT>(hn::GetLane(hn::MinOfLanes(d16, kmin)), hn::GetLane(hn::MaxOfLanes(d16, kmax)));
+  } else {
+    RowMinMax r{};
+    r.nan = !hn::AllFalse(df, nan);
+    r.empty = false;
+    r.min = hn::GetLane(hn::MinOfLanes(df, vmin));
+    r.max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    return r;
+  }
 }
 #endif
 
@@ -596,6 +631,17 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   std::int64_t e = 0;
   RowMinMax next_mm{};     // row r's min / max when the fused loop of row r - 1 reduced it
   bool have_next = false;
+  // Which rows run FusedRows (pass 2 of a row with pass 1 of the next): rows with smooth scales, float32
+  // rows without them (except on Intel, which does not prefetch the next such row: see above), and 16-bit
+  // rows without them to int4. Slower Zen 4, [8192, 4096], 2 threads, alternating: f32 -> int8 4.72-4.92 ->
+  // 4.24-4.42 ms (slow memory state), 4.18 -> 3.38 ms (fast); bf16 -> int4 2.35-2.41 -> 2.17-2.22, 2.23 ->
+  // 2.06 ms; bf16 -> int8 2.46-2.49 -> 2.53-2.61 ms (slower, and in cache 27.2 -> 27.8 us: not fused).
+  // XQUANT_FUSE_ROWS=0 turns fusing off (measurement); the same bits either way.
+  static const bool fuse_off = [] {
+    const char* v = std::getenv("XQUANT_FUSE_ROWS");
+    return v != nullptr && v[0] == '0' && v[1] == '\0';
+  }();
+  const bool fuse_direct = DT == DType::float32 ? !skip_next_row_prefetch : int4;
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* smooth = nullptr;
     const float* smooth_pair = nullptr;
@@ -620,6 +666,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     // Without smooth scales x' is x itself: quantized straight from the row (in cache); 16-bit rows are
     // reduced on their bits (ReduceHalfKeys).
     const bool direct = smooth == nullptr;
+    [[maybe_unused]] const bool fuse_rows = !fuse_off && (!direct || fuse_direct);
     RowMinMax mm;
     if (have_next) {
       mm = next_mm;
@@ -652,10 +699,10 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                      .sm = smooth,
                      .sm_pair = smooth_pair};
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    // Smooth rows: pass 2 fused with the next row's pass 1 when that row is in the same group and this one
-    // takes the fixed-point check over whole vector pairs (FusedSmoothRows).
+    // Pass 2 fused with the next row's pass 1 (fuse_rows) when that row is in the same group and this one
+    // takes the fixed-point check over whole vector pairs (FusedRows).
     const std::int64_t kPair = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
-    if (!direct && r + 1 < r1 && H > 0 && H % kPair == 0 && (a.group_ends == nullptr || a.group_ends[e] > r + 1)) {
+    if (fuse_rows && r + 1 < r1 && H > 0 && H % kPair == 0 && (a.group_ends == nullptr || a.group_ends[e] > r + 1)) {
       const RintFixed rf = FixedFor(rmin, rmax, p.scale, p.offset, int4);
       if (rf.ok) {
         const DF df;
@@ -669,12 +716,16 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                             .fbase = _mm512_set1_epi32(int4 ? kRintFixedBase<16> : kRintFixedBase<14>)};
         const unsigned char* next = row + H * es;
         const unsigned char* pf2 = r + 2 < a.rows ? next + H * es : next;
-        const bool unpacked = kUnpackedPairs<DT> && smooth_pair != smooth;
+        // Direct bfloat16 rows load unpacked too (no scales to reorder).
+        const bool unpacked = kUnpackedPairs<DT> && (direct || smooth_pair != smooth);
         // Streaming needs the stores aligned: 32 bytes (int8 unpacked), 16 (other int8, int4).
         const auto at = reinterpret_cast<std::uintptr_t>(int4 ? static_cast<void*>(out.y4) : out.y8);
         const bool st = stream && at % (!int4 && unpacked ? 32 : 16) == 0;
         auto run = [&]<bool kI4, bool kUn, bool kSt>() {
-          next_mm = FusedSmoothRows<DT, kI4, kUn, kSt>(row, next, smooth_pair, H, pc, out.y8, out.y4, pf2, es);
+          if (direct)
+            next_mm = FusedRows<DT, false, kI4, kUn, kSt>(row, next, nullptr, H, pc, out.y8, out.y4, pf2, es);
+          else
+            next_mm = FusedRows<DT, true, kI4, kUn, kSt>(row, next, smooth_pair, H, pc, out.y8, out.y4, pf2, es);
         };
         auto run_st = [&]<bool kI4, bool kUn>() {
           if (st)
