@@ -79,6 +79,43 @@ HWY_INLINE void PairOrder(const float* s, std::int64_t n, float* out) {
   for (; i < n; ++i) out[i] = s[i];
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Two vectors of x at i (2 N elements): bfloat16 unpacked (kUnpacked: one 64-byte load, see kUnpackedPairs),
+// otherwise widened in order.
+template <DType DT, bool kUnpacked>
+HWY_INLINE void LoadPair(const void* x, std::int64_t i, VF& x1, VF& x2) {
+  if constexpr (kUnpacked) {
+    const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(x) + i);
+    x1 = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
+    x2 = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
+  } else {
+    x1 = LoadF<DT>(x, i);
+    x2 = LoadF<DT>(x, i + static_cast<std::int64_t>(hn::Lanes(DF())));
+  }
+}
+#endif
+
+// A non-empty row's RowMinMax from its min / max accumulators and NaN mask.
+template <class M>
+HWY_INLINE RowMinMax FloatRowMinMax(VF vmin, VF vmax, M nan) {
+  const DF df;
+  RowMinMax r{};
+  r.nan = !hn::AllFalse(df, nan);
+  r.empty = false;
+  r.min = hn::GetLane(hn::MinOfLanes(df, vmin));
+  r.max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  return r;
+}
+
+// The order key of float16 / bfloat16 bits b (see ReduceHalfKeys), m7 = 0x7FFF in every lane; one value.
+inline std::int16_t HalfKeyScalar(std::int16_t b) {
+  return static_cast<std::int16_t>(b ^ ((b < 0 ? 0xFFFF : 0) & 0x7FFF));
+}
+template <class V>
+HWY_INLINE V HalfKey(V b, V m7) {
+  return hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
+}
+
 // min / max / NaN of x' = x (* smooth) for n elements. bfloat16 on AVX-512 (kUnpackedPairs): smooth in
 // PairOrder, unless kInOrder.
 template <DType DT, bool kInOrder = false>
@@ -105,16 +142,11 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     for (; i + 2 * N <= n; i += 2 * N) {
       VF v, w;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if constexpr (kUnpackedPairs<DT> && !kInOrder) {
-        const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(x) + pos + i);
-        v = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
-        w = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
-      } else
+      LoadPair<DT, kUnpackedPairs<DT> && !kInOrder>(x, pos + i, v, w);
+#else
+      v = LoadF<DT>(x, pos + i);
+      w = LoadF<DT>(x, pos + i + N);
 #endif
-      {
-        v = LoadF<DT>(x, pos + i);
-        w = LoadF<DT>(x, pos + i + N);
-      }
       if constexpr (kSm) {
         v = hn::Mul(v, hn::LoadU(df, smooth + i));
         w = hn::Mul(w, hn::LoadU(df, smooth + i + N));
@@ -152,12 +184,7 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
                });
     step(last);
   }
-  RowMinMax r{};
-  r.nan = !hn::AllFalse(df, nan);
-  r.empty = false;
-  r.min = hn::GetLane(hn::MinOfLanes(df, vmin));
-  r.max = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  return r;
+  return FloatRowMinMax(vmin, vmax, nan);
 }
 
 // min / max / NaN of n float16 or bfloat16 values, in the integer domain: both formats are sign-magnitude,
@@ -169,7 +196,7 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
 // A non-empty row's RowMinMax from its smallest and largest key (see ReduceHalfKeys).
 template <DType DT>
 RowMinMax HalfKeysMinMax(std::int16_t kmn, std::int16_t kmx) {
-  auto key = [](std::int16_t b) { return static_cast<std::int16_t>(b ^ ((b < 0 ? 0xFFFF : 0) & 0x7FFF)); };
+  constexpr auto key = HalfKeyScalar;
   constexpr std::uint16_t kInf = DT == DType::bfloat16 ? 0x7F80 : 0x7C00;
   const std::int16_t pos_inf = static_cast<std::int16_t>(kInf);
   const std::int16_t neg_inf = key(static_cast<std::int16_t>(kInf | 0x8000));
@@ -197,8 +224,7 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
   auto kmax = hn::Set(d16, std::numeric_limits<std::int16_t>::min());
   std::int64_t i = 0;
   auto keys = [&](std::int64_t at) XQUANT_LAMBDA_INLINE {
-    const auto b = hn::LoadU(d16, p + at);
-    return hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
+    return HalfKey(hn::LoadU(d16, p + at), m7);
   };
   for (; i + 2 * N <= n; i += 2 * N) {  // two vectors per iteration: the pair is folded first
     const auto k = keys(i), l = keys(i + N);
@@ -210,7 +236,7 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
     kmin = hn::Min(kmin, k);
     kmax = hn::Max(kmax, k);
   }
-  auto key = [](std::int16_t b) { return static_cast<std::int16_t>(b ^ ((b < 0 ? 0xFFFF : 0) & 0x7FFF)); };
+  constexpr auto key = HalfKeyScalar;
   std::int16_t kmn = std::numeric_limits<std::int16_t>::max(), kmx = std::numeric_limits<std::int16_t>::min();
   if (i > 0) {
     kmn = hn::GetLane(hn::MinOfLanes(d16, kmin));
@@ -240,20 +266,6 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
 enum class DivMode { kDivide, kFma, kRint, kFixed };
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// Two vectors of x at i (2 N elements): bfloat16 unpacked (kUnpacked: one 64-byte load, see kUnpackedPairs),
-// otherwise widened in order.
-template <DType DT, bool kUnpacked>
-HWY_INLINE void LoadPair(const void* x, std::int64_t i, VF& x1, VF& x2) {
-  if constexpr (kUnpacked) {
-    const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(x) + i);
-    x1 = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
-    x2 = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
-  } else {
-    x1 = LoadF<DT>(x, i);
-    x2 = LoadF<DT>(x, i + static_cast<std::int64_t>(hn::Lanes(DF())));
-  }
-}
-
 // A row's constants for the two-vector loop of pass 2 (QuantizePair).
 struct PairConsts {
   VF s, o, rs, thr, lo, hi;  // thr: rint_check's threshold, or for kFixed rint_fixed's c
@@ -561,7 +573,7 @@ HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* sm
     }
     if constexpr (kKeys) {
       const auto b = hn::LoadU(d16, static_cast<const std::int16_t*>(x1) + i);  // 2 N elements
-      const auto k = hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
+      const auto k = HalfKey(b, m7);
       kmin = hn::Min(kmin, k);
       kmax = hn::Max(kmax, k);
     } else {
@@ -586,12 +598,7 @@ HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* sm
   if constexpr (kKeys) {
     return HalfKeysMinMax<DT>(hn::GetLane(hn::MinOfLanes(d16, kmin)), hn::GetLane(hn::MaxOfLanes(d16, kmax)));
   } else {
-    RowMinMax r{};
-    r.nan = !hn::AllFalse(df, nan);
-    r.empty = false;
-    r.min = hn::GetLane(hn::MinOfLanes(df, vmin));
-    r.max = hn::GetLane(hn::MaxOfLanes(df, vmax));
-    return r;
+    return FloatRowMinMax(vmin, vmax, nan);
   }
 }
 #endif
