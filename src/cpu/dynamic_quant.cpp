@@ -54,40 +54,41 @@ using RangeQuantFn = void (*)(const DynamicQuantArgs& a, std::int64_t b0, std::i
 HWY_BEFORE_NAMESPACE();
 namespace xquant::detail::HWY_NAMESPACE {
 
-// Whether the two-vector loops load bfloat16 as one 64-byte vector widened by unpacking against zero
-// (AVX-512: vpunpck{l,h}wd give elements 0-3, 8-11, 16-19, 24-27 and 4-7, 12-15, 20-23, 28-31 of each 32):
-// smooth scales for those loops come in that order too (PairOrder).
+// Whether the two-vector loops load bfloat16 as one 64-byte vector split into its even and odd elements
+// (AVX-512: x1 = the even elements 0, 2, .., 30 of each 32, widened by a 32-bit shift, x2 = the odd ones
+// 1, 3, .., 31, widened by masking off the low half of each 32-bit lane): smooth scales for those loops come
+// in that order too (PairOrder), and QuantizePair interleaves the results again as it packs them.
 template <DType DT>
-inline constexpr bool kUnpackedPairs =
+inline constexpr bool kEvenOddPairs =
     DT == DType::bfloat16 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL);
 
-// Smooth scales s[0, n) into the order of the two-vector loops (kUnpackedPairs): each whole 32-element block
-// permuted as the unpacking loads its x, the rest in order.
+// Smooth scales s[0, n) into the order of the two-vector loops (kEvenOddPairs): each whole 32-element block
+// as its even elements then its odd ones, the rest in order.
 HWY_INLINE void PairOrder(const float* s, std::int64_t n, float* out) {
   std::int64_t i = 0;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   for (; i + 32 <= n; i += 32) {
     const __m512 a = _mm512_loadu_ps(s + i), b = _mm512_loadu_ps(s + i + 16);
-    _mm512_storeu_ps(out + i, _mm512_permutex2var_ps(a, lo, b));
-    _mm512_storeu_ps(out + i + 16, _mm512_permutex2var_ps(a, hi, b));
+    _mm512_storeu_ps(out + i, _mm512_permutex2var_ps(a, even, b));
+    _mm512_storeu_ps(out + i + 16, _mm512_permutex2var_ps(a, odd, b));
   }
 #endif
   for (; i + 32 <= n; i += 32)
-    for (int p = 0; p < 32; ++p) out[i + p] = s[i + 8 * ((p % 16) / 4) + (p >= 16 ? 4 : 0) + p % 4];
+    for (int p = 0; p < 32; ++p) out[i + p] = s[i + 2 * (p % 16) + p / 16];
   for (; i < n; ++i) out[i] = s[i];
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// Two vectors of x at i (2 N elements): bfloat16 unpacked (kUnpacked: one 64-byte load, see kUnpackedPairs),
-// otherwise widened in order.
-template <DType DT, bool kUnpacked>
+// Two vectors of x at i (2 N elements): bfloat16 split into even and odd elements (kEvenOdd: one 64-byte
+// load, see kEvenOddPairs), otherwise widened in order.
+template <DType DT, bool kEvenOdd>
 HWY_INLINE void LoadPair(const void* x, std::int64_t i, VF& x1, VF& x2) {
-  if constexpr (kUnpacked) {
+  if constexpr (kEvenOdd) {
     const __m512i raw = _mm512_loadu_si512(static_cast<const std::uint16_t*>(x) + i);
-    x1 = VF{_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw))};
-    x2 = VF{_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw))};
+    x1 = VF{_mm512_castsi512_ps(_mm512_slli_epi32(raw, 16))};
+    x2 = VF{_mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<std::int32_t>(0xFFFF0000u))))};
   } else {
     x1 = LoadF<DT>(x, i);
     x2 = LoadF<DT>(x, i + static_cast<std::int64_t>(hn::Lanes(DF())));
@@ -116,7 +117,7 @@ HWY_INLINE V HalfKey(V b, V m7) {
   return hn::Xor(b, hn::And(hn::ShiftRight<15>(b), m7));
 }
 
-// min / max / NaN of x' = x (* smooth) for n elements. bfloat16 on AVX-512 (kUnpackedPairs): smooth in
+// min / max / NaN of x' = x (* smooth) for n elements. bfloat16 on AVX-512 (kEvenOddPairs): smooth in
 // PairOrder, unless kInOrder.
 template <DType DT, bool kInOrder = false>
 RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const float* smooth) {
@@ -142,7 +143,7 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
     for (; i + 2 * N <= n; i += 2 * N) {
       VF v, w;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      LoadPair<DT, kUnpackedPairs<DT> && !kInOrder>(x, pos + i, v, w);
+      LoadPair<DT, kEvenOddPairs<DT> && !kInOrder>(x, pos + i, v, w);
 #else
       v = LoadF<DT>(x, pos + i);
       w = LoadF<DT>(x, pos + i + N);
@@ -272,27 +273,68 @@ struct PairConsts {
   __m512i fmask, fbase;      // kFixed: the fraction mask and n's base
 };
 
+// The 32 results of an even / odd pair in order: lane j of a holds element 2j in its low byte (int8) or
+// nibble (int4), lane j of b element 2j + 1 in its second byte (bits 8-15) or second nibble (bits 4-7);
+// other bits of either are ignored. One vpternlogd merges them and a truncating vpmovdw (int8: 32 bytes) or
+// vpmovdb (int4: 16 bytes = 4 words) narrows them. The values must be in the output range already.
+template <bool kInt4, bool kStream>
+HWY_INLINE void StoreEvenOdd(__m512i a, __m512i b, std::int8_t* y8, std::int32_t* y4, std::int64_t i) {
+  const __m512i m = _mm512_set1_epi32(kInt4 ? 0x0F : 0xFF);
+  const __m512i v = _mm512_ternarylogic_epi32(m, a, b, 0xCA);  // bitwise m ? a : b (truth table A ? B : C)
+  if constexpr (kInt4) {
+    const __m128i w = _mm512_cvtepi32_epi8(v);
+    if constexpr (kStream)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(y4 + i / 8), w);
+    else
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y4 + i / 8), w);
+  } else {
+    const __m256i w = _mm512_cvtepi32_epi16(v);
+    if constexpr (kStream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), w);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), w);
+  }
+}
+
 // Pass 2 on two vectors of x' (elements i .. i + 2 N): the rounding check (kRint: RintPairWithin; kFixed: two
-// vptestmd, the second masked by the first), a pair that fails it divided; int8: vpackssdw + vpmovswb
-// (saturating twice: 32 bytes in order, undoing the unpacking order) for kUnpacked, one vpmovsdb per vector
-// otherwise; int4: StoreInt4Pair. kStream: non-temporal stores (aligned: 32 bytes int8 kUnpacked, 16
-// otherwise).
-template <DivMode kMode, bool kInt4, bool kUnpacked, bool kStream>
+// vptestmd, the second masked by the first), a pair that fails it divided. kEvenOdd (x1 even elements, x2
+// odd ones): StoreEvenOdd, straight from the fixed-point bits for kFixed (bits(w) >> k is n plus a
+// multiple of 2^(22 - k), and 256 / 16 divide that base: the low byte / nibble is n's), otherwise from the
+// integers clamped to the output range. In order: int8 one vpmovsdb per vector, int4 StoreInt4Pair.
+// kStream: non-temporal stores (aligned: 32 bytes int8 kEvenOdd, 16 otherwise).
+template <DivMode kMode, bool kInt4, bool kEvenOdd, bool kStream>
 HWY_INLINE void QuantizePair(VF x1, VF x2, const PairConsts& c, std::int8_t* y8, std::int32_t* y4, std::int64_t i) {
   constexpr int kK = kInt4 ? 16 : 14;
+  constexpr int kShift = kInt4 ? 4 : 8;  // kEvenOdd: where the odd element's bits go
   __m512i q1, q2;
   bool within;
   if constexpr (kMode == DivMode::kFixed) {
     // q = bits(w) >> k: n plus a multiple of 2^(22 - k) (256 for int8, 64 for int4), positive and below
-    // 2^15: the int4 packing keeps the low nibble, int8 subtracts the base (its packs saturate).
+    // 2^15: the int4 packing keeps the low nibble, int8 in order subtracts the base (its packs saturate).
     const __m512i w1 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x1, c.rs, c.o).raw, c.thr.raw));
     const __m512i w2 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x2, c.rs, c.o).raw, c.thr.raw));
     within = _mm512_mask_test_epi32_mask(_mm512_test_epi32_mask(w1, c.fmask), w2, c.fmask) == 0xFFFF;
-    q1 = _mm512_srli_epi32(w1, kK);
-    q2 = _mm512_srli_epi32(w2, kK);
-    if constexpr (!kInt4) {
-      q1 = _mm512_sub_epi32(q1, c.fbase);
-      q2 = _mm512_sub_epi32(q2, c.fbase);
+    if constexpr (kEvenOdd) {
+      if (HWY_LIKELY(within))
+        return StoreEvenOdd<kInt4, kStream>(_mm512_srli_epi32(w1, kK), _mm512_srli_epi32(w2, kK - kShift), y8, y4,
+                                            i);
+    } else if constexpr (kInt4) {
+      // k = 16: bits(w) >> 16 is the high 16-bit half of each lane; one vpermt2w gathers the 32 halves in
+      // order (elements 2j and 2j + 1 in the low and high half of 32-bit lane j), and StoreEvenOdd joins
+      // each lane's two nibbles (the high half shifted down to bits 4-7).
+      if (HWY_LIKELY(within)) {
+        const __m512i idx = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
+                                             27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        const __m512i h = _mm512_permutex2var_epi16(w1, idx, w2);
+        return StoreEvenOdd<true, kStream>(h, _mm512_srli_epi32(h, 12), y8, y4, i);
+      }
+    } else {
+      q1 = _mm512_srli_epi32(w1, kK);
+      q2 = _mm512_srli_epi32(w2, kK);
+      if constexpr (!kInt4) {
+        q1 = _mm512_sub_epi32(q1, c.fbase);
+        q2 = _mm512_sub_epi32(q2, c.fbase);
+      }
     }
   } else {
     static_assert(kMode == DivMode::kRint);
@@ -301,8 +343,14 @@ HWY_INLINE void QuantizePair(VF x1, VF x2, const PairConsts& c, std::int8_t* y8,
   if (HWY_UNLIKELY(!within)) {
     q1 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x1, c.s), c.o), c.lo, c.hi).raw;
     q2 = RoundSaturateToI32Range<true>(hn::Add(hn::Div(x2, c.s), c.o), c.lo, c.hi).raw;
+  } else if constexpr (kEvenOdd) {  // kRint: |q| < 2^19, saturated here
+    const __m512i lo = _mm512_set1_epi32(kInt4 ? -8 : -128), hi = _mm512_set1_epi32(kInt4 ? 7 : 127);
+    q1 = _mm512_min_epi32(_mm512_max_epi32(q1, lo), hi);
+    q2 = _mm512_min_epi32(_mm512_max_epi32(q2, lo), hi);
   }
-  if constexpr (kInt4) {
+  if constexpr (kEvenOdd) {
+    StoreEvenOdd<kInt4, kStream>(q1, _mm512_slli_epi32(q2, kShift), y8, y4, i);
+  } else if constexpr (kInt4) {
     // Already in [-8, 7], no clamp: the divided pairs are clamped above; kFixed rows are in range by
     // rint_fixed's test, and kRint rows because rint_check accepted them, i.e. m + |offset| < 2^19 (m =
     // max|x'| / scale). Then x' * (1 / scale) and max / scale are within m 2^-24 <= 2^-5 of x' / scale,
@@ -310,13 +358,7 @@ HWY_INLINE void QuantizePair(VF x1, VF x2, const PairConsts& c, std::int8_t* y8,
     // 7 and, as (rowMax - rowMin) / scale <= 15 (1 + 2^-23), y(rowMin) >= -8 - 0.1: every y of the row rounds
     // into [-8, 7] (symmetric rows: |y| <= 7 (1 + 2^-23) + 0.1). Measured on Zen 4 in cache: bf16 -> int4
     // [64, 4096] 33.9 -> 31.0 us.
-    StoreInt4Pair<kUnpacked, /*kInRange=*/true, kStream>(q1, q2, y4 + i / 8);
-  } else if constexpr (kUnpacked) {
-    const __m256i b = _mm512_cvtsepi16_epi8(_mm512_packs_epi32(q1, q2));
-    if constexpr (kStream)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), b);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), b);
+    StoreInt4Pair</*kInRange=*/true, kStream>(q1, q2, y4 + i / 8);
   } else {
     StoreI8<kStream>(VI{q1}, y8 + i);
     StoreI8<kStream>(VI{q2}, y8 + i + static_cast<std::int64_t>(hn::Lanes(DF())));
@@ -329,7 +371,7 @@ HWY_INLINE void QuantizePair(VF x1, VF x2, const PairConsts& c, std::int8_t* y8,
 // arithmetic instead of following it.
 // sm: the row's smooth scales (float32, nullptr: none), multiplied in as each vector is loaded; sm_pair:
 // the same scales in the order the two-vector loop loads x (bfloat16 on AVX-512: each 32-element block in
-// unpacking order, see QuantizeRow; the elements past the last whole block in order, as in sm).
+// even / odd order, see kEvenOddPairs; the elements past the last whole block in order, as in sm).
 struct RowOut {
   std::int8_t* y8;
   std::int32_t* y4;
@@ -430,18 +472,18 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
   if constexpr (kMode == DivMode::kRint || kMode == DivMode::kFixed) {
     // Two vectors per step with one check for both (QuantizePair); int4 streamed when the output is large.
     const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
-    constexpr bool kUnpacked = kUnpackedPairs<DT> && kSmooth != 1;
+    constexpr bool kEvenOdd = kEvenOddPairs<DT> && kSmooth != 1;
     const PairConsts pc{.s = s, .o = o, .rs = rs, .thr = thr, .lo = lo, .hi = hi, .fmask = fmask, .fbase = fbase};
     auto pair = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
       prefetch(pf + i * pf_es);
       if (pf_es > 2) prefetch(pf + (i + N) * pf_es);  // a 16-bit pair is one 64-byte line
       VF x1, x2;
-      LoadPair<DT, kUnpacked>(src, i, x1, x2);
+      LoadPair<DT, kEvenOdd>(src, i, x1, x2);
       if constexpr (kSmooth != 0) {
         x1 = hn::Mul(x1, hn::LoadU(df, sm_pair + i));
         x2 = hn::Mul(x2, hn::LoadU(df, sm_pair + i + N));
       }
-      QuantizePair<kMode, kInt4, kUnpacked, kStream>(x1, x2, pc, y8, y4, i);
+      QuantizePair<kMode, kInt4, kEvenOdd, kStream>(x1, x2, pc, y8, y4, i);
     };
     if constexpr (kInt4) {  // n % 8 == 0; a last part vector goes through qtmp
       auto step4 = [=]<bool>(std::int64_t i) XQUANT_LAMBDA_INLINE {
@@ -461,9 +503,9 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
         DriveSpanPairs(n, false, y4, 0, 1, pair, step4, stage4);
       }
     } else {
-      // Smooth scales in unpacking order (bfloat16) hold for pairs from element 0: such rows stream only
+      // Smooth scales in even / odd order (bfloat16) hold for pairs from element 0: such rows stream only
       // when that is where the stream's pairs start (y8 32-byte aligned).
-      const bool pairs_at_0 = !(kSmooth != 0 && kUnpacked) || reinterpret_cast<std::uintptr_t>(y8) % 32 == 0;
+      const bool pairs_at_0 = !(kSmooth != 0 && kEvenOdd) || reinterpret_cast<std::uintptr_t>(y8) % 32 == 0;
       DriveSpanPairs(n, out.stream && pairs_at_0, y8, 0, 1, pair, step, stage);
     }
     return;
@@ -548,7 +590,7 @@ HWY_INLINE void QuantizeAny(const void* src, std::int64_t n, float rmin, float r
 // the row after x1, prefetched into L2. Returns x1's RowMinMax.
 // kSmooth false: rows without smooth scales (smp unused; 16-bit rows reduced on int16 keys as in
 // ReduceHalfKeys).
-template <DType DT, bool kSmooth, bool kInt4, bool kUnpacked, bool kStream>
+template <DType DT, bool kSmooth, bool kInt4, bool kEvenOdd, bool kStream>
 HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* smp, std::int64_t n,
                                  const PairConsts& consts, std::int8_t* y8, std::int32_t* y4,
                                  const unsigned char* pf, std::int64_t pf_es) {
@@ -578,7 +620,7 @@ HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* sm
       kmax = hn::Max(kmax, k);
     } else {
       VF v, w;
-      LoadPair<DT, kUnpacked>(x1, i, v, w);
+      LoadPair<DT, kEvenOdd>(x1, i, v, w);
       if constexpr (kSmooth) {
         v = hn::Mul(v, s1);
         w = hn::Mul(w, s2);
@@ -588,12 +630,12 @@ HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* sm
       vmax = hn::Max(vmax, hn::Max(v, w));
     }
     VF a, b;
-    LoadPair<DT, kUnpacked>(x0, i, a, b);
+    LoadPair<DT, kEvenOdd>(x0, i, a, b);
     if constexpr (kSmooth) {
       a = hn::Mul(a, s1);
       b = hn::Mul(b, s2);
     }
-    QuantizePair<DivMode::kFixed, kInt4, kUnpacked, kStream>(a, b, c, y8, y4, i);
+    QuantizePair<DivMode::kFixed, kInt4, kEvenOdd, kStream>(a, b, c, y8, y4, i);
   }
   if constexpr (kKeys) {
     return HalfKeysMinMax<DT>(hn::GetLane(hn::MinOfLanes(d16, kmin)), hn::GetLane(hn::MaxOfLanes(d16, kmax)));
@@ -640,15 +682,17 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   bool have_next = false;
   // Which rows run FusedRows (pass 2 of a row with pass 1 of the next): rows with smooth scales, float32
   // rows without them (except on Intel, which does not prefetch the next such row: see above), and 16-bit
-  // rows without them to int4. Slower Zen 4, [8192, 4096], 2 threads, alternating: f32 -> int8 4.72-4.92 ->
-  // 4.24-4.42 ms (slow memory state), 4.18 -> 3.38 ms (fast); bf16 -> int4 2.35-2.41 -> 2.17-2.22, 2.23 ->
-  // 2.06 ms; bf16 -> int8 2.46-2.49 -> 2.53-2.61 ms (slower, and in cache 27.2 -> 27.8 us: not fused).
+  // rows without them to int4, and bfloat16 rows without them to int8 on AVX-512 (even / odd pairs). Slower
+  // Zen 4, [8192, 4096], 2 threads, alternating: f32 -> int8 4.72-4.92 -> 4.24-4.42 ms (slow memory state),
+  // 4.18 -> 3.38 ms (fast); bf16 -> int4 2.35-2.41 -> 2.17-2.22, 2.23 -> 2.06 ms. bf16 -> int8 with the
+  // unpacked pairs of before: 2.46-2.49 -> 2.53-2.61 ms (slower, not fused then); with even / odd pairs
+  // 2.44-2.47 -> 2.34-2.42 ms, one thread 3.88-3.89 -> 3.35-3.56 ms (in cache 24.5 -> 25.3 us).
   // XQUANT_FUSE_ROWS=0 turns fusing off (measurement); the same bits either way.
   static const bool fuse_off = [] {
     const char* v = std::getenv("XQUANT_FUSE_ROWS");
     return v != nullptr && v[0] == '0' && v[1] == '\0';
   }();
-  const bool fuse_direct = DT == DType::float32 ? !skip_next_row_prefetch : int4;
+  const bool fuse_direct = DT == DType::float32 ? !skip_next_row_prefetch : (int4 || kEvenOddPairs<DT>);
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* smooth = nullptr;
     const float* smooth_pair = nullptr;
@@ -658,7 +702,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
       const std::int64_t g = a.group_ends ? e : 0;
       smooth = smooth_f32 + g * H;
       smooth_pair = smooth;
-      if constexpr (kUnpackedPairs<DT>) {
+      if constexpr (kEvenOddPairs<DT>) {
         // Reordering costs about as much as two rows' extra shuffles: a group with fewer rows left on
         // this thread keeps the scales in order (one decode token: 1.31 us with, 1.5-1.7 us without this).
         const std::int64_t group_end = a.group_ends ? std::min(r1, a.group_ends[e]) : r1;
@@ -723,11 +767,11 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                             .fbase = _mm512_set1_epi32(int4 ? kRintFixedBase<16> : kRintFixedBase<14>)};
         const unsigned char* next = row + H * es;
         const unsigned char* pf2 = r + 2 < a.rows ? next + H * es : next;
-        // Direct bfloat16 rows load unpacked too (no scales to reorder).
-        const bool unpacked = kUnpackedPairs<DT> && (direct || smooth_pair != smooth);
-        // Streaming needs the stores aligned: 32 bytes (int8 unpacked), 16 (other int8, int4).
+        // Direct bfloat16 rows load even / odd too (no scales to reorder).
+        const bool even_odd = kEvenOddPairs<DT> && (direct || smooth_pair != smooth);
+        // Streaming needs the stores aligned: 32 bytes (int8 even / odd), 16 (other int8, int4).
         const auto at = reinterpret_cast<std::uintptr_t>(int4 ? static_cast<void*>(out.y4) : out.y8);
-        const bool st = stream && at % (!int4 && unpacked ? 32 : 16) == 0;
+        const bool st = stream && at % (!int4 && even_odd ? 32 : 16) == 0;
         auto run = [&]<bool kI4, bool kUn, bool kSt>() {
           if (direct)
             next_mm = FusedRows<DT, false, kI4, kUn, kSt>(row, next, nullptr, H, pc, out.y8, out.y4, pf2, es);
@@ -741,8 +785,8 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
             run.template operator()<kI4, kUn, false>();
         };
         auto run_un = [&]<bool kI4>() {
-          if constexpr (kUnpackedPairs<DT>) {
-            if (unpacked) return run_st.template operator()<kI4, true>();
+          if constexpr (kEvenOddPairs<DT>) {
+            if (even_odd) return run_st.template operator()<kI4, true>();
           }
           run_st.template operator()<kI4, false>();
         };

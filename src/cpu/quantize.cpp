@@ -138,7 +138,7 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     auto pair = [=]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {  // 32 elements -> 4 words
       ahead(k);
       ahead(k + N);
-      StoreInt4Pair<false, true, kStream>(
+      StoreInt4Pair<true, kStream>(
           RoundSaturateToI32Range(value.template operator()<kArr>(x, pos + k, k, sa, za, rsa), -8.0f, 7.0f).raw,
           RoundSaturateToI32Range(value.template operator()<kArr>(x, pos + k + N, k + N, sa, za, rsa), -8.0f, 7.0f).raw,
           words + ((pos + k) >> 3));

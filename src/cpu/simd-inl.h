@@ -489,21 +489,19 @@ HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
   c = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(w), _mm512_cvtepi64_epi8(c));
 }
-// Two vectors of int32 lanes -> 32 nibbles = 4 words at w (the same layout). kUnpacked: q1 holds elements
-// 0-3, 8-11, 16-19, 24-27 and q2 4-7, 12-15, 20-23, 28-31 (bfloat16 widened by unpacking), otherwise q1
-// 0-15 and q2 16-31. vpackssdw gives int16 lanes (in order for kUnpacked; otherwise per 128-bit block four
-// of q1, then four of q2), clamped to [-8, 7] (kInRange: already) and cut to nibbles; vpmaddwd by (1, 16)
-// joins each pair into its byte value in an int32 lane, vpmovdb narrows, and pshufb fixes the other order:
-// 5-8 instructions for 32 elements against 7-8 per 16 in StoreInt4Words.
+// Two vectors of int32 lanes, q1 elements 0-15 and q2 16-31 -> 32 nibbles = 4 words at w (the same
+// layout). vpackssdw gives int16 lanes, per 128-bit block four of q1, then four of q2, clamped to [-8, 7]
+// (kInRange: already) and cut to nibbles; vpmaddwd by (1, 16) joins each pair into its byte value in an
+// int32 lane, vpmovdb narrows, and pshufb puts the bytes in order: 6-8 instructions for 32 elements against
+// 7-8 per 16 in StoreInt4Words.
 // kStream: a non-temporal store (w 16-byte aligned).
-template <bool kUnpacked, bool kInRange = false, bool kStream = false>
+template <bool kInRange = false, bool kStream = false>
 HWY_INLINE void StoreInt4Pair(__m512i q1, __m512i q2, std::int32_t* w) {
   __m512i h = _mm512_packs_epi32(q1, q2);
   if constexpr (!kInRange) h = _mm512_min_epi16(_mm512_max_epi16(h, _mm512_set1_epi16(-8)), _mm512_set1_epi16(7));
   h = _mm512_and_si512(h, _mm512_set1_epi16(0x0F));
   __m128i b = _mm512_cvtepi32_epi8(_mm512_madd_epi16(h, _mm512_set1_epi32(0x00100001)));
-  if constexpr (!kUnpacked)
-    b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+  b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
   if constexpr (kStream)
     _mm_stream_si128(reinterpret_cast<__m128i*>(w), b);
   else
