@@ -82,10 +82,11 @@ void SpanT(const QJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   void* const y = j.y;
   const bool has_zero_point = j.has_zero_point;
   const bool prefetch = j.stream && prefetch_ahead_wanted(/*quantize_too=*/true);
+  const bool prefetch_l2 = prefetch && prefetch_l2_ahead_wanted();
   // 2 KiB ahead: 512-2048 bytes measured alike on the Intel VM (quint4x2, 1 and 2 threads), 4096 worse; on
-  // Zen 4 too (prefetch_ahead_wanted).
+  // Zen 4 too (prefetch_ahead_wanted), with 8 KiB ahead into L2 as well (prefetch_l2_ahead_wanted).
   auto ahead = [=](std::int64_t k) XQUANT_LAMBDA_INLINE {
-    if (prefetch) PrefetchAhead<DT>(x, pos + k);
+    if (prefetch) PrefetchAhead<DT>(x, pos + k, prefetch_l2);
   };
   // Returns x / scale (+ zero_point) or x * scale (+ offset), not yet rounded. kA: the parameters are
   // arrays (the stage below always passes arrays: its buffers hold the broadcast values).

@@ -126,12 +126,16 @@ HWY_INLINE VU FloatToBf16Bits(VF v) {
 }
 
 // The streaming loops' software prefetch (prefetch_ahead_wanted, cpu/fastdiv-inl.h): called for each
-// vector of Lanes(DF) elements of dtype DT at base[i], it prefetches 2 KiB ahead once per 64 bytes.
+// vector of Lanes(DF) elements of dtype DT at base[i], it prefetches 2 KiB ahead once per 64 bytes, and with
+// l2_too also 8 KiB ahead into L2 (prefetch_l2_ahead_wanted).
 template <DType DT>
-HWY_INLINE void PrefetchAhead(const void* base, std::int64_t i) {
-  constexpr std::int64_t kEs = DT == DType::float32 ? 4 : 2, kAheadBytes = 2048;
-  if ((i * kEs) % 64 < static_cast<std::int64_t>(hn::Lanes(DF())) * kEs)
-    hwy::Prefetch(static_cast<const unsigned char*>(base) + i * kEs + kAheadBytes);
+HWY_INLINE void PrefetchAhead(const void* base, std::int64_t i, bool l2_too = false) {
+  constexpr std::int64_t kEs = DT == DType::float32 ? 4 : 2, kAheadBytes = 2048, kL2AheadBytes = 8192;
+  if ((i * kEs) % 64 < static_cast<std::int64_t>(hn::Lanes(DF())) * kEs) {
+    const unsigned char* p = static_cast<const unsigned char*>(base) + i * kEs;
+    hwy::Prefetch(p + kAheadBytes);
+    if (l2_too) __builtin_prefetch(p + kL2AheadBytes, 0, 2);
+  }
 }
 
 // Prefetch into L2 rather than L1 (x86 prefetcht1, Arm PLDL2KEEP): data needed after the current L1
