@@ -621,21 +621,31 @@ TEST(CpuEquivalence, RoundingCheckParameters) {
 }
 
 // The fixed-point form's per-row parameters (rint_fixed): h = 2^-j is the smallest power of two above
-// delta + 2^-(k + 1), c = 1.5 * 2^(23 - k) + 1/2 + h, the mask covers fraction bits [k - j + 1, k); rows
-// whose y would leave [lo - 1/4, hi + 1/4] or the magic constant's binade are refused (they take
+// delta + 2^-k, zc = RN(offset + 1.5 * 2^(23 - k) + 1/2 + h), the mask covers fraction bits [k - j + 1, k);
+// rows whose y would leave [lo - 1/4, hi + 1/4] or the magic constant's binade are refused (they take
 // rint_check, which saturates).
 TEST(CpuEquivalence, RoundingCheckFixedParameters) {
   using xquant::detail::rint_fixed;
-  // int8, scale 1, offset 0, |x| <= 127: delta = 127 * 2^-21 + 2^-126 ~ 2^-14, need ~ 2^-14 + 2^-15: j = 13
+  // int8, scale 1, offset 0, |x| <= 127: delta = 127 * 2^-21 + 2^-126 just below 2^-14, need just below
+  // 2^-14 + 2^-14 = 2^-13: j = 13
   const auto f = rint_fixed<14>(1.0f, 0.0f, -127.0f, 127.0f, -128.0f, 127.0f);
   ASSERT_TRUE(f.ok);
-  EXPECT_EQ(f.c, 768.0f + 0.5f + 0x1p-13f);
+  EXPECT_EQ(f.zc, 768.0f + 0.5f + 0x1p-13f);
   EXPECT_EQ(f.mask, 0x3FFCu);  // bits 2..13: fraction >= 2^-12 = 2h
-  // int4 (k = 16): |x| <= 7, delta ~ 2^-18: need 2^-17 + 2^-18 -> h = 2^-16 (j = k), mask bits 1..15
+  // |x| <= 128 (and offset 0): delta just above 2^-14, so need is above 2^-13: h = 2^-12 (j = 12)
+  const auto f2 = rint_fixed<14>(1.0f, 0.0f, -128.0f, 127.0f, -128.0f, 127.0f);
+  ASSERT_TRUE(f2.ok);
+  EXPECT_EQ(f2.zc, 768.0f + 0.5f + 0x1p-12f);
+  EXPECT_EQ(f2.mask, 0x3FF8u);
+  // the offset is folded in: zc = RN(offset + c); 0.1f + 768.5 + 2^-13 rounds to the 2^-14 grid
+  const auto f3 = rint_fixed<14>(1.0f, 0.1f, -100.0f, 100.0f, -128.0f, 127.0f);
+  ASSERT_TRUE(f3.ok);
+  EXPECT_EQ(f3.zc, static_cast<float>(static_cast<double>(0.1f) + 768.5 + 0x1p-13));
+  // int4 (k = 16): |x| <= 7, delta ~ 2^-18.2: need ~ 2^-16 + 2^-18.2 -> h = 2^-15 (j = 15), mask bits 2..15
   const auto g = rint_fixed<16>(1.0f, 0.0f, -7.0f, 7.0f, -8.0f, 7.0f);
   ASSERT_TRUE(g.ok);
-  EXPECT_EQ(g.c, 192.0f + 0.5f + 0x1p-16f);
-  EXPECT_EQ(g.mask, 0xFFFEu);
+  EXPECT_EQ(g.zc, 192.0f + 0.5f + 0x1p-15f);
+  EXPECT_EQ(g.mask, 0xFFFCu);
   // the asymmetric int8 row of [-1, 2]: scale 3 / 255, offset 127 - 2 / scale
   const auto p = xquant::detail::init_dynamic_quant_params(2.0f, -1.0f, xquant::QuantDType::qint8);
   EXPECT_TRUE((rint_fixed<14>(p.scale, p.offset, -1.0f, 2.0f, -128.0f, 127.0f).ok));

@@ -263,13 +263,14 @@ RowMinMax ReduceHalfKeys(const void* x, std::int64_t pos, std::int64_t n) {
 //            nearest integer, for vectors whose every lane is farther than the row's delta from a
 //            half-integer; the other vectors divide. (kFinite holds.)
 //   kFixed:  the same check in fixed point (rint_fixed for this row; AVX-512 only): threshold holds its
-//            constant c and fixed_mask its fraction mask; vectors that fail it divide. (kFinite holds.)
+//            constant zc (offset + c) and fixed_mask its fraction mask; vectors that fail it divide.
+//            (kFinite holds.)
 enum class DivMode { kDivide, kFma, kRint, kFixed };
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // A row's constants for the two-vector loop of pass 2 (QuantizePair).
 struct PairConsts {
-  VF s, o, rs, thr, lo, hi;  // thr: rint_check's threshold, or for kFixed rint_fixed's c
+  VF s, o, rs, thr, lo, hi;  // thr: rint_check's threshold, or for kFixed rint_fixed's zc
   __m512i fmask, fbase;      // kFixed: the fraction mask and n's base
 };
 
@@ -311,8 +312,8 @@ HWY_INLINE void QuantizePair(VF x1, VF x2, const PairConsts& c, std::int8_t* y8,
   if constexpr (kMode == DivMode::kFixed) {
     // q = bits(w) >> k: n plus a multiple of 2^(22 - k) (256 for int8, 64 for int4), positive and below
     // 2^15: the int4 packing keeps the low nibble, int8 in order subtracts the base (its packs saturate).
-    const __m512i w1 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x1, c.rs, c.o).raw, c.thr.raw));
-    const __m512i w2 = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x2, c.rs, c.o).raw, c.thr.raw));
+    const __m512i w1 = _mm512_castps_si512(hn::MulAdd(x1, c.rs, c.thr).raw);
+    const __m512i w2 = _mm512_castps_si512(hn::MulAdd(x2, c.rs, c.thr).raw);
     within = _mm512_mask_test_epi32_mask(_mm512_test_epi32_mask(w1, c.fmask), w2, c.fmask) == 0xFFFF;
     if constexpr (kEvenOdd) {
       if (HWY_LIKELY(within))
@@ -421,7 +422,7 @@ HWY_INLINE void QuantizeRow(const void* src, std::int64_t n, float scale, float 
     if constexpr (kSmooth != 0) x = hn::Mul(x, hn::LoadU(df, smb + i));
     if constexpr (kMode == DivMode::kFixed) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      const __m512i w = _mm512_castps_si512(_mm512_add_ps(hn::MulAdd(x, rs, o).raw, thr.raw));
+      const __m512i w = _mm512_castps_si512(hn::MulAdd(x, rs, thr).raw);
       if (HWY_LIKELY(_mm512_test_epi32_mask(w, fmask) == 0xFFFF))
         return VI{_mm512_sub_epi32(_mm512_srli_epi32(w, kK), fbase)};
 #endif
@@ -556,7 +557,7 @@ HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
       const RintFixed rf = FixedFor(rmin, rmax, scale, offset, kInt4);
       if (rf.ok)
-        return QuantizeRow<DT, true, DivMode::kFixed, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rf.c, out, rf.mask);
+        return QuantizeRow<DT, true, DivMode::kFixed, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rf.zc, out, rf.mask);
 #endif
       const RintCheck rc = rint_check(scale, offset, x_absmax);
       if (rc.ok) {
@@ -760,7 +761,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
         const PairConsts pc{.s = hn::Set(df, p.scale),
                             .o = hn::Set(df, p.offset),
                             .rs = hn::Set(df, 1.0f / p.scale),
-                            .thr = hn::Set(df, rf.c),
+                            .thr = hn::Set(df, rf.zc),
                             .lo = hn::Set(df, int4 ? -8.0f : -128.0f),
                             .hi = hn::Set(df, int4 ? 7.0f : 127.0f),
                             .fmask = _mm512_set1_epi32(static_cast<std::int32_t>(rf.mask)),

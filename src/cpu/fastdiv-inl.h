@@ -148,23 +148,25 @@ inline RintCheck rint_check(float s, float z, float x_absmax) {
 }
 
 // The rounding check in fixed point (AVX-512 dynamic quantization; fewer operations than rint_check's
-// y - rint(y), and none of them a conversion). Same y = RN(x * r + z), r = RN(1 / s), same delta
-// (|v - y| <= delta, see rint_check). Then w = RN(y + c) with c = 1.5 * 2^(23 - k) + 1/2 + h, h = 2^-j:
-// while y + 1/2 + h stays inside (-2^(22 - k), 2^(22 - k)), w lies in [2^(23 - k), 2^(24 - k)), whose
-// spacing is 2^-k, so w - c is y rounded to a multiple of 2^-k (error <= 2^-(k + 1)), and w's bit
-// pattern holds g = (y + 1/2 + h) in fixed point: bits [0, k) its fraction, bits [k, 22] its integer
-// part n = floor(g) plus a constant whose low 22 - k bits are zero (base below). If g's fraction is at
-// least 2h (one of the fraction bits [k - j + 1, k) set: the mask), then y + 1/2 lies in
-// [n + h - 2^-(k + 1), n + 1 - h - 2^-(k + 1)], and v + 1/2 strictly inside (n, n + 1) when
-// h > delta + 2^-(k + 1): rint(v) = n, never a tie. A lane that fails (fraction below 2h: about 2h of
-// the lanes) sends its vector pair to the divider, as rint_check's do. n = (bits(w) >> k) - base.
-// The row's y lie in [RN(x_min r + z), RN(x_max r + z)] (an FMA is monotonic in x for r > 0); that
-// interval must keep w in its binade and rint(v) inside [lo, hi] (so no lane needs saturation), or the
-// row takes rint_check. k = 14 for int8 (|g| < 256), 16 for int4 (|g| < 64: the integer part lands in
-// the upper 16 bits). Checked against the divider by bench/exhaustive_rint (mode 2) and the tests.
+// y - rint(y), and none of them a conversion). With u = x * r + z (exact), r = RN(1 / s), and the same delta
+// (|v - u| <= delta, see rint_check): w = RN(x * r + zc), one FMA, with zc = RN(z + c) computed once per
+// row, c = 1.5 * 2^(23 - k) + 1/2 + h, h = 2^-j. While u + 1/2 + h and z + 1/2 + h stay inside
+// (-2^(22 - k), 2^(22 - k)), zc and w lie in [2^(23 - k), 2^(24 - k)), whose spacing is 2^-k, so
+// w = u + c + e with |e| <= 2^-k (two roundings of at most 2^-(k + 1)), and w's bit pattern holds
+// g = w - 1.5 * 2^(23 - k) = u + 1/2 + h + e in fixed point: bits [0, k) its fraction, bits [k, 22] its
+// integer part n = floor(g) plus a constant whose low 22 - k bits are zero (base below). If g's fraction
+// is at least 2h (one of the fraction bits [k - j + 1, k) set: the mask), then u + 1/2 lies in
+// [n + h - 2^-k, n + 1 - h], and v + 1/2 strictly inside (n, n + 1) when h > delta + 2^-k: rint(v) = n,
+// never a tie. A lane that fails (fraction below 2h: about 2h of the lanes) sends its vector pair to the
+// divider, as rint_check's do. n = (bits(w) >> k) - base.
+// The row's y = RN(x r + z) lie in [RN(x_min r + z), RN(x_max r + z)] (an FMA is monotonic in x for r > 0),
+// within 2^-24 |y| + delta of v and u; that interval must keep w in its binade (with a margin of 2 for e)
+// and rint(v) inside [lo, hi] (so no lane needs saturation), or the row takes rint_check. k = 14 for int8
+// (|g| < 256), 16 for int4 (|g| < 64: the integer part lands in the upper 16 bits). Checked against the
+// divider by bench/exhaustive_rint (mode 2) and the tests.
 struct RintFixed {
   bool ok = false;
-  float c = 0.0f;
+  float zc = 0.0f;  // RN(z + c)
   std::uint32_t mask = 0;
 };
 template <int k>
@@ -180,11 +182,11 @@ inline RintFixed rint_fixed(float s, float z, float x_min, float x_max, float lo
   const double m = std::max(std::fabs(static_cast<double>(x_min)), std::fabs(static_cast<double>(x_max))) /
                    static_cast<double>(s);
   // (Called per row: powers of two as products, not std::ldexp.)
-  constexpr double kHalfUlp = 1.0 / static_cast<double>(std::uint64_t{1} << (k + 1));  // 2^-(k + 1)
+  constexpr double kUlp = 1.0 / static_cast<double>(std::uint64_t{1} << k);  // 2^-k
   const double delta = (m + std::fabs(static_cast<double>(z))) * 0x1p-21 + 0x1p-126;
-  const double need = delta + kHalfUlp;
+  const double need = delta + kUlp;
   int j = k;
-  double h = 2.0 * kHalfUlp;  // 2^-j
+  double h = kUlp;  // 2^-j
   while (j > 2 && !(h > need)) {
     --j;
     h *= 2.0;
@@ -194,8 +196,11 @@ inline RintFixed rint_fixed(float s, float z, float x_min, float x_max, float lo
   const double ylo = static_cast<double>(std::fma(x_min, r, z)), yhi = static_cast<double>(std::fma(x_max, r, z));
   if (!(ylo > static_cast<double>(lo) - 0.25 && yhi < static_cast<double>(hi) + 0.25)) return f;
   constexpr double kBinade = static_cast<double>(std::uint64_t{1} << (22 - k));  // 2^(22 - k)
-  if (!(ylo + 0.5 + h > -(kBinade - 1.0) && yhi + 0.5 + h < kBinade - 1.0)) return f;
-  f.c = static_cast<float>(3.0 * kBinade + 0.5 + h);  // 1.5 * 2^(23 - k) + 1/2 + h: exact, a multiple of 2^-k
+  const double zd = static_cast<double>(z);
+  if (!(ylo + 0.5 + h > -(kBinade - 2.0) && yhi + 0.5 + h < kBinade - 2.0 && std::fabs(zd) + 0.5 + h < kBinade - 2.0))
+    return f;
+  // c = 1.5 * 2^(23 - k) + 1/2 + h is exact; z + c is exact in double, rounded once to float.
+  f.zc = static_cast<float>(zd + (3.0 * kBinade + 0.5 + h));
   f.mask = ((1u << k) - 1u) & ~((1u << (k - j + 1)) - 1u);
   f.ok = true;
   return f;
