@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   // float16 and bfloat16 rows: every value of the dtype in each range (at most 2^16, so one row each),
-  // through the kernels' 16-bit loads (bfloat16's pairs are widened by unpacking, float16's by conversion).
+  // through the kernels' 16-bit loads (bfloat16's pairs are split into even and odd elements, float16's converted).
   for (int mode : modes)
     for (xquant::DType dt : {xquant::DType::bfloat16, xquant::DType::float16}) {
       xquant::detail::set_fast_div_mode(mode);

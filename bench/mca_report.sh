@@ -25,19 +25,21 @@ D='N_AVX3::SmoothAndReduce<(xquant::DType)'
 R='N_AVX3::RowsT<(xquant::DType)2>'
 R0='N_AVX3::RowsT<(xquant::DType)0>'
 run "dynamic quant pass 1, bf16 int16-key min/max (per 16 elements)" dynamic_quant.cpp.o 'N_AVX3::ReduceHalfKeys<(xquant::DType)2>' 'vpminsw*2,vpsraw' 4
-run "dynamic quant pass 1, bf16 * smooth (scales in unpacking order; two vectors per iteration)" dynamic_quant.cpp.o "${D}2, false>" 'vpunpcklwd,vmulps*2,vminps' 2
+run "dynamic quant pass 1, bf16 * smooth (even / odd elements, scales in that order; two vectors per iteration)" dynamic_quant.cpp.o "${D}2, false>" 'vpslld,vmulps*2,vminps' 2
 run "dynamic quant pass 1, f32 min/max only (two vectors per iteration)" dynamic_quant.cpp.o "${D}0, false>" 'vcmpunordps,vminps*2,!vmulps' 2
 run "dynamic quant pass 1, f32 * smooth (two vectors per iteration)" dynamic_quant.cpp.o "${D}0, false>" 'vmulps*2,vcmpunordps' 2
-run "dynamic quant pass 2 bf16 -> int8, fixed-point rounding check, two vectors per check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vptestmd,vpmovswb,vmovntdq,!vmulps' 2
-run "dynamic quant pass 2 bf16 -> int8 smooth, fixed-point check (streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vmulps*2,vptestmd,vpmovswb,vmovntdq' 2
-run "dynamic quant pass 2 bf16 -> int4, fixed-point check, pair packing" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vptestmd,vpmaddwd,!vmulps' 2
+run "dynamic quant pass 2 bf16 -> int8, fixed-point rounding check, even / odd pairs (streamed)" dynamic_quant.cpp.o "$R" 'vpslld,vptestmd,vpternlogd,vpmovdw,vmovntdq,!vmulps' 2
+run "dynamic quant pass 2 bf16 -> int8 smooth, fixed-point check (streamed)" dynamic_quant.cpp.o "$R" 'vpslld,vmulps*2,vptestmd,vpmovdw,vmovntdq' 2
+run "dynamic quant pass 2 bf16 -> int4, fixed-point check, even / odd pairs" dynamic_quant.cpp.o "$R" 'vpslld,vptestmd,vpternlogd,vpmovdb,!vmulps,!vmovntdq' 2
 run "dynamic quant pass 2 f32 -> int8, fixed-point check (streamed)" dynamic_quant.cpp.o "$R0" 'vptestmd,vpmovsdb*2,vmovntdq,!vmulps' 2
-run "dynamic quant pass 2 f32 -> int4 smooth, fixed-point check, pair packing (streamed)" dynamic_quant.cpp.o "$R0" 'vmulps*2,vptestmd,vpmaddwd,vmovntdq' 2
+run "dynamic quant pass 2 f32 -> int4 smooth, fixed-point check, vpermt2w packing (streamed)" dynamic_quant.cpp.o "$R0" 'vmulps*2,vptestmd,vpermt2w,vmovntdq' 2
 F='N_AVX3::FusedRows<(xquant::DType)'
 run "dynamic quant smooth rows fused: pass 2 bf16 -> int8 and the next row's pass 1 (streamed; per pair of vectors of each row)" dynamic_quant.cpp.o "${F}2, true, false, true, true>" 'vptestmd,vminps,vmovntdq' 2
-run "dynamic quant smooth rows fused: pass 2 f32 -> int4 and the next row's pass 1 (streamed)" dynamic_quant.cpp.o "${F}0, true, true, false, true>" 'vptestmd,vminps,vpmaddwd' 2
+run "dynamic quant rows fused: pass 2 bf16 -> int8 and the next row's int16-key pass 1 (no smooth scales; streamed)" dynamic_quant.cpp.o "${F}2, false, false, true, true>" 'vptestmd,vpminsw,vmovntdq' 2
+run "dynamic quant rows fused: pass 2 bf16 -> int4 and the next row's int16-key pass 1 (no smooth scales; streamed)" dynamic_quant.cpp.o "${F}2, false, true, true, true>" 'vptestmd,vpminsw,vmovntdq' 2
+run "dynamic quant smooth rows fused: pass 2 f32 -> int4 and the next row's pass 1 (streamed)" dynamic_quant.cpp.o "${F}0, true, true, false, true>" 'vptestmd,vminps,vpermt2w' 2
 run "dynamic quant rows fused: pass 2 f32 -> int8 and the next row's pass 1 (no smooth scales; streamed)" dynamic_quant.cpp.o "${F}0, false, false, false, true>" 'vptestmd,vminps,vmovntdq' 2
-run "dynamic quant pass 2 bf16 -> int8, y - rint(y) check (mode 3 / rows rint_fixed refuses; streamed)" dynamic_quant.cpp.o "$R" 'vpunpcklwd,vrangeps,vpmovswb,vmovntdq,!vmulps' 2
+run "dynamic quant pass 2 bf16 -> int8, y - rint(y) check (mode 3 / rows rint_fixed refuses; streamed)" dynamic_quant.cpp.o "$R" 'vpslld,vrangeps,vpmovdw,vmovntdq,!vmulps' 2
 run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass,!vrangeps,!vmulps'
 run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass,!vrangeps'
 U='N_AVX3::UlqSpanT<(xquant::DType)0'

@@ -557,7 +557,8 @@ HWY_INLINE void QuantizeAnyT(const void* src, std::int64_t n, float rmin, float 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
       const RintFixed rf = FixedFor(rmin, rmax, scale, offset, kInt4);
       if (rf.ok)
-        return QuantizeRow<DT, true, DivMode::kFixed, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rf.zc, out, rf.mask);
+        return QuantizeRow<DT, true, DivMode::kFixed, kInt4, kPfL2, kSmooth>(src, n, scale, offset, rf.zc, out,
+                                                                             rf.mask);
 #endif
       const RintCheck rc = rint_check(scale, offset, x_absmax);
       if (rc.ok) {
