@@ -282,19 +282,10 @@ template <bool kInt4, bool kStream>
 HWY_INLINE void StoreEvenOdd(__m512i a, __m512i b, std::int8_t* y8, std::int32_t* y4, std::int64_t i) {
   const __m512i m = _mm512_set1_epi32(kInt4 ? 0x0F : 0xFF);
   const __m512i v = _mm512_ternarylogic_epi32(m, a, b, 0xCA);  // bitwise m ? a : b (truth table A ? B : C)
-  if constexpr (kInt4) {
-    const __m128i w = _mm512_cvtepi32_epi8(v);
-    if constexpr (kStream)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(y4 + i / 8), w);
-    else
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(y4 + i / 8), w);
-  } else {
-    const __m256i w = _mm512_cvtepi32_epi16(v);
-    if constexpr (kStream)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(y8 + i), w);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y8 + i), w);
-  }
+  if constexpr (kInt4)
+    StoreBytes<kStream>(_mm512_cvtepi32_epi8(v), y4 + i / 8);
+  else
+    StoreBytes<kStream>(_mm512_cvtepi32_epi16(v), y8 + i);
 }
 
 // Pass 2 on two vectors of x' (elements i .. i + 2 N): the rounding check (kRint: RintPairWithin; kFixed: two

@@ -493,6 +493,21 @@ HWY_INLINE void StoreInt4Words(VI v, std::int32_t* w) {
   c = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(w), _mm512_cvtepi64_epi8(c));
 }
+// A 16- or 32-byte store at p: non-temporal for kStream (p then aligned to the vector's size).
+template <bool kStream>
+HWY_INLINE void StoreBytes(__m128i v, void* p) {
+  if constexpr (kStream)
+    _mm_stream_si128(static_cast<__m128i*>(p), v);
+  else
+    _mm_storeu_si128(static_cast<__m128i*>(p), v);
+}
+template <bool kStream>
+HWY_INLINE void StoreBytes(__m256i v, void* p) {
+  if constexpr (kStream)
+    _mm256_stream_si256(static_cast<__m256i*>(p), v);
+  else
+    _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+}
 // Two vectors of int32 lanes, q1 elements 0-15 and q2 16-31 -> 32 nibbles = 4 words at w (the same
 // layout). vpackssdw gives int16 lanes, per 128-bit block four of q1, then four of q2, clamped to [-8, 7]
 // (kInRange: already) and cut to nibbles; vpmaddwd by (1, 16) joins each pair into its byte value in an
@@ -506,10 +521,7 @@ HWY_INLINE void StoreInt4Pair(__m512i q1, __m512i q2, std::int32_t* w) {
   h = _mm512_and_si512(h, _mm512_set1_epi16(0x0F));
   __m128i b = _mm512_cvtepi32_epi8(_mm512_madd_epi16(h, _mm512_set1_epi32(0x00100001)));
   b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-  if constexpr (kStream)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(w), b);
-  else
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(w), b);
+  StoreBytes<kStream>(b, w);
 }
 #elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define XQUANT_HAVE_VECTOR_INT4 1
