@@ -419,7 +419,9 @@ TEST(CpuEquivalence, DynamicQuant) {
                 xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, sm, gi, q, mode);
               },
               {{ydt, yshape}, {DType::float32, sshape}, {DType::float32, sshape}},
-              "dynamic_quant " + xquant::shape_str(shape) + " variant " + std::to_string(variant));
+              "dynamic_quant " + std::string(xquant::dtype_name(dt)) + " -> " +
+                  std::string(xquant::quant_dtype_name(q)) + " " + xquant::shape_str(shape) + " variant " +
+                  std::to_string(variant));
         }
 }
 

@@ -23,6 +23,7 @@
 #include <limits>
 #include <vector>
 
+#include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "core/numeric.hpp"
@@ -120,7 +121,8 @@ HWY_INLINE V HalfKey(V b, V m7) {
 // min / max / NaN of x' = x (* smooth) for n elements. bfloat16 on AVX-512 (kEvenOddPairs): smooth in
 // PairOrder, unless kInOrder.
 template <DType DT, bool kInOrder = false>
-RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const float* smooth) {
+RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const float* smooth,
+                          float* xbuf = nullptr) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   if (n == 0) return RowMinMax{};
@@ -151,6 +153,10 @@ RowMinMax SmoothAndReduce(const void* x, std::int64_t pos, std::int64_t n, const
       if constexpr (kSm) {
         v = hn::Mul(v, hn::LoadU(df, smooth + i));
         w = hn::Mul(w, hn::LoadU(df, smooth + i + N));
+        if (xbuf != nullptr) {
+          hn::Store(v, df, xbuf + i);
+          hn::Store(w, df, xbuf + i + N);
+        }
       }
       lnan = hn::Or(lnan, EitherNaN(v, w));
       lmin = hn::Min(lmin, hn::Min(v, w));
@@ -306,6 +312,26 @@ HWY_INLINE void QuantizePair(VF x1, VF x2, const PairConsts& c, std::int8_t* y8,
     const __m512i w1 = _mm512_castps_si512(hn::MulAdd(x1, c.rs, c.thr).raw);
     const __m512i w2 = _mm512_castps_si512(hn::MulAdd(x2, c.rs, c.thr).raw);
     within = _mm512_mask_test_epi32_mask(_mm512_test_epi32_mask(w1, c.fmask), w2, c.fmask) == 0xFFFF;
+#if HWY_TARGET == HWY_AVX3_DL
+    if constexpr (!kInt4) {
+      if (HWY_LIKELY(within)) {
+        // VBMI: one vpmultishiftqb per vector puts each lane's n (bits 14-21) into a byte (qword bytes 0 / 1
+        // for its lanes 0 / 1), one vpermt2b gathers the 32 bytes in element order.
+        const __m512i ctrl = _mm512_set1_epi64(0x2E0E2E0E2E0E2E0ELL);
+        const __m512i a = _mm512_multishift_epi64_epi8(ctrl, w1), b = _mm512_multishift_epi64_epi8(ctrl, w2);
+        __m512i idx;
+        if constexpr (kEvenOdd)  // element 4q + r: r even from a, odd from b; lane q*2 + r/2
+          idx = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                0, 0, 0, 0, 121, 57, 120, 56, 113, 49, 112, 48, 105, 41, 104, 40, 97, 33, 96, 32, 89,
+                                25, 88, 24, 81, 17, 80, 16, 73, 9, 72, 8, 65, 1, 64, 0);
+        else  // element j < 16: a's lane j; j >= 16: b's lane j - 16
+          idx = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                0, 0, 0, 0, 121, 120, 113, 112, 105, 104, 97, 96, 89, 88, 81, 80, 73, 72, 65, 64, 57,
+                                56, 49, 48, 41, 40, 33, 32, 25, 24, 17, 16, 9, 8, 1, 0);
+        return StoreBytes<kStream>(_mm512_castsi512_si256(_mm512_permutex2var_epi8(a, idx, b)), y8 + i);
+      }
+    }
+#endif
     if constexpr (kEvenOdd) {
       if (HWY_LIKELY(within))
         return StoreEvenOdd<kInt4, kStream>(_mm512_srli_epi32(w1, kK), _mm512_srli_epi32(w2, kK - kShift), y8, y4,
@@ -586,7 +612,7 @@ HWY_INLINE void QuantizeAny(const void* src, std::int64_t n, float rmin, float r
 template <DType DT, bool kSmooth, bool kInt4, bool kEvenOdd, bool kStream>
 HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* smp, std::int64_t n,
                                  const PairConsts& consts, std::int8_t* y8, std::int32_t* y4,
-                                 const unsigned char* pf, std::int64_t pf_es) {
+                                 const unsigned char* pf, std::int64_t pf_es, float* xbuf) {
   const DF df;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
   const PairConsts c = consts;  // a local copy: kept in registers across the stores
@@ -621,6 +647,13 @@ HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* sm
       nan = hn::Or(nan, EitherNaN(v, w));
       vmin = hn::Min(vmin, hn::Min(v, w));
       vmax = hn::Max(vmax, hn::Max(v, w));
+      if constexpr (kSmooth && DT != DType::float32) {
+        const VF a = hn::Load(df, xbuf + i), b = hn::Load(df, xbuf + i + N);
+        hn::Store(v, df, xbuf + i);
+        hn::Store(w, df, xbuf + i + N);
+        QuantizePair<DivMode::kFixed, kInt4, kEvenOdd, kStream>(a, b, c, y8, y4, i);
+        continue;
+      }
     }
     VF a, b;
     LoadPair<DT, kEvenOdd>(x0, i, a, b);
@@ -660,14 +693,32 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   // int8 smooth 3.92 -> 3.41-3.65 ms, f32 -> int4 smooth 5.47-5.54 -> 4.75-4.89 ms; rows without smooth
   // scales unchanged or slower with L2 prefetch).
   const bool skip_next_row_prefetch = DT == DType::float32 && smooth_f32 == nullptr && prefetch_ahead_wanted();
-  // Rows with smooth scales keep no float32 row buffer: pass 2 multiplies again, from the row itself (in
-  // L1 or L2), which costs fewer loads and stores than writing x' and reading it back (Zen 4, one thread
-  // in cache: bf16 -> int8 [64, 4096] 42.7 -> 40.0 us with the fixed-point check either way, f32 -> int4
-  // [32, 4096] 22.9 -> 19.5 us; the buffer's 16 KiB beside 16 KiB of scales overflowed L1). The scales in
-  // PairOrder for the two-vector loops (bfloat16 on AVX-512), rebuilt per group.
-  thread_local std::vector<float> kept_pair_sm;
-  std::vector<float> big_pair_sm;
-  std::vector<float>& pair_sm = padded <= kKeepCols ? kept_pair_sm : big_pair_sm;
+  // 16-bit rows with smooth scales keep x' = x * scales of the row the fused loop reduces (FusedRows) in a
+  // float32 buffer, which pass 2 reads back in the next fused loop instead of widening and multiplying
+  // again. float32 rows multiply again (fewer loads and stores than the buffer for them). Both buffers share
+  // one allocation, the x' buffer 2 KiB past a 4 KiB multiple after the scales, so that its stores do not
+  // alias the scale loads of the same loop (4K aliasing: measured bimodal 30 / 33-39 us with separate
+  // allocations). The scales in PairOrder for the two-vector loops (bfloat16 on AVX-512), rebuilt per
+  // group.
+  constexpr bool kKeepX = DT != DType::float32 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL);
+  const std::int64_t xbuf_at = (H + 1023) / 1024 * 1024 + 512;  // floats
+  const std::int64_t scratch_size = smooth_f32 != nullptr && DT != DType::float32 ? xbuf_at + H : 0;
+  thread_local hwy::AlignedFreeUniquePtr<float[]> kept_scratch;
+  thread_local std::int64_t kept_scratch_size = 0;
+  hwy::AlignedFreeUniquePtr<float[]> big_scratch;
+  float* scratch = nullptr;
+  if (scratch_size > 0 && padded <= kKeepCols) {
+    if (kept_scratch_size < scratch_size) {
+      kept_scratch = hwy::AllocateAligned<float>(static_cast<std::size_t>(scratch_size));
+      kept_scratch_size = scratch_size;
+    }
+    scratch = kept_scratch.get();
+  } else if (scratch_size > 0) {
+    big_scratch = hwy::AllocateAligned<float>(static_cast<std::size_t>(scratch_size));
+    scratch = big_scratch.get();
+  }
+  float* const pair_sm = scratch;
+  float* const xbuf = scratch != nullptr ? scratch + xbuf_at : nullptr;
   std::int64_t pair_sm_group = -1;
   constexpr std::int64_t kPairOrderMinRows = 4;
   std::int64_t e = 0;
@@ -700,17 +751,21 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
         // this thread keeps the scales in order (one decode token: 1.31 us with, 1.5-1.7 us without this).
         const std::int64_t group_end = a.group_ends ? std::min(r1, a.group_ends[e]) : r1;
         if (pair_sm_group != g && group_end - r >= kPairOrderMinRows) {
-          if (pair_sm.size() < static_cast<std::size_t>(H)) pair_sm.resize(static_cast<std::size_t>(H));
-          PairOrder(smooth, H, pair_sm.data());
+          PairOrder(smooth, H, pair_sm);
           pair_sm_group = g;
         }
-        if (pair_sm_group == g) smooth_pair = pair_sm.data();
+        if (pair_sm_group == g) smooth_pair = pair_sm;
       }
     }
     // Without smooth scales x' is x itself: quantized straight from the row (in cache); 16-bit rows are
     // reduced on their bits (ReduceHalfKeys).
     const bool direct = smooth == nullptr;
     [[maybe_unused]] const bool fuse_rows = !fuse_off && (!direct || fuse_direct);
+    const std::int64_t kPairLanes = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
+    // Whether pass 1 of this row keeps x' for a fused loop that may follow (the conditions of that loop
+    // known before the row's min / max).
+    const bool fill_buf = kKeepX && fuse_rows && !direct && r + 1 < r1 && H > 0 && H % kPairLanes == 0 &&
+                          (a.group_ends == nullptr || a.group_ends[e] > r + 1);
     RowMinMax mm;
     if (have_next) {
       mm = next_mm;
@@ -721,9 +776,9 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
       if (direct)
         mm = ReduceHalfKeys<DT>(a.x, r * H, H);
       else if (smooth_pair != smooth)
-        mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth_pair);
+        mm = SmoothAndReduce<DT>(a.x, r * H, H, smooth_pair, fill_buf ? xbuf : nullptr);
       else
-        mm = SmoothAndReduce<DT, /*kInOrder=*/true>(a.x, r * H, H, smooth);
+        mm = SmoothAndReduce<DT, /*kInOrder=*/true>(a.x, r * H, H, smooth, fill_buf ? xbuf : nullptr);
     }
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float rmax = mm.empty ? 0.f : (mm.nan ? nan : mm.max);
@@ -767,9 +822,10 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
         const bool st = stream && at % (!int4 && even_odd ? 32 : 16) == 0;
         auto run = [&]<bool kI4, bool kUn, bool kSt>() {
           if (direct)
-            next_mm = FusedRows<DT, false, kI4, kUn, kSt>(row, next, nullptr, H, pc, out.y8, out.y4, pf2, es);
+            next_mm = FusedRows<DT, false, kI4, kUn, kSt>(row, next, nullptr, H, pc, out.y8, out.y4, pf2, es, nullptr);
           else
-            next_mm = FusedRows<DT, true, kI4, kUn, kSt>(row, next, smooth_pair, H, pc, out.y8, out.y4, pf2, es);
+            next_mm = FusedRows<DT, true, kI4, kUn, kSt>(row, next, smooth_pair, H, pc, out.y8, out.y4, pf2, es,
+                                                          xbuf);
         };
         auto run_st = [&]<bool kI4, bool kUn>() {
           if (st)
