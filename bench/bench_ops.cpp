@@ -259,6 +259,7 @@ BENCHMARK(BM_dynamic_quant)
     ->Args({bf16, i8, 0, 64, 4096})
     ->Args({bf16, i4, 0, 64, 4096})
     ->Args({bf16, i8, 1, 64, 4096})
+    ->Args({bf16, i8, 1, 1024, 4096})  // 8 MiB of input: from L3, between in cache and DRAM
     ->Args({f32, i8, 0, 32, 4096})
     ->Args({f32, i4, 1, 32, 4096})
     ->UseRealTime()
