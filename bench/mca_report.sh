@@ -39,6 +39,10 @@ run "dynamic quant rows fused: pass 2 bf16 -> int8 and the next row's int16-key 
 run "dynamic quant rows fused: pass 2 bf16 -> int4 and the next row's int16-key pass 1 (no smooth scales; streamed)" dynamic_quant.cpp.o "${F}2, false, true, true, true>" 'vptestmd,vpminsw,vmovntdq' 2
 run "dynamic quant smooth rows fused: pass 2 f32 -> int4 and the next row's pass 1 (streamed)" dynamic_quant.cpp.o "${F}0, true, true, false, true>" 'vptestmd,vminps,vpermt2w' 2
 run "dynamic quant rows fused: pass 2 f32 -> int8 and the next row's pass 1 (no smooth scales; streamed)" dynamic_quant.cpp.o "${F}0, false, false, false, true>" 'vptestmd,vminps,vmovntdq' 2
+FD='N_AVX3_DL::FusedRows<(xquant::DType)'
+run "AVX3_DL (the dispatch on Zen 4 and Ice Lake or later): smooth rows fused, bf16 -> int8 (x' kept in a buffer, VBMI packing)" dynamic_quant.cpp.o "${FD}2, true, false, true, true>" 'vpmultishiftqb,vpermt2b,vminps' 2
+run "AVX3_DL: rows fused, bf16 -> int8, int16-key pass 1 (VBMI packing)" dynamic_quant.cpp.o "${FD}2, false, false, true, true>" 'vpmultishiftqb,vpermt2b,vpminsw' 2
+run "AVX3_DL: rows fused, f32 -> int8 (VBMI packing)" dynamic_quant.cpp.o "${FD}0, false, false, false, true>" 'vpmultishiftqb,vpermt2b,vminps' 2
 run "dynamic quant pass 2 bf16 -> int8, y - rint(y) check (mode 3 / rows rint_fixed refuses; streamed)" dynamic_quant.cpp.o "$R" 'vpslld,vrangeps,vpmovdw,vmovntdq,!vmulps' 2
 run "dynamic quant pass 2 -> int8, divider (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vdivps,vmovntdq,!vreduce,!vfpclass,!vrangeps,!vmulps'
 run "dynamic quant pass 2 -> int8, FMA (rows the check refuses; streamed)" dynamic_quant.cpp.o "$R" 'vfnmadd,vmovntdq,!vreduce,!vfpclass,!vrangeps'
