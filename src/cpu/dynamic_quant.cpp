@@ -713,7 +713,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
   // group.
   constexpr bool kKeepX = DT != DType::float32 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL);
   const std::int64_t xbuf_at = (H + 1023) / 1024 * 1024 + 512;  // floats
-  const std::int64_t scratch_size = smooth_f32 != nullptr && DT != DType::float32 ? xbuf_at + H : 0;
+  const std::int64_t scratch_size = smooth_f32 != nullptr && kKeepX ? xbuf_at + H : 0;  // (kEvenOddPairs too)
   thread_local hwy::AlignedFreeUniquePtr<float[]> kept_scratch;
   thread_local std::int64_t kept_scratch_size = 0;
   hwy::AlignedFreeUniquePtr<float[]> big_scratch;
@@ -772,11 +772,13 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
     // reduced on their bits (ReduceHalfKeys).
     const bool direct = smooth == nullptr;
     [[maybe_unused]] const bool fuse_rows = !fuse_off && (!direct || fuse_direct);
-    const std::int64_t kPairLanes = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
-    // Whether pass 1 of this row keeps x' for a fused loop that may follow (the conditions of that loop
-    // known before the row's min / max).
-    const bool fill_buf = kKeepX && fuse_rows && !direct && r + 1 < r1 && H > 0 && H % kPairLanes == 0 &&
-                          (a.group_ends == nullptr || a.group_ends[e] > r + 1);
+    // Whether this row may run FusedRows with the next one (pass 2 of this row with pass 1 of the next): the
+    // next row is on this thread and in the same group, the rows are whole vector pairs; the row's
+    // fixed-point parameters decide the rest (below). Pass 1 of such a row keeps x' for it (kKeepX).
+    const std::int64_t kPair = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
+    [[maybe_unused]] const bool fusable = fuse_rows && r + 1 < r1 && H > 0 && H % kPair == 0 &&
+                                          (a.group_ends == nullptr || a.group_ends[e] > r + 1);
+    const bool fill_buf = kKeepX && !direct && fusable;
     RowMinMax mm;
     if (have_next) {
       mm = next_mm;
@@ -809,10 +811,8 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
                      .sm = smooth,
                      .sm_pair = smooth_pair};
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    // Pass 2 fused with the next row's pass 1 (fuse_rows) when that row is in the same group and this one
-    // takes the fixed-point check over whole vector pairs (FusedRows).
-    const std::int64_t kPair = 2 * static_cast<std::int64_t>(hn::Lanes(DF()));
-    if (fuse_rows && r + 1 < r1 && H > 0 && H % kPair == 0 && (a.group_ends == nullptr || a.group_ends[e] > r + 1)) {
+    // Pass 2 fused with the next row's pass 1 (fusable, above) when this row takes the fixed-point check.
+    if (fusable) {
       const RintFixed rf = FixedFor(rmin, rmax, p.scale, p.offset, int4);
       if (rf.ok) {
         const DF df;
