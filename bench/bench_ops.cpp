@@ -262,6 +262,9 @@ BENCHMARK(BM_dynamic_quant)
     ->Args({bf16, i8, 1, 1024, 4096})  // 8 MiB of input: from L3, between in cache and DRAM
     ->Args({f32, i8, 0, 32, 4096})
     ->Args({f32, i4, 1, 32, 4096})
+    // narrow rows in cache: the per-row work (reductions, scale / offset, the fixed-point constants) shows
+    ->Args({bf16, i8, 0, 256, 1024})
+    ->Args({bf16, i8, 1, 256, 1024})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq)->Arg(kBig)->Arg(4096)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -425,6 +425,52 @@ TEST(CpuEquivalence, DynamicQuant) {
         }
 }
 
+// Long runs of finite rows, where the fused loops of AVX-512 (pass 2 of a row with pass 1 of the next,
+// src/cpu/dynamic_quant.cpp RowsT) follow each other: runs that start, end at a group or thread boundary,
+// and break where a row takes another path (a NaN row, an Inf row, a constant row, a row of another range).
+// (DynamicQuant's odd rows hold NaN / Inf, so there no two fused loops follow each other.)
+TEST(CpuEquivalence, DynamicQuantRowRuns) {
+  using xquant::QuantDType;
+  for (DType dt : kFloatTypes)
+    for (const Shape& shape : {Shape{70, 256}, Shape{37, 512}})
+      for (QuantDType q : {QuantDType::qint8, QuantDType::quint4x2})
+        for (int variant = 0; variant < 3; ++variant) {  // 0 plain, 1 smooth, 2 MoE
+          const std::int64_t S = shape[0], H = shape[1];
+          std::mt19937 rng(static_cast<std::uint32_t>(S * 4 + variant));
+          std::uniform_real_distribution<float> u(-3.f, 3.f);
+          std::vector<float> xv(static_cast<std::size_t>(S * H));
+          for (float& v : xv) v = u(rng);
+          auto row = [&](std::int64_t r) { return xv.begin() + static_cast<std::ptrdiff_t>(r * H); };
+          row(20)[7] = std::numeric_limits<float>::quiet_NaN();
+          row(21)[H - 1] = std::numeric_limits<float>::infinity();
+          std::fill(row(30), row(31), 1.5f);
+          for (std::int64_t j = 0; j < H; ++j) row(12)[j] *= 1e5f;  // a wider range than its neighbours
+          Placed x = placed_floats(dt, shape, xv, 1);
+          Tensor smooth, groups;
+          std::optional<ConstTensorView> sm, gi;
+          if (variant > 0) {
+            const std::int64_t E = variant == 2 ? 5 : 1;
+            std::vector<float> sv(static_cast<std::size_t>(E * H));
+            for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.017f * static_cast<float>(i % 89);
+            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32,
+                                variant == 2 ? Shape{E, H} : Shape{H}, sv);
+            sm = smooth.view();
+            if (variant == 2) {  // groups of 5, 9, 0, 17 and the rest of the rows
+              groups = make_typed<std::int64_t>(DType::int64, {5}, {5, 14, 14, 31, S});
+              gi = groups.view();
+            }
+          }
+          const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
+          const Shape yshape = {S, q == QuantDType::quint4x2 ? H / 8 : H};
+          check_equivalent(
+              [&](std::vector<TensorView>& o) { xquant::dynamic_quant_asymmetric_out(o[0], o[1], o[2], x.view, sm, gi, q); },
+              {{ydt, yshape}, {DType::float32, {S}}, {DType::float32, {S}}},
+              "dynamic_quant row runs " + std::string(xquant::dtype_name(dt)) + " -> " +
+                  std::string(xquant::quant_dtype_name(q)) + " " + xquant::shape_str(shape) + " variant " +
+                  std::to_string(variant));
+        }
+}
+
 // The limits of the division without the divider (src/cpu/fastdiv-inl.h): scales, zero points, amax,
 // clamp ranges and data on both sides of every per-call condition, so that the FMA sequence and the
 // fallback to the divider both run, on dividends that are zero, subnormal, tiny, huge, infinite, NaN.

@@ -552,10 +552,10 @@ inline bool finite_row(float rmin, float rmax, float scale, float offset) {
 }
 
 // The fixed-point check's parameters for a row, ok when QuantizeAnyT takes DivMode::kFixed (AVX-512).
+// rint_fixed's ok implies finite_row and rint_check's ok (see rint_fixed), which are not computed again.
 inline RintFixed FixedFor(float rmin, float rmax, float scale, float offset, bool int4) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (finite_row(rmin, rmax, scale, offset) && rint_check_wanted() && rint_fixed_wanted() &&
-      rint_check(scale, offset, std::max(std::abs(rmin), std::abs(rmax))).ok) {
+  if (rint_check_wanted() && rint_fixed_wanted()) {
     return int4 ? rint_fixed<16>(scale, offset, rmin, rmax, -8.0f, 7.0f)
                 : rint_fixed<14>(scale, offset, rmin, rmax, -128.0f, 127.0f);
   }
@@ -818,7 +818,7 @@ void RowsT(const DynamicQuantArgs& a, const float* smooth_f32, std::int64_t r0, 
         const DF df;
         const PairConsts pc{.s = hn::Set(df, p.scale),
                             .o = hn::Set(df, p.offset),
-                            .rs = hn::Set(df, 1.0f / p.scale),
+                            .rs = hn::Set(df, rf.r),  // 1 / scale
                             .thr = hn::Set(df, rf.zc),
                             .lo = hn::Set(df, int4 ? -8.0f : -128.0f),
                             .hi = hn::Set(df, int4 ? 7.0f : 127.0f),

@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -134,14 +135,16 @@ struct RintCheck {
   bool ok = false;
   float threshold = 0.0f;
 };
-inline RintCheck rint_check(float s, float z, float x_absmax) {
+// Called per row: always inlined (into the per-target kernels, whose FMA then needs no library call).
+HWY_INLINE RintCheck rint_check(float s, float z, float x_absmax) {
   RintCheck c;
   if (!(s >= 0x1p-126f && s < 0x1p126f) || !std::isfinite(z) || !std::isfinite(x_absmax)) return c;
   const double m = static_cast<double>(x_absmax) / static_cast<double>(s);
   const double thr = 0.5 - ((m + std::fabs(static_cast<double>(z))) * 0x1p-21 + 0x1p-126);
   if (!(thr > 0.25)) return c;
   float t = static_cast<float>(thr);
-  if (static_cast<double>(t) > thr) t = std::nextafter(t, 0.0f);
+  // the next float toward zero (t is positive and normal: thr is in (0.25, 0.5))
+  if (static_cast<double>(t) > thr) t = std::bit_cast<float>(std::bit_cast<std::uint32_t>(t) - 1u);
   c.ok = true;
   c.threshold = t;
   return c;
@@ -165,15 +168,19 @@ inline RintCheck rint_check(float s, float z, float x_absmax) {
 // (|g| < 256), 16 for int4 (|g| < 64: the integer part lands in the upper 16 bits). Checked against the
 // divider by bench/exhaustive_rint (mode 2) and the tests.
 struct RintFixed {
-  bool ok = false;
   float zc = 0.0f;  // RN(z + c)
+  float r = 0.0f;   // RN(1 / s)
   std::uint32_t mask = 0;
+  bool ok = false;
 };
 template <int k>
 inline constexpr std::int32_t kRintFixedBase =
     static_cast<std::int32_t>(((static_cast<std::uint32_t>(127 + 23 - k) << 23) | (1u << 22)) >> k);
+// Called per row: always inlined (see rint_check). ok implies what rint_check(s, z, max(|x_min|, |x_max|))
+// requires: s in [2^-126, 2^126), z and x finite, and M + |z| < 2^19 (here |y| < hi + 1/4 and |z| < 2^(22 - k)),
+// and that x / s and the row's values are finite.
 template <int k>
-inline RintFixed rint_fixed(float s, float z, float x_min, float x_max, float lo, float hi) {
+HWY_INLINE RintFixed rint_fixed(float s, float z, float x_min, float x_max, float lo, float hi) {
   static_assert(k >= 8 && k <= 20);
   RintFixed f;
   if (!(s >= 0x1p-126f && s < 0x1p126f) || !std::isfinite(z) || !std::isfinite(x_min) || !std::isfinite(x_max) ||
@@ -202,6 +209,7 @@ inline RintFixed rint_fixed(float s, float z, float x_min, float x_max, float lo
   // c = 1.5 * 2^(23 - k) + 1/2 + h is exact; z + c is exact in double, rounded once to float.
   f.zc = static_cast<float>(zd + (3.0 * kBinade + 0.5 + h));
   f.mask = ((1u << k) - 1u) & ~((1u << (k - j + 1)) - 1u);
+  f.r = r;
   f.ok = true;
   return f;
 }
