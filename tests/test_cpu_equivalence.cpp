@@ -369,6 +369,33 @@ TEST(CpuEquivalence, ActsUlq) {
         }
 }
 
+// Smooth scales for dynamic quantization of x in dtype dt: `experts` rows of H (shape {H} when experts is 0),
+// 0.5 + step * (i % period), in another dtype than x's (bfloat16 for float32 x, else float32; the kernels
+// convert either); with `ends`, the MoE group ends (int64 or int32). The views point into the tensors.
+struct SmoothInputs {
+  Tensor smooth, groups;
+  std::optional<ConstTensorView> sm, gi;
+};
+SmoothInputs smooth_inputs(DType dt, std::int64_t experts, std::int64_t H, float step, int period,
+                           const std::vector<std::int64_t>& ends = {}, DType ends_dtype = DType::int64) {
+  SmoothInputs in;
+  std::vector<float> sv(static_cast<std::size_t>(std::max<std::int64_t>(experts, 1) * H));
+  for (std::size_t i = 0; i < sv.size(); ++i)
+    sv[i] = 0.5f + step * static_cast<float>(i % static_cast<std::size_t>(period));
+  in.smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32,
+                         experts > 0 ? Shape{experts, H} : Shape{H}, sv);
+  in.sm = in.smooth.view();
+  if (!ends.empty()) {
+    const Shape es = {static_cast<std::int64_t>(ends.size())};
+    if (ends_dtype == DType::int32)
+      in.groups = make_typed<std::int32_t>(DType::int32, es, std::vector<std::int32_t>(ends.begin(), ends.end()));
+    else
+      in.groups = make_typed<std::int64_t>(DType::int64, es, ends);
+    in.gi = in.groups.view();
+  }
+  return in;
+}
+
 TEST(CpuEquivalence, DynamicQuant) {
   using xquant::DynamicQuantMode;
   using xquant::QuantDType;
@@ -395,20 +422,12 @@ TEST(CpuEquivalence, DynamicQuant) {
               if (!std::isfinite(v) || std::fabs(v) > 1e6f) v = 0.5f;
             }
           Placed x = placed_floats(dt, shape, xv, 1);
-          Tensor smooth, groups;
-          std::optional<ConstTensorView> sm, gi;
-          if (variant == 1 || variant == 2) {
-            const std::int64_t E = variant == 2 ? 4 : 1;
-            std::vector<float> sv(static_cast<std::size_t>(E * H));
-            for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.013f * static_cast<float>(i % 97);
-            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32,
-                                variant == 2 ? Shape{E, H} : Shape{H}, sv);
-            sm = smooth.view();
-            if (variant == 2) {
-              groups = make_typed<std::int64_t>(DType::int64, {4}, {0, S / 3, S / 3, S});  // empty groups 0 and 2
-              gi = groups.view();
-            }
-          }
+          SmoothInputs si;
+          if (variant == 1 || variant == 2)  // MoE: empty groups 0 and 2
+            si = smooth_inputs(dt, variant == 2 ? 4 : 0, H, 0.013f, 97,
+                               variant == 2 ? std::vector<std::int64_t>{0, S / 3, S / 3, S} : std::vector<std::int64_t>{});
+          const auto& sm = si.sm;
+          const auto& gi = si.gi;
           const auto mode = variant == 3 ? DynamicQuantMode::pertensor : DynamicQuantMode::pertoken;
           Shape yshape = shape;
           if (q == QuantDType::quint4x2) yshape.back() /= 8;
@@ -446,20 +465,12 @@ TEST(CpuEquivalence, DynamicQuantRowRuns) {
           std::fill(row(30), row(31), 1.5f);
           for (std::int64_t j = 0; j < H; ++j) row(12)[j] *= 1e5f;  // a wider range than its neighbours
           Placed x = placed_floats(dt, shape, xv, 1);
-          Tensor smooth, groups;
-          std::optional<ConstTensorView> sm, gi;
-          if (variant > 0) {
-            const std::int64_t E = variant == 2 ? 5 : 1;
-            std::vector<float> sv(static_cast<std::size_t>(E * H));
-            for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.017f * static_cast<float>(i % 89);
-            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32,
-                                variant == 2 ? Shape{E, H} : Shape{H}, sv);
-            sm = smooth.view();
-            if (variant == 2) {  // groups of 5, 9, 0, 17 and the rest of the rows
-              groups = make_typed<std::int64_t>(DType::int64, {5}, {5, 14, 14, 31, S});
-              gi = groups.view();
-            }
-          }
+          SmoothInputs si;
+          if (variant > 0)  // MoE: groups of 5, 9, 0, 17 and the rest of the rows
+            si = smooth_inputs(dt, variant == 2 ? 5 : 0, H, 0.017f, 89,
+                               variant == 2 ? std::vector<std::int64_t>{5, 14, 14, 31, S} : std::vector<std::int64_t>{});
+          const auto& sm = si.sm;
+          const auto& gi = si.gi;
           const DType ydt = q == QuantDType::quint4x2 ? DType::int32 : DType::int8;
           const Shape yshape = {S, q == QuantDType::quint4x2 ? H / 8 : H};
           check_equivalent(
@@ -754,22 +765,13 @@ TEST(CpuEquivalence, DynamicQuantSymmetric) {
               if (!std::isfinite(v) || std::fabs(v) > 1e6f) v = -0.5f;
             }
           Placed x = placed_floats(dt, shape, xv, 1);
-          Tensor smooth, groups;
-          std::optional<ConstTensorView> sm, gi;
-          if (variant >= 1) {
-            const std::int64_t E = variant == 2 ? 4 : 1;
-            std::vector<float> sv(static_cast<std::size_t>(E * H));
-            for (std::size_t i = 0; i < sv.size(); ++i) sv[i] = 0.5f + 0.017f * static_cast<float>(i % 89);
-            smooth = make_float(dt == DType::float32 ? DType::bfloat16 : DType::float32,
-                                variant == 2 ? Shape{E, H} : Shape{H}, sv);
-            sm = smooth.view();
-            if (variant == 2) {
-              groups = make_typed<std::int32_t>(DType::int32, {4},
-                                                {0, static_cast<std::int32_t>(S / 3), static_cast<std::int32_t>(S / 3),
-                                                 static_cast<std::int32_t>(S)});
-              gi = groups.view();
-            }
-          }
+          SmoothInputs si;
+          if (variant >= 1)
+            si = smooth_inputs(dt, variant == 2 ? 4 : 0, H, 0.017f, 89,
+                               variant == 2 ? std::vector<std::int64_t>{0, S / 3, S / 3, S} : std::vector<std::int64_t>{},
+                               DType::int32);
+          const auto& sm = si.sm;
+          const auto& gi = si.gi;
           Shape yshape = shape;
           if (q == QuantDType::quint4x2) yshape.back() /= 8;
           const Shape sshape(shape.begin(), shape.end() - 1);
