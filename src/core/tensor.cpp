@@ -133,6 +133,11 @@ MappingCache& mapping_cache() {
   }();
   return *cache;
 }
+// Built while the library loads (static initialization: one thread), not on the first large allocation: a
+// fork() while another thread was inside that first call's one-time initialization would leave the child
+// waiting on the initialization guard forever (seen under qemu-user, where the window is wide: the child's
+// first large allocation hung after the first fork of Runtime.ForkWhileAnotherThreadAllocates).
+[[maybe_unused]] MappingCache& g_cache_at_load = mapping_cache();
 
 [[noreturn]] void throw_oom(std::size_t bytes, const Shape& shape) {
   throw Error(
