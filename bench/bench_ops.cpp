@@ -222,6 +222,23 @@ void BM_small_anti_quant(benchmark::State& st, xq::QuantDType src, bool per_chan
   set_bytes(st, static_cast<double>(x.nbytes() + out.nbytes()));
 }
 
+// Args {dst dtype, src QuantDType, rows, cols}: per-channel scale and offset (the last axis), random codes.
+void BM_anti_quant(benchmark::State& st) {
+  const auto dst = static_cast<xq::DType>(st.range(0));
+  const auto src = static_cast<xq::QuantDType>(st.range(1));
+  const std::int64_t rows = st.range(2), cols = st.range(3);
+  const bool int4 = src == xq::QuantDType::quint4x2;
+  xq::Tensor x(int4 ? xq::DType::int32 : xq::DType::int8, {rows, int4 ? cols / 8 : cols});
+  std::mt19937 rng(1);
+  auto* bytes = static_cast<unsigned char*>(x.data());
+  for (std::size_t i = 0; i < x.nbytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+  xq::Tensor scale = random_tensor(xq::DType::float32, {cols}, 0.05f), offset = random_tensor(xq::DType::float32, {cols});
+  xq::Tensor out(dst, {rows, cols});
+  xq::anti_quant_out(out, x, scale, offset, src);  // warm-up
+  for (auto _ : st) xq::anti_quant_out(out, x, scale, offset, src);
+  set_bytes(st, static_cast<double>(x.nbytes() + out.nbytes()));
+}
+
 constexpr std::int64_t kBig = 100663296;  // the seed's global fake-quant shape
 const auto f32 = static_cast<std::int64_t>(xq::DType::float32);
 const auto bf16 = static_cast<std::int64_t>(xq::DType::bfloat16);
@@ -307,6 +324,13 @@ BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_tensor_bf16_no_offset, xq::Quant
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_anti_quant, int4_per_channel_bf16_no_offset, xq::QuantDType::quint4x2, true,
                   xq::DType::bfloat16, false)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+// anti_quant in cache (one thread: 256 KiB of codes) and from memory, to float16 / bfloat16 / float32.
+BENCHMARK(BM_anti_quant)
+    ->ArgsProduct({{static_cast<std::int64_t>(xq::DType::float16), bf16, f32}, {i8, i4}, {16, 64}, {4096}})
+    ->Args({bf16, i8, 8192, 4096})
+    ->Args({bf16, i4, 8192, 4096})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_dynamic_quant)
@@ -403,6 +427,12 @@ int run_ratios(const char* json_path, const char* filter) {
   xq::Tensor gmin(xq::DType::float32, {1}), gmax(xq::DType::float32, {1});
   xq::acts_ulq_out(y, o1, o2, o3, x, cmin, cmax);
   xq::Tensor mn = xq::Tensor::copy_of(o1), mx = xq::Tensor::copy_of(o2), loss = xq::Tensor::copy_of(o3);
+  // anti_quant reads dynamic quantization's outputs (filled below, before its rows); tile_quant quantizes
+  // xf as one [8192, 4096] tile with per-row scale and offset.
+  xq::Tensor aq_out(xq::DType::bfloat16, {8192, 4096});
+  xq::Tensor aq_sc = random_tensor(xq::DType::float32, {4096}, 0.05f), aq_of = random_tensor(xq::DType::float32, {4096});
+  xq::Tensor tq_out(xq::DType::uint8, {8192, 4096});
+  xq::Tensor tq_sc = filled({8192, 1}, 40.f), tq_of = filled({8192, 1}, 128.f);
   const double N = static_cast<double>(n), M = 4096.0 * 4096.0, T = 8192.0 * 4096.0;
   using Q = xq::QuantDType;
   auto dyn = [&](const xq::Tensor& xin, const xq::Tensor* sm, Q q) {
@@ -427,11 +457,24 @@ int run_ratios(const char* json_path, const char* filter) {
       {"dynamic pertoken bf16->int4", 2.5 * T, 2 * T, [&] { dyn(xb, nullptr, Q::quint4x2); }},
       {"dynamic pertoken f32->int8", 5 * T, 4 * T, [&] { dyn(xf, nullptr, Q::qint8); }},
       {"dynamic pertoken f32->int4 smooth", 4.5 * T, 4 * T, [&] { dyn(xf, &smf, Q::quint4x2); }},
+      {"anti_quant_out per-channel int8 [8192,4096] -> bf16", 3 * T, T,
+       [&] { xq::anti_quant_out(aq_out, dy8, aq_sc, aq_of, Q::qint8); }},
+      {"anti_quant_out per-channel int4 [8192,4096] -> bf16", 2.5 * T, 0.5 * T,
+       [&] { xq::anti_quant_out(aq_out, dy4, aq_sc, aq_of, Q::quint4x2); }},
+      {"tile_quant ASYM [8192,4096] f32 -> uint8", 5 * T, 4 * T,
+       [&] {
+         xq::tile_quant(xq::TileView{tq_out.data(), xq::DType::uint8, 8192, 4096, 4096},
+                        xq::ConstTileView(xf.data(), xq::DType::float32, 8192, 4096, 4096),
+                        xq::ConstTileView(tq_sc.data(), xq::DType::float32, 8192, 1, 1), xq::QuantMode::ASYM,
+                        xq::ConstTileView(tq_of.data(), xq::DType::float32, 8192, 1, 1));
+       }},
       {"acts_ulq_out [100663296] f32 (4 outputs)", 20 * N, 4 * N,
        [&] { xq::acts_ulq_out(y, o1, o2, o3, x, cmin, cmax); }},
       {"acts_ulq_backward_out [100663296] f32", 20 * N, 16 * N,
        [&] { xq::acts_ulq_backward_out(o1, gmin, gmax, g, cmin, cmax, mn, mx, loss); }},
   };
+  dyn(xb, nullptr, Q::qint8);  // anti_quant's inputs: real quantized values
+  dyn(xb, nullptr, Q::quint4x2);
   std::printf(
       "memcpy probe: %d threads, %.0f MB copied per call; read probe: %.0f MB read per call; %d interleaved "
       "rounds per case (medians)\n",

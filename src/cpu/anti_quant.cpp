@@ -87,10 +87,16 @@ HWY_INLINE VF AntiQuantVec(VF x, VF offset, VF scale) {
 // Stores r to base[i] as DT with a NaN made canonical first (params/anti_quant.hpp): as StoreF of the
 // canonical value. For bfloat16 the canonical NaN 0x7FC00000 narrows to 0x7FC0, so NaN lanes take that
 // constant and the other lanes round to nearest even as in FloatToBf16Bits (one select instead of two).
-template <DType DT, bool kStream = false>
+// kHw (AVX-512 with hw_bf16_wanted()): vectors without NaN or subnormal lanes convert in hardware.
+template <DType DT, bool kStream = false, bool kHw = false>
 HWY_INLINE void StoreAq(VF r, void* base, std::int64_t i) {
   const DF df;
   if constexpr (DT == DType::bfloat16) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (kHw) {
+      if (HWY_LIKELY(StoreBf16Hw<kStream>(r, static_cast<std::uint16_t*>(base) + i))) return;
+    }
+#endif
     const DU du;
     const VU x = hn::BitCast(du, r);
     const VU lsb = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u));
@@ -108,9 +114,13 @@ HWY_INLINE void StoreAq(VF r, void* base, std::int64_t i) {
 }
 
 // Logical elements [pos, pos + n) of x -> out. kArr: parameters are arrays aligned with the span (sa, oa),
-// else broadcast (s, o). kOff: add the offset (else every offset is +-0 and oa / o are not read).
-template <DType DT, bool kInt4, bool kArr, bool kOff>
-void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* oa, float s, float o) {
+// else broadcast (s, o). kOff: add the offset (else every offset is +-0 and oa / o are not read). kR > 1:
+// also the kR - 1 spans that follow at strides of P elements, with the same parameters (whole periods of
+// the periodic walk): each parameter vector is loaded once for kR rows (P * dtype size a multiple of 64
+// bytes, so a streamed output is aligned alike in every row).
+template <DType DT, bool kInt4, bool kArr, bool kOff, bool kHw, int kR = 1>
+void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* oa, float s, float o,
+          std::int64_t P = 0) {
   const DF df;
   const DI di;
   const AntiQuantArgs& a = *j.args;
@@ -122,7 +132,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   constexpr std::int64_t kAlign = kN < 8 ? kN : 8;
   auto values = [&](std::int64_t e) XQUANT_LAMBDA_INLINE -> VF {
     if constexpr (kInt4) {
-      if (kN <= 16 && (e & (kAlign - 1)) == 0) return Int4Vec(w4, e, shl0);
+      if (HWY_LIKELY(kN <= 16 && (e & (kAlign - 1)) == 0)) return Int4Vec(w4, e, shl0);
       HWY_ALIGN std::int8_t tq[kMaxLanes];
       unpack_int4_bytes(w4, e, static_cast<std::int64_t>(hn::Lanes(df)), tq);
       return hn::ConvertTo(df, hn::PromoteTo(di, hn::Load(DI8(), tq)));
@@ -133,55 +143,104 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   auto step = [&]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {
     const VF sv = kArr ? hn::LoadU(df, sa + k) : sb;
     const VF ov = kOff ? (kArr ? hn::LoadU(df, oa + k) : ob) : sb;
-    StoreAq<DT, kStream>(AntiQuantVec<kOff>(values(pos + k), ov, sv), out, pos + k);
+    for (int r = 0; r < kR; ++r) {
+      const std::int64_t e = pos + r * P + k;
+      StoreAq<DT, kStream, kHw>(AntiQuantVec<kOff>(values(e), ov, sv), out, e);
+    }
   };
   // Fewer than a vector (the tail; the head that aligns a streamed output) through stack buffers: x staged
   // as int8 lanes (int4 unpacked), then the body's arithmetic and store.
   auto stage = [&](std::int64_t k, std::int64_t rem) {
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
-    StagedTail(k, rem,
-               {{.base = a.x, .offset = pos, .es = kInt4 ? std::size_t{0} : std::size_t{1}},
-                StageIn::Param(kArr ? sa : nullptr, s),
-                {.base = kOff && kArr ? oa : nullptr, .fill = kOff && !kArr ? o : 0.0f}},
-               {{.base = out, .offset = pos, .es = es}},
-               [=](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE {
-                 const VF x =
-                     hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(DI8(), static_cast<const std::int8_t*>(in[0]) + m)));
-                 StoreAq<DT>(
-                     AntiQuantVec<kOff>(x, hn::LoadU(df, StagedF(in[2]) + m), hn::LoadU(df, StagedF(in[1]) + m)),
-                     outs[0], m);
-               });
+    for (int r = 0; r < kR; ++r)
+      StagedTail(k, rem,
+                 {{.base = a.x, .offset = pos + r * P, .es = kInt4 ? std::size_t{0} : std::size_t{1}},
+                  StageIn::Param(kArr ? sa : nullptr, s),
+                  {.base = kOff && kArr ? oa : nullptr, .fill = kOff && !kArr ? o : 0.0f}},
+                 {{.base = out, .offset = pos + r * P, .es = es}},
+                 [=](const void* const* in, void* const* outs, std::int64_t m) XQUANT_LAMBDA_INLINE {
+                   const VF x = hn::ConvertTo(
+                       df, hn::PromoteTo(di, hn::LoadU(DI8(), static_cast<const std::int8_t*>(in[0]) + m)));
+                   StoreAq<DT>(
+                       AntiQuantVec<kOff>(x, hn::LoadU(df, StagedF(in[2]) + m), hn::LoadU(df, StagedF(in[1]) + m)),
+                       outs[0], m);
+                 });
   };
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (kHw && DT == DType::bfloat16) {
+    // Two vectors per step: one conversion instruction and one 64-byte store for both.
+    auto pair = [&]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {
+      const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+      const VF s1 = kArr ? hn::LoadU(df, sa + k) : sb, s2 = kArr ? hn::LoadU(df, sa + k + N) : sb;
+      const VF o1 = kOff ? (kArr ? hn::LoadU(df, oa + k) : ob) : sb;
+      const VF o2 = kOff ? (kArr ? hn::LoadU(df, oa + k + N) : ob) : sb;
+      for (int r = 0; r < kR; ++r) {
+        const std::int64_t e = pos + r * P + k;
+        const VF r1 = AntiQuantVec<kOff>(values(e), o1, s1);
+        const VF r2 = AntiQuantVec<kOff>(values(e + N), o2, s2);
+        if (HWY_LIKELY(StoreBf16HwPair<kStream>(r1, r2, static_cast<std::uint16_t*>(out) + e))) continue;
+        StoreAq<DT, kStream>(r1, out, e);
+        StoreAq<DT, kStream>(r2, out, e + N);
+      }
+    };
+    return DriveSpanPairs(n, j.stream, out, pos, dtype_size(DT), pair, step, stage);
+  }
+#endif
   DriveSpan(n, j.stream, out, pos, dtype_size(DT), step, stage);
 }
 
-template <DType DT, bool kInt4>
+// Rows of the periodic walk taken kAqRows at a time where whole periods follow each other.
+constexpr int kAqRows = 4;
+
+template <DType DT, bool kInt4, bool kHw>
 void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
   const AntiQuantParams* p = j.args->params;
-  j.walk->visit(
-      b0, b1,
-      [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
-        if (p[c].offset == 0.0f)
-          Span<DT, kInt4, false, false>(j, pos, n, nullptr, nullptr, p[c].scale, 0.f);
-        else
-          Span<DT, kInt4, false, true>(j, pos, n, nullptr, nullptr, p[c].scale, p[c].offset);
-      },
-      [&](std::int64_t pos, std::int64_t n, std::int64_t ph) {
-        if (j.offset_used)
-          Span<DT, kInt4, true, true>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f);
-        else
-          Span<DT, kInt4, true, false>(j, pos, n, j.scale + ph, nullptr, 0.f, 0.f);
-      });
+  const ChannelWalk& walk = *j.walk;
+  auto periodic = [&]<int kR>(std::int64_t pos, std::int64_t n, std::int64_t ph) {
+    if (j.offset_used)
+      Span<DT, kInt4, true, true, kHw, kR>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f, walk.period);
+    else
+      Span<DT, kInt4, true, false, kHw, kR>(j, pos, n, j.scale + ph, nullptr, 0.f, 0.f, walk.period);
+  };
+  if (walk.period > 0) {
+    // As walk.visit, but kAqRows whole periods at once where the range holds them.
+    const std::int64_t P = walk.period;
+    const bool rows = P * static_cast<std::int64_t>(dtype_size(DT)) % 64 == 0;
+    for (std::int64_t pos = b0; pos < b1;) {
+      const std::int64_t ph = pos % P;
+      if (rows && ph == 0 && b1 - pos >= (kInt4 ? 2 : kAqRows) * P) {
+        periodic.template operator()<kInt4 ? 2 : kAqRows>(pos, P, 0);
+        pos += (kInt4 ? 2 : kAqRows) * P;
+        continue;
+      }
+      const std::int64_t n = std::min(b1 - pos, P - ph);
+      periodic.template operator()<1>(pos, n, ph);
+      pos += n;
+    }
+  } else {
+    walk.visit(
+        b0, b1,
+        [&](std::int64_t pos, std::int64_t n, std::int64_t c) {
+          if (p[c].offset == 0.0f)
+            Span<DT, kInt4, false, false, kHw>(j, pos, n, nullptr, nullptr, p[c].scale, 0.f);
+          else
+            Span<DT, kInt4, false, true, kHw>(j, pos, n, nullptr, nullptr, p[c].scale, p[c].offset);
+        },
+        [](std::int64_t, std::int64_t, std::int64_t) {});
+  }
   if (j.stream) hwy::FlushStream();
 }
 
 AntiQuantRangeFn SelectAntiQuantRange(DType dt, QuantDType src) {
   return VisitFloatDType(dt, [src]<DType DT>() -> AntiQuantRangeFn {
-    if (src == QuantDType::quint4x2) return &RangeT<DT, true>;
-    if (src != QuantDType::qint8)
+    if (src != QuantDType::qint8 && src != QuantDType::quint4x2)
       fail_internal("cpu kernel", "anti_quant has no kernel for " + std::string(quant_dtype_name(src)) +
                                       " input (expected qint8 or quint4x2)");
-    return &RangeT<DT, false>;
+    const bool int4 = src == QuantDType::quint4x2;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (DT == DType::bfloat16 && hw_bf16_wanted()) return int4 ? &RangeT<DT, true, true> : &RangeT<DT, false, true>;
+#endif
+    return int4 ? &RangeT<DT, true, false> : &RangeT<DT, false, false>;
   });
 }
 

@@ -22,6 +22,10 @@ void cpu_dynamic_quant(const DynamicQuantArgs& args);
 bool cpu_acts_ulq(const ActsUlqArgs& args);
 bool cpu_acts_ulq_backward(const ActsUlqBackwardArgs& args);
 void cpu_anti_quant(const AntiQuantArgs& args);
+// Whether the AVX-512 kernels may use AVX512_BF16's float32 -> bfloat16 conversion (x86: CPUID leaf 7
+// sub-leaf 1, EAX bit 5, e.g. AMD Zen 4, Intel Sapphire Rapids), unless XQUANT_HW_BF16=0 (measurement).
+// Read once, when the library loads.
+bool hw_bf16_wanted();
 void cpu_quant_matmul(const QuantMatmulArgs& args);
 void cpu_weight_quant_matmul(const WeightQuantMatmulArgs& args);
 

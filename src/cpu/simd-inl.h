@@ -142,6 +142,46 @@ HWY_INLINE void PrefetchAhead(const void* base, std::int64_t i, bool l2_too = fa
 // working set, which an L1 prefetch would evict.
 HWY_INLINE void PrefetchL2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
+// x86 AVX2 / AVX-512 (F16C): vcvtps2ph, imm 0 (round to nearest even, not MXCSR's mode) gives the bits of
+// FloatToHalfBits for every float32 input, NaN quieting and payload included (checked for all 2^32
+// inputs against core/convert.hpp, 2026-12-05). (Its inverse vcvtph2ps quiets signaling NaNs, which
+// HalfBitsToFloat keeps, so loads stay integer code.)
+inline constexpr bool kHwHalf = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// AVX512_BF16 (only where hw_bf16_wanted()): vcvtneps2bf16 rounds float32 -> bfloat16 to nearest even as
+// FloatToBf16Bits does, except that it flushes subnormal inputs to signed zero (and quiets NaN alike).
+// So a vector with a subnormal or NaN lane (one vfpclassps) returns false for the caller's integer path;
+// otherwise the 16 results are stored and it returns true (checked for all 2^32 inputs: the class test
+// and the converted bits). Inline asm: Highway 1.0.3 has no target with AVX512_BF16.
+template <bool kStream>
+HWY_INLINE bool StoreBf16Hw(VF v, std::uint16_t* p) {
+  if (_mm512_fpclass_ps_mask(v.raw, 0xA1) != 0) return false;  // 0x01 QNaN, 0x20 subnormal, 0x80 SNaN
+  __m256i h;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(v.raw));
+  const hn::Vec<DU16> hv{h};
+  if constexpr (kStream)
+    hn::Stream(hv, DU16(), p);
+  else
+    hn::StoreU(hv, DU16(), p);
+  return true;
+}
+// StoreBf16Hw for two vectors (2 N elements, a first) at once: one vcvtne2ps2bf16 and one 64-byte store.
+template <bool kStream>
+HWY_INLINE bool StoreBf16HwPair(VF a, VF b, std::uint16_t* p) {
+  if ((_mm512_fpclass_ps_mask(a.raw, 0xA1) | _mm512_fpclass_ps_mask(b.raw, 0xA1)) != 0) return false;
+  __m512i h;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(h) : "v"(b.raw), "v"(a.raw));  // low half from a
+  const hn::Repartition<std::uint16_t, DF> d16;
+  const hn::Vec<decltype(d16)> hv{h};
+  if constexpr (kStream)
+    hn::Stream(hv, d16, p);
+  else
+    hn::StoreU(hv, d16, p);
+  return true;
+}
+#endif
+
 // Load Lanes(DF) values of dtype DT at base[i], widened to float32.
 template <DType DT>
 HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
@@ -166,6 +206,13 @@ HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
       hn::Stream(v, DF(), p);
     else
       hn::StoreU(v, DF(), p);
+  } else if constexpr (DT == DType::float16 && kHwHalf) {
+    const auto h = hn::BitCast(DU16(), hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v));
+    std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
+    if constexpr (kStream)
+      hn::Stream(h, DU16(), p);
+    else
+      hn::StoreU(h, DU16(), p);
   } else {
     const VU bits = DT == DType::float16 ? FloatToHalfBits(v) : FloatToBf16Bits(v);
     // values are <= 0xFFFF, so the saturating int32 -> uint16 demotion is exact
