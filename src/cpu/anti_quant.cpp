@@ -60,6 +60,15 @@ HWY_INLINE VF Int4Vec(const std::int32_t* words, std::int64_t e, VI shl0) {
     const hn::Repartition<std::uint64_t, DI> d64;
     std::uint64_t two;
     std::memcpy(&two, words + (e >> 3), 8);
+#if HWY_TARGET == HWY_AVX3_DL
+    // VBMI: every qword holds all 16 nibbles; one vpmultishiftqb puts nibble t into bits 4-7 of lane t's
+    // top byte (lane 2q: the 8 bits from bit 8q - 4, rotating within the qword; lane 2q + 1: from bit 8q)
+    // and the arithmetic shift sign-extends it: one instruction instead of vpermd and vpsllvd.
+    (void)shl0;
+    const __m512i ctrl = _mm512_set_epi64(0x3800000034000000LL, 0x300000002C000000LL, 0x2800000024000000LL, 0x200000001C000000LL, 0x1800000014000000LL, 0x100000000C000000LL, 0x0800000004000000LL, 0x000000003C000000LL);
+    w = VI{_mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64(static_cast<long long>(two)))};
+    return hn::ConvertTo(df, hn::ShiftRight<28>(w));
+#endif
     alignas(64) static constexpr std::int32_t kPick[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
     w = hn::TableLookupLanes(hn::BitCast(di, hn::Set(d64, two)), hn::SetTableIndices(di, kPick));
   } else {
@@ -189,13 +198,14 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
   DriveSpan(n, j.stream, out, pos, dtype_size(DT), step, stage);
 }
 
-// Rows of the periodic walk taken kAqRows at a time where whole periods follow each other.
-constexpr int kAqRows = 4;
 
 template <DType DT, bool kInt4, bool kHw>
 void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
   const AntiQuantParams* p = j.args->params;
   const ChannelWalk& walk = *j.walk;
+  // Whole periods (rows of the last axis) taken together, so that each parameter vector is loaded once
+  // for all of them (int4 two: its unpacking, not the parameters, bounds that loop).
+  constexpr int kRows = kInt4 ? 2 : 4;
   auto periodic = [&]<int kR>(std::int64_t pos, std::int64_t n, std::int64_t ph) {
     if (j.offset_used)
       Span<DT, kInt4, true, true, kHw, kR>(j, pos, n, j.scale + ph, j.offset + ph, 0.f, 0.f, walk.period);
@@ -203,14 +213,14 @@ void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
       Span<DT, kInt4, true, false, kHw, kR>(j, pos, n, j.scale + ph, nullptr, 0.f, 0.f, walk.period);
   };
   if (walk.period > 0) {
-    // As walk.visit, but kAqRows whole periods at once where the range holds them.
+    // As walk.visit, but kRows whole periods at once where the range holds them.
     const std::int64_t P = walk.period;
     const bool rows = P * static_cast<std::int64_t>(dtype_size(DT)) % 64 == 0;
     for (std::int64_t pos = b0; pos < b1;) {
       const std::int64_t ph = pos % P;
-      if (rows && ph == 0 && b1 - pos >= (kInt4 ? 2 : kAqRows) * P) {
-        periodic.template operator()<kInt4 ? 2 : kAqRows>(pos, P, 0);
-        pos += (kInt4 ? 2 : kAqRows) * P;
+      if (rows && ph == 0 && b1 - pos >= kRows * P) {
+        periodic.template operator()<kRows>(pos, P, 0);
+        pos += kRows * P;
         continue;
       }
       const std::int64_t n = std::min(b1 - pos, P - ph);
