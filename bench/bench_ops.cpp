@@ -70,6 +70,15 @@ void BM_fake_quant_per_tensor(benchmark::State& st) {
   set_bytes(st, 8.0 * static_cast<double>(n));
 }
 
+// float16 in and out (SPEC 1's float16 arithmetic).
+void BM_fake_quant_per_tensor_f16(benchmark::State& st) {
+  const std::int64_t n = st.range(0);
+  xq::Tensor x = random_tensor(xq::DType::float16, {n}), y(xq::DType::float16, {n}), amax = filled({1}, 3.f);
+  xq::fake_tensor_quant_out(y, x, amax);  // warm-up
+  for (auto _ : st) xq::fake_tensor_quant_out(y, x, amax);
+  set_bytes(st, 4.0 * static_cast<double>(n));
+}
+
 void BM_fake_quant_per_tensor_alloc(benchmark::State& st) {
   const std::int64_t n = st.range(0);
   xq::Tensor x = random_tensor(xq::DType::float32, {n}), amax = filled({1}, 3.f);
@@ -253,6 +262,7 @@ BENCHMARK(BM_fake_quant_per_tensor)
     ->Arg(65536)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_fake_quant_per_tensor_f16)->Arg(kBig)->Arg(65536)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_fake_quant_per_tensor_alloc)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_axis)->Arg(1)->Arg(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -410,6 +420,7 @@ int run_ratios(const char* json_path, const char* filter) {
   xq::Tensor x = random_tensor(xq::DType::float32, {n}), y(xq::DType::float32, {n}),
              g = random_tensor(xq::DType::float32, {n});
   xq::Tensor amax = filled({1}, 3.f), ga(xq::DType::float32, {1});
+  xq::Tensor xh = random_tensor(xq::DType::float16, {n}), yh(xq::DType::float16, {n});
   const xq::Shape s4 = {32, 8, 512, 768};
   xq::TensorView x4(x.data(), xq::DType::float32, s4), y4(y.data(), xq::DType::float32, s4);
   xq::Tensor a8 = filled({8}, 3.f), a768 = filled({768}, 3.f);
@@ -442,6 +453,7 @@ int run_ratios(const char* json_path, const char* filter) {
   };
   const std::vector<RatioCase> cases = {
       {"fake_tensor_quant_out [100663296] f32", 8 * N, 4 * N, [&] { xq::fake_tensor_quant_out(y, x, amax); }},
+      {"fake_tensor_quant_out [100663296] f16", 4 * N, 2 * N, [&] { xq::fake_tensor_quant_out(yh, xh, amax); }},
       {"fake_tensor_quant_with_axis_out axis=1 [32,8,512,768]", 8 * N, 4 * N,
        [&] { xq::fake_tensor_quant_with_axis_out(y4, x4, a8, 1); }},
       {"fake_tensor_quant_with_axis_out axis=3 [32,8,512,768]", 8 * N, 4 * N,

@@ -5,7 +5,9 @@
 //
 // Highway 1.0.3 traps avoided here: its float16 conversions are wrong on the SSE4 / SSSE3 / scalar
 // targets and its bfloat16 demotion truncates, so the 16-bit conversions below are our own integer code
-// (bit-identical to src/core/half.cpp); min / max are never applied to values that may be NaN; no
+// (bit-identical to src/core/half.cpp), except where hardware gives the same bits: F16C on x86 AVX2 /
+// AVX-512 (kHwHalf) and AVX512_BF16's conversion for bfloat16 stores (StoreBf16Hw); min / max are never
+// applied to values that may be NaN; no
 // MaskedLoad (it may read past the end off AVX-512): tails go through small stack buffers instead
 // (StagedTail).
 #if defined(XQUANT_CPU_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -49,6 +51,15 @@ using VU = hn::Vec<DU>;
 // Widest vector of this target, in float lanes (AVX-512: 16; SVE: up to 2048 bits, 64); stack buffers
 // for tails are sized by it.
 inline constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / 4 > 16 ? HWY_MAX_BYTES / 4 : 16;
+
+// x86 AVX2 / AVX-512 (F16C): vcvtps2ph, imm 0 (round to nearest even, not MXCSR's mode) gives the bits of
+// FloatToHalfBits for every float32 input, NaN quieting and payload included, and vcvtph2ps those of
+// HalfBitsToFloat for every float16 input but the signaling NaNs, which it quiets (both checked for all
+// inputs against core/convert.hpp, 2026-12-05). So stores and RoundToHalf use them as they are, and loads
+// take the integer path for a vector with a NaN lane. (No kernel output could show a quieted input NaN:
+// each goes through arithmetic or a float16 store, which quiet it anyway. LoadF stays exact regardless.)
+inline constexpr bool kHwHalf = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
+using DH = hn::Rebind<hwy::float16_t, DF>;
 
 // float16 bits (in u32 lanes) -> float, exact (mirrors half_to_float).
 HWY_INLINE VF HalfBitsToFloat(VU h) {
@@ -94,6 +105,9 @@ HWY_INLINE VU FloatToHalfBits(VF v) {
 // 65504 -> +-Inf, zero keeps its sign, NaN kept. Float16 arithmetic of SPEC 1 (fake quant).
 HWY_INLINE VF RoundToHalf(VF v) {
   const DF df;
+  // F16C: the round trip is hd_round_to_half for every input (a NaN comes back quiet with its top payload
+  // bits, where the integer code below keeps it as it was; either gives the same bits once stored).
+  if constexpr (kHwHalf) return hn::PromoteTo(df, hn::DemoteTo(DH(), v));
   const DU du;
   const DI di;
   const VU x = hn::BitCast(du, v);
@@ -142,11 +156,6 @@ HWY_INLINE void PrefetchAhead(const void* base, std::int64_t i, bool l2_too = fa
 // working set, which an L1 prefetch would evict.
 HWY_INLINE void PrefetchL2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
-// x86 AVX2 / AVX-512 (F16C): vcvtps2ph, imm 0 (round to nearest even, not MXCSR's mode) gives the bits of
-// FloatToHalfBits for every float32 input, NaN quieting and payload included (checked for all 2^32
-// inputs against core/convert.hpp, 2026-12-05). (Its inverse vcvtph2ps quiets signaling NaNs, which
-// HalfBitsToFloat keeps, so loads stay integer code.)
-inline constexpr bool kHwHalf = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // AVX512_BF16 (only where hw_bf16_wanted()): vcvtneps2bf16 rounds float32 -> bfloat16 to nearest even as
@@ -190,6 +199,10 @@ HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
     return hn::LoadU(df, static_cast<const float*>(base) + i);
   } else {
     const DU du;
+    if constexpr (DT == DType::float16 && kHwHalf) {
+      const VF h = hn::PromoteTo(df, hn::LoadU(DH(), static_cast<const hwy::float16_t*>(base) + i));
+      if (HWY_LIKELY(hn::AllFalse(df, hn::IsNaN(h)))) return h;
+    }
     const VU u = hn::PromoteTo(du, hn::LoadU(DU16(), static_cast<const std::uint16_t*>(base) + i));
     if constexpr (DT == DType::bfloat16) return hn::BitCast(df, hn::ShiftLeft<16>(u));
     return HalfBitsToFloat(u);
@@ -207,7 +220,7 @@ HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
     else
       hn::StoreU(v, DF(), p);
   } else if constexpr (DT == DType::float16 && kHwHalf) {
-    const auto h = hn::BitCast(DU16(), hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v));
+    const auto h = hn::BitCast(DU16(), hn::DemoteTo(DH(), v));
     std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
     if constexpr (kStream)
       hn::Stream(h, DU16(), p);
