@@ -103,11 +103,9 @@ HWY_INLINE VU FloatToHalfBits(VF v) {
 
 // float -> the nearest float16 value, as a float (mirrors hd_round_to_half): ties to even, beyond
 // 65504 -> +-Inf, zero keeps its sign, NaN kept. Float16 arithmetic of SPEC 1 (fake quant).
-HWY_INLINE VF RoundToHalf(VF v) {
+// The integer code; RoundToHalf below uses F16C instead where it can.
+HWY_INLINE VF RoundToHalfInt(VF v) {
   const DF df;
-  // F16C: the round trip is hd_round_to_half for every input (a NaN comes back quiet with its top payload
-  // bits, where the integer code below keeps it as it was; either gives the same bits once stored).
-  if constexpr (kHwHalf) return hn::PromoteTo(df, hn::DemoteTo(DH(), v));
   const DU du;
   const DI di;
   const VU x = hn::BitCast(du, v);
@@ -125,6 +123,12 @@ HWY_INLINE VF RoundToHalf(VF v) {
   r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x477FEFFF))), hn::Set(du, 0x7F800000u), r);
   r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x7F800000))), a, r);  // NaN
   return hn::BitCast(df, hn::Or(r, sign));
+}
+HWY_INLINE VF RoundToHalf(VF v) {
+  // F16C: the round trip is hd_round_to_half for every input (a NaN comes back quiet with its top payload
+  // bits, where the integer code keeps it as it was; either gives the same bits once stored).
+  if constexpr (kHwHalf) return hn::PromoteTo(DF(), hn::DemoteTo(DH(), v));
+  return RoundToHalfInt(v);
 }
 
 // float -> bfloat16 bits in u32 lanes, round to nearest even, NaN quieted (mirrors float_to_bfloat16).
