@@ -50,3 +50,6 @@ U='N_AVX3::UlqSpanT<(xquant::DType)0'
 run "ActsULQ forward f32, 4 outputs, divider (streamed)" acts_ulq.cpp.o "$U, false>" 'vdivps,vmovnt'
 run "ActsULQ forward f32, 4 outputs, FMA (streamed)" acts_ulq.cpp.o "$U, true>" 'vfnmadd,vmovnt,!vdivps'
 run "ActsULQ backward f32 (streamed)" acts_ulq.cpp.o 'N_AVX3::BwdChunkT<(xquant::DType)0>' 'vmulps,vsubps,vmovntps'
+AQ='N_AVX3_DL::Span<(xquant::DType)2'
+run "AVX3_DL: anti_quant int8 -> bf16 per column, four rows per parameter load, AVX512_BF16 pairs (per 16 elements of one row)" anti_quant.cpp.o "$AQ, false, true, true, true, 4>" 'vcvtne2ps2bf16' 8
+run "AVX3_DL: anti_quant int4 -> bf16 per column, two rows, vpmultishiftqb unpacking, AVX512_BF16 pairs" anti_quant.cpp.o "$AQ, true, true, true, true, 2>" 'vcvtne2ps2bf16,vpmultishiftqb' 4
