@@ -70,10 +70,11 @@ void BM_fake_quant_per_tensor(benchmark::State& st) {
   set_bytes(st, 8.0 * static_cast<double>(n));
 }
 
-// float16 in and out (SPEC 1's float16 arithmetic).
-void BM_fake_quant_per_tensor_f16(benchmark::State& st) {
-  const std::int64_t n = st.range(0);
-  xq::Tensor x = random_tensor(xq::DType::float16, {n}), y(xq::DType::float16, {n}), amax = filled({1}, 3.f);
+// 16-bit in and out, Args {dtype, n} (float16: SPEC 1's float16 arithmetic).
+void BM_fake_quant_per_tensor_16(benchmark::State& st) {
+  const auto dt = static_cast<xq::DType>(st.range(0));
+  const std::int64_t n = st.range(1);
+  xq::Tensor x = random_tensor(dt, {n}), y(dt, {n}), amax = filled({1}, 3.f);
   xq::fake_tensor_quant_out(y, x, amax);  // warm-up
   for (auto _ : st) xq::fake_tensor_quant_out(y, x, amax);
   set_bytes(st, 4.0 * static_cast<double>(n));
@@ -262,7 +263,10 @@ BENCHMARK(BM_fake_quant_per_tensor)
     ->Arg(65536)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_fake_quant_per_tensor_f16)->Arg(kBig)->Arg(65536)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_fake_quant_per_tensor_16)
+    ->ArgsProduct({{static_cast<std::int64_t>(xq::DType::float16), bf16}, {kBig, 65536}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_fake_quant_per_tensor_alloc)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_axis)->Arg(1)->Arg(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);

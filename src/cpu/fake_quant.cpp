@@ -39,6 +39,7 @@ struct FqJob {
   bool any_zero;               // some channel is degenerate (scale not finite or 0)
   bool stream;                 // non-temporal stores for y
   int div_steps;               // q / scale without the divider: fast_div_integral_steps (0: divide)
+  bool hw_bf16;                // bfloat16 forward outputs through AVX512_BF16 (hw_bf16_wanted())
   const ChannelWalk* walk;
   const FakeQuantParams* params;  // per channel (runs walk)
   // periodic walk: expanded per-phase arrays, null where the pass does not read them
@@ -74,8 +75,8 @@ struct SpanParams {
 };
 
 // Forward of n elements at pos. kSteps: q / scale by the divider (0) or the FMA sequence (1, 2 steps);
-// kAnyZero: some channel is degenerate; kArr: parameters are arrays.
-template <DType DT, int kSteps, bool kAnyZero, bool kArr>
+// kAnyZero: some channel is degenerate; kArr: parameters are arrays; kHw: StoreF's kHwBf16.
+template <DType DT, int kSteps, bool kAnyZero, bool kArr, bool kHw>
 void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
   const DF df;
   const VF lo = hn::Set(df, j.min_bound), hi = hn::Set(df, j.max_bound);
@@ -109,7 +110,7 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
   const bool prefetch = j.stream && prefetch_ahead_wanted();
   auto step = [=]<bool kStream>(std::int64_t i) XQUANT_LAMBDA_INLINE {
     if (prefetch) PrefetchAhead<DT>(x, pos + i);
-    StoreF<DT, kStream>(compute.template operator()<kArr>(x, pos + i, spv, i), y, pos + i);
+    StoreF<DT, kStream, kHw>(compute.template operator()<kArr>(x, pos + i, spv, i), y, pos + i);
   };
   auto stage = [&](std::int64_t i, std::int64_t count) {
     constexpr std::size_t es = DT == DType::float32 ? 4 : 2;
@@ -127,29 +128,39 @@ void FwdSpanT(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams
   DriveSpan(n, j.stream, y, pos, dtype_size(DT), step, stage);
 }
 
-template <DType DT, int kSteps>
+template <DType DT, int kSteps, bool kHw>
 HWY_INLINE void FwdSpanZ(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
   const bool arr = sp.a_scale != nullptr;
   if (j.any_zero) {
     if (arr)
-      FwdSpanT<DT, kSteps, true, true>(j, pos, n, sp);
+      FwdSpanT<DT, kSteps, true, true, kHw>(j, pos, n, sp);
     else
-      FwdSpanT<DT, kSteps, true, false>(j, pos, n, sp);
+      FwdSpanT<DT, kSteps, true, false, kHw>(j, pos, n, sp);
   } else {
     if (arr)
-      FwdSpanT<DT, kSteps, false, true>(j, pos, n, sp);
+      FwdSpanT<DT, kSteps, false, true, kHw>(j, pos, n, sp);
     else
-      FwdSpanT<DT, kSteps, false, false>(j, pos, n, sp);
+      FwdSpanT<DT, kSteps, false, false, kHw>(j, pos, n, sp);
   }
+}
+
+template <DType DT, bool kHw>
+HWY_INLINE void FwdSpanH(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
+#if XQUANT_HAVE_FAST_DIV
+  if (j.div_steps == 1) return FwdSpanZ<DT, 1, kHw>(j, pos, n, sp);
+  if (j.div_steps == 2) return FwdSpanZ<DT, 2, kHw>(j, pos, n, sp);
+#endif
+  FwdSpanZ<DT, 0, kHw>(j, pos, n, sp);
 }
 
 template <DType DT>
 void FwdSpan(const FqJob& j, std::int64_t pos, std::int64_t n, const SpanParams& sp) {
-#if XQUANT_HAVE_FAST_DIV
-  if (j.div_steps == 1) return FwdSpanZ<DT, 1>(j, pos, n, sp);
-  if (j.div_steps == 2) return FwdSpanZ<DT, 2>(j, pos, n, sp);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (DT == DType::bfloat16) {
+    if (j.hw_bf16) return FwdSpanH<DT, true>(j, pos, n, sp);
+  }
 #endif
-  FwdSpanZ<DT, 0>(j, pos, n, sp);
+  FwdSpanH<DT, false>(j, pos, n, sp);
 }
 
 // Backward of n elements at pos: grad_in = grad_out inside [glo, ghi] else 0; with t != null also the
@@ -350,6 +361,7 @@ struct FqCall {
                 .any_zero = any_zero,
                 .stream = use_stream(n * static_cast<std::int64_t>(dtype_size(dt))),
                 .div_steps = div_steps,
+                .hw_bf16 = dt == DType::bfloat16 && hw_bf16_wanted(),
                 .walk = &walk,
                 .params = params,
                 .scale = scale,

@@ -215,8 +215,14 @@ HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
 
 // Store Lanes(DF) float32 values to base[i] as dtype DT (narrowed once, round to nearest even).
 // kStream: non-temporal store; base + i must then be aligned to the stored vector's size (StreamHead).
-template <DType DT, bool kStream = false>
+// kHwBf16 (callers that checked hw_bf16_wanted()): bfloat16 through StoreBf16Hw on AVX-512.
+template <DType DT, bool kStream = false, bool kHwBf16 = false>
 HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (kHwBf16 && DT == DType::bfloat16) {
+    if (HWY_LIKELY(StoreBf16Hw<kStream>(v, static_cast<std::uint16_t*>(base) + i))) return;
+  }
+#endif
   if constexpr (DT == DType::float32) {
     float* p = static_cast<float*>(base) + i;
     if constexpr (kStream)
