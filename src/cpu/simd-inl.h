@@ -229,17 +229,15 @@ HWY_INLINE void StoreF(VF v, void* base, std::int64_t i) {
       hn::Stream(v, DF(), p);
     else
       hn::StoreU(v, DF(), p);
-  } else if constexpr (DT == DType::float16 && kHwHalf) {
-    const auto h = hn::BitCast(DU16(), hn::DemoteTo(DH(), v));
-    std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
-    if constexpr (kStream)
-      hn::Stream(h, DU16(), p);
-    else
-      hn::StoreU(h, DU16(), p);
   } else {
-    const VU bits = DT == DType::float16 ? FloatToHalfBits(v) : FloatToBf16Bits(v);
-    // values are <= 0xFFFF, so the saturating int32 -> uint16 demotion is exact
-    const auto h = hn::DemoteTo(DU16(), hn::BitCast(DI(), bits));
+    hn::Vec<DU16> h;
+    if constexpr (DT == DType::float16 && kHwHalf) {
+      h = hn::BitCast(DU16(), hn::DemoteTo(DH(), v));
+    } else {
+      const VU bits = DT == DType::float16 ? FloatToHalfBits(v) : FloatToBf16Bits(v);
+      // values are <= 0xFFFF, so the saturating int32 -> uint16 demotion is exact
+      h = hn::DemoteTo(DU16(), hn::BitCast(DI(), bits));
+    }
     std::uint16_t* p = static_cast<std::uint16_t*>(base) + i;
     if constexpr (kStream)
       hn::Stream(h, DU16(), p);
