@@ -563,6 +563,34 @@ TEST(CpuEquivalence, FastDivisionBoundariesFakeQuant) {
       }
 }
 
+TEST(CpuEquivalence, FakeQuantFloat16EveryInput) {
+  // Every float16 bit pattern (NaNs with payloads, both zeros, subnormals, Inf) through the float16
+  // arithmetic, for scales from subnormal to huge and bit widths from 2 to 17 (16 unsigned and 17 have
+  // infinite float16 bounds, which the AVX-512 path leaves to the generic one), per tensor and per axis.
+  Placed x(DType::float16, {256, 256}, 1);
+  for (std::uint32_t b = 0; b < 65536; ++b) static_cast<std::uint16_t*>(x.view.data)[b] = static_cast<std::uint16_t>(b);
+  for (float amax_v : {5.9604645e-8f, 6.1035156e-5f, 0.0999755859375f, 1.0f, 2.5f, 100.0f, 65504.0f})
+    for (auto [nb, uns, narrow] : {std::tuple{2, false, false}, std::tuple{8, false, false}, std::tuple{8, true, false},
+                                   std::tuple{8, false, true}, std::tuple{14, false, false}, std::tuple{15, false, false},
+                                   std::tuple{16, false, false}, std::tuple{16, true, false},
+                                   std::tuple{17, false, false}}) {
+      const std::string what = "float16 every input, amax " + std::to_string(amax_v) + " nb " + std::to_string(nb) +
+                               (uns ? " unsigned" : "") + (narrow ? " narrow" : "");
+      Tensor amax = make_float(DType::float16, {1}, {amax_v});
+      check_equivalent(
+          [&, nb = nb, uns = uns, narrow = narrow](std::vector<TensorView>& o) {
+            xquant::fake_tensor_quant_out(o[0], x.view, amax, {nb, uns, narrow});
+          },
+          {{DType::float16, {256, 256}}}, what);
+      Tensor amax2 = make_float(DType::float16, {256}, std::vector<float>(256, amax_v));
+      check_equivalent(
+          [&, nb = nb, uns = uns, narrow = narrow](std::vector<TensorView>& o) {
+            xquant::fake_tensor_quant_with_axis_out(o[0], x.view, amax2, 1, {nb, uns, narrow});
+          },
+          {{DType::float16, {256, 256}}}, what + " per axis");
+    }
+}
+
 TEST(CpuEquivalence, FastDivisionBoundariesDynamicQuant) {
   using xquant::DynamicQuantMode;
   // rows of tiny, ordinary, huge magnitude (the scale floor 1e-12, scales near 2^126 and infinite ranges)

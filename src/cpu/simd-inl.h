@@ -196,7 +196,9 @@ HWY_INLINE bool StoreBf16HwPair(VF a, VF b, std::uint16_t* p) {
 #endif
 
 // Load Lanes(DF) values of dtype DT at base[i], widened to float32.
-template <DType DT>
+// kQuietOk: the caller quiets every NaN it passes on (arithmetic, or a float16 / bfloat16 store), so a
+// signaling float16 NaN may arrive quieted: vcvtph2ps without the per-vector NaN check.
+template <DType DT, bool kQuietOk = false>
 HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
   const DF df;
   if constexpr (DT == DType::float32) {
@@ -205,7 +207,7 @@ HWY_INLINE VF LoadF(const void* base, std::int64_t i) {
     const DU du;
     if constexpr (DT == DType::float16 && kHwHalf) {
       const VF h = hn::PromoteTo(df, hn::LoadU(DH(), static_cast<const hwy::float16_t*>(base) + i));
-      if (HWY_LIKELY(hn::AllFalse(df, hn::IsNaN(h)))) return h;
+      if (kQuietOk || HWY_LIKELY(hn::AllFalse(df, hn::IsNaN(h)))) return h;
     }
     const VU u = hn::PromoteTo(du, hn::LoadU(DU16(), static_cast<const std::uint16_t*>(base) + i));
     if constexpr (DT == DType::bfloat16) return hn::BitCast(df, hn::ShiftLeft<16>(u));
