@@ -909,6 +909,35 @@ TEST(CpuEquivalence, AntiQuant) {
           }
 }
 
+// AVX512_BF16's conversion flushes subnormal results, so the cpu kernel checks each vector unless the call's
+// parameters rule NaN and subnormal results out (AntiQuantResultsNormal: |scale| * min(ulp(offset), 1) >=
+// FLT_MIN). One channel per call, every input value present: scales and offsets whose results are all
+// normal, and ones where a single x (inside the range, at its ends, or next to an integral -offset) gives a
+// subnormal or a zero from underflow.
+TEST(CpuEquivalence, AntiQuantResultsNearSubnormal) {
+  using xquant::QuantDType;
+  const std::vector<std::pair<float, float>> cases = {
+      {0x1p-120f, 0.0f},           {0x1p-127f, 0.0f},          {0x1p-110f, -3.0f + 0x1p-21f}, {0x1p-110f, 3.0f},
+      {0x1p-110f, -7.0f - 0x1p-22f}, {0x1p-110f, 8.0f + 0x1p-22f}, {0x1p-110f, 100.5f},         {0x1p-125f, 0.5f},
+      {0x1p-125f, -0.25f},         {0x1p-140f, 0.0f},          {0x1p-100f, 2.0f + 0x1p-24f},  {-0x1p-110f, 120.0f + 0x1p-17f},
+      {0x1p-110f, -127.0f - 0x1p-17f}, {1.5f, -0.5f}, {0x1p-127f, -7.0f}, {0x1p-127f, -127.0f}, {0x1p-127f, 8.0f},
+      {0x1p-127f, 128.0f}};
+  for (QuantDType src : {QuantDType::qint8, QuantDType::quint4x2}) {
+    const bool int4 = src == QuantDType::quint4x2;
+    const std::int64_t rows = 4, H = 512;
+    Placed x(int4 ? DType::int32 : DType::int8, {rows, int4 ? H / 8 : H}, 1);
+    for (std::size_t b = 0; b < x.view.nbytes(); ++b)  // every int8 value, every pair of nibbles
+      static_cast<std::uint8_t*>(x.view.data)[b] = static_cast<std::uint8_t>(b * 7);
+    for (const auto& [sc, of] : cases) {
+      Tensor s = make_float(DType::float32, {1}, {sc}), o = make_float(DType::float32, {1}, {of});
+      check_equivalent([&](std::vector<TensorView>& out) { xquant::anti_quant_out(out[0], x.view, s, o.view(), src); },
+                       {{DType::bfloat16, {rows, H}}},
+                       "anti_quant near subnormal " + std::string(xquant::quant_dtype_name(src)) + " scale " +
+                           std::to_string(sc) + " offset " + std::to_string(of));
+    }
+  }
+}
+
 // Offsets that are all +-0 are skipped by the cpu kernel (float(q) + (+-0) == float(q)); one offset that is
 // not (a value, a subnormal, NaN) anywhere in the channel array (the SIMD part or the scalar tail of the
 // de-interleaving, the first or the last channel) must switch the add back on. Per channel and per tensor

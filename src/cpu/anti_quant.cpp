@@ -37,6 +37,7 @@ struct AqJob {
   const float* offset;
   bool offset_used;  // periodic walk: some offset is not +-0
   bool stream;       // non-temporal stores for out (large outputs, cpu/parallel.hpp)
+  bool normal;       // no channel's result can be NaN or subnormal (AntiQuantResultsNormal)
 };
 // The per-target kernel for one (dtype, input type) pair (picked on the calling thread).
 using AntiQuantRangeFn = void (*)(const AqJob& j, std::int64_t b0, std::int64_t b1);
@@ -127,7 +128,9 @@ HWY_INLINE void StoreAq(VF r, void* base, std::int64_t i) {
 // also the kR - 1 spans that follow at strides of P elements, with the same parameters (whole periods of
 // the periodic walk): each parameter vector is loaded once for kR rows (P * dtype size a multiple of 64
 // bytes, so a streamed output is aligned alike in every row).
-template <DType DT, bool kInt4, bool kArr, bool kOff, bool kHw, int kR = 1>
+// kHw: 0 the integer bfloat16 code, 1 AVX512_BF16 after the per-vector class check, 2 AVX512_BF16 without
+// it (AqJob::normal).
+template <DType DT, bool kInt4, bool kArr, bool kOff, int kHw, int kR = 1>
 void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, const float* oa, float s, float o,
           std::int64_t P = 0) {
   const DF df;
@@ -154,7 +157,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
     const VF ov = kOff ? (kArr ? hn::LoadU(df, oa + k) : ob) : sb;
     for (int r = 0; r < kR; ++r) {
       const std::int64_t e = pos + r * P + k;
-      StoreAq<DT, kStream, kHw>(AntiQuantVec<kOff>(values(e), ov, sv), out, e);
+      StoreAq<DT, kStream, kHw != 0>(AntiQuantVec<kOff>(values(e), ov, sv), out, e);
     }
   };
   // Fewer than a vector (the tail; the head that aligns a streamed output) through stack buffers: x staged
@@ -176,7 +179,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
                  });
   };
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if constexpr (kHw && DT == DType::bfloat16) {
+  if constexpr (kHw != 0 && DT == DType::bfloat16) {
     // Two vectors per step: one conversion instruction and one 64-byte store for both.
     auto pair = [&]<bool kStream>(std::int64_t k) XQUANT_LAMBDA_INLINE {
       const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
@@ -187,7 +190,7 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
         const std::int64_t e = pos + r * P + k;
         const VF r1 = AntiQuantVec<kOff>(values(e), o1, s1);
         const VF r2 = AntiQuantVec<kOff>(values(e + N), o2, s2);
-        if (HWY_LIKELY(StoreBf16HwPair<kStream>(r1, r2, static_cast<std::uint16_t*>(out) + e))) continue;
+        if (HWY_LIKELY((StoreBf16HwPair<kStream, kHw == 1>(r1, r2, static_cast<std::uint16_t*>(out) + e)))) continue;
         StoreAq<DT, kStream>(r1, out, e);
         StoreAq<DT, kStream>(r2, out, e + N);
       }
@@ -199,8 +202,11 @@ void Span(const AqJob& j, std::int64_t pos, std::int64_t n, const float* sa, con
 }
 
 
-template <DType DT, bool kInt4, bool kHw>
+template <DType DT, bool kInt4, int kHw>
 void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
+  if constexpr (kHw == 1) {
+    if (j.normal) return RangeT<DT, kInt4, 2>(j, b0, b1);
+  }
   const AntiQuantParams* p = j.args->params;
   const ChannelWalk& walk = *j.walk;
   // Whole periods (rows of the last axis) taken together, so that each parameter vector is loaded once
@@ -248,10 +254,44 @@ AntiQuantRangeFn SelectAntiQuantRange(DType dt, QuantDType src) {
                                       " input (expected qint8 or quint4x2)");
     const bool int4 = src == QuantDType::quint4x2;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (DT == DType::bfloat16 && hw_bf16_wanted()) return int4 ? &RangeT<DT, true, true> : &RangeT<DT, false, true>;
+    if (DT == DType::bfloat16 && hw_bf16_wanted()) return int4 ? &RangeT<DT, true, 1> : &RangeT<DT, false, 1>;
 #endif
-    return int4 ? &RangeT<DT, true, false> : &RangeT<DT, false, false>;
+    return int4 ? &RangeT<DT, true, 0> : &RangeT<DT, false, 0>;
   });
+}
+
+// Whether no (x + offset[k]) * scale[k], k < n, can be NaN or subnormal for any integer x of the input
+// type (|x| <= 128): then AVX512_BF16's conversion, which flushes subnormals to zero, needs no per-vector
+// class check (AqJob::normal). A sufficient condition, cheap enough to test for every channel: scale and
+// offset finite (|offset| <= 2^100: no NaN, no overflow of the sum), and |scale| * u >= FLT_MIN, where u =
+// min(ulp(offset), 1) (1 for a zero offset) bounds every nonzero |RN(x + offset)| from below (x is a
+// multiple of any power of two up to 1, so x + offset is a multiple of u, and exact below 2^24 u; with
+// ulp(offset) > 1, |x + offset| is near |offset| >= 2^24), and |RN(a * scale)| grows with |a|. It refuses
+// some harmless pairs (tiny scales with fractional offsets): those calls keep the per-vector check.
+bool AntiQuantResultsNormal(const float* scale, const float* offset, std::int64_t n) {
+  const DF df;
+  const DI di;
+  const VF fmax = hn::Set(df, std::numeric_limits<float>::max()), omax = hn::Set(df, 0x1p100f);
+  const VF fmin = hn::Set(df, std::numeric_limits<float>::min()), one = hn::Set(df, 1.0f), zero = hn::Zero(df);
+  const VI exp_mask = hn::Set(di, 0x7F800000), ulp_shift = hn::Set(di, 23 << 23), tiniest = hn::Set(di, 1);
+  auto bad_lanes = [&](VF s, VF o) XQUANT_LAMBDA_INLINE {
+    const auto finite = hn::And(hn::Le(hn::Abs(s), fmax), hn::Le(hn::Abs(o), omax));  // false for NaN
+    const VI ulp = hn::Max(hn::Sub(hn::And(hn::BitCast(di, o), exp_mask), ulp_shift), tiniest);
+    const VF u = hn::IfThenElse(hn::Eq(o, zero), one, hn::Min(hn::BitCast(df, ulp), one));
+    const auto tiny = hn::And(hn::Ne(s, zero), hn::Not(hn::Ge(hn::Mul(hn::Abs(s), u), fmin)));
+    return hn::Or(hn::Not(finite), tiny);
+  };
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(df));
+  auto bad = hn::FirstN(df, 0);
+  std::int64_t k = 0;
+  for (; k + N <= n; k += N) bad = hn::Or(bad, bad_lanes(hn::LoadU(df, scale + k), hn::LoadU(df, offset + k)));
+  if (k < n) {  // the rest through zero-filled buffers (scale 0 passes)
+    HWY_ALIGN float ts[kMaxLanes] = {}, to[kMaxLanes] = {};
+    std::memcpy(ts, scale + k, static_cast<std::size_t>(n - k) * sizeof(float));
+    std::memcpy(to, offset + k, static_cast<std::size_t>(n - k) * sizeof(float));
+    bad = hn::Or(bad, bad_lanes(hn::Load(df, ts), hn::Load(df, to)));
+  }
+  return hn::AllFalse(df, bad);
 }
 
 // The periodic walk's arrays: scale[k] / offset[k] of phase k < walk.period. Returns whether some offset
@@ -302,6 +342,7 @@ HWY_AFTER_NAMESPACE();
 namespace xquant::detail {
 HWY_EXPORT(SelectAntiQuantRange);
 HWY_EXPORT(AntiQuantExpand);
+HWY_EXPORT(AntiQuantResultsNormal);
 
 void cpu_anti_quant(const AntiQuantArgs& a) {
   const ChannelWalk walk(a.layout);
@@ -313,12 +354,20 @@ void cpu_anti_quant(const AntiQuantArgs& a) {
           .scale = nullptr,
           .offset = nullptr,
           .offset_used = false,
-          .stream = use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt)))};
+          .stream = use_stream(n * static_cast<std::int64_t>(dtype_size(a.dt))),
+          .normal = false};
+  // The class check is skipped only where that pays: at least 64 elements per parameter pair.
+  const bool check_normal = a.dt == DType::bfloat16 && hw_bf16_wanted() && n >= 64 * a.layout.channels;
   if (walk.period > 0) {
     float* s = store.allocate(2 * static_cast<std::size_t>(walk.period));
     j.scale = s;
     j.offset = s + walk.period;
     j.offset_used = HWY_DYNAMIC_DISPATCH(AntiQuantExpand)(a.params, walk, s, s + walk.period);
+    if (check_normal) j.normal = HWY_DYNAMIC_DISPATCH(AntiQuantResultsNormal)(s, s + walk.period, walk.period);
+  } else if (check_normal) {
+    j.normal = true;
+    for (std::int64_t c = 0; c < a.layout.channels && j.normal; ++c)
+      j.normal = HWY_DYNAMIC_DISPATCH(AntiQuantResultsNormal)(&a.params[c].scale, &a.params[c].offset, 1);
   }
   const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(a.dt) + 1);
   parallel_ranges(n, std::int64_t{1} << 16, bytes, [&](std::int64_t b0, std::int64_t b1) { range(j, b0, b1); });
