@@ -61,14 +61,24 @@ HWY_INLINE VF Int4Vec(const std::int32_t* words, std::int64_t e, VI shl0) {
     const hn::Repartition<std::uint64_t, DI> d64;
     std::uint64_t two;
     std::memcpy(&two, words + (e >> 3), 8);
-#if HWY_TARGET == HWY_AVX3_DL
-    // VBMI: every qword holds all 16 nibbles; one vpmultishiftqb puts nibble t into bits 4-7 of lane t's
-    // top byte (lane 2q: the 8 bits from bit 8q - 4, rotating within the qword; lane 2q + 1: from bit 8q)
-    // and the arithmetic shift sign-extends it: one instruction instead of vpermd and vpsllvd.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    // The value of each nibble from a 16-entry table of floats (vpermps reads only bits 0-3 of each
+    // index lane): no shift, no conversion. The nibble of lane t to bits 0-3:
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
     (void)shl0;
-    const __m512i ctrl = _mm512_set_epi64(0x3800000034000000LL, 0x300000002C000000LL, 0x2800000024000000LL, 0x200000001C000000LL, 0x1800000014000000LL, 0x100000000C000000LL, 0x0800000004000000LL, 0x000000003C000000LL);
-    w = VI{_mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64(static_cast<long long>(two)))};
-    return hn::ConvertTo(df, hn::ShiftRight<28>(w));
+#if HWY_TARGET == HWY_AVX3_DL
+    // VBMI: every qword holds all 16 nibbles; one vpmultishiftqb copies the 8 bits from bit 4t into lane
+    // t's low byte (lane 2q: from bit 8q, lane 2q + 1: from bit 8q + 4).
+    const __m512i ctrl = _mm512_set_epi64(0x0000003C00000038LL, 0x0000003400000030LL, 0x0000002C00000028LL, 0x0000002400000020LL, 0x0000001C00000018LL, 0x0000001400000010LL, 0x0000000C00000008LL, 0x0000000400000000LL);
+    const __m512i idx = _mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64(static_cast<long long>(two)));
+#else
+    // lanes 0-7 the first word, 8-15 the second, each shifted right by 4 (t % 8)
+    const __m512i idx = _mm512_srlv_epi32(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_set1_epi64(static_cast<long long>(two))),
+        _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28));
+#endif
+    return VF{_mm512_permutexvar_ps(idx, values)};
 #endif
     alignas(64) static constexpr std::int32_t kPick[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
     w = hn::TableLookupLanes(hn::BitCast(di, hn::Set(d64, two)), hn::SetTableIndices(di, kPick));
