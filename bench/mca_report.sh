@@ -15,7 +15,7 @@ run() {  # name object function markers [vectors per iteration]
 FQ='N_AVX3::FwdSpanT<(xquant::DType)0'
 run "fake quant forward f32, divider" fake_quant.cpp.o "$FQ, 0, false, false>" 'vmulps,vrndscale,vmovnt'
 run "fake quant forward f32, FMA (one step)" fake_quant.cpp.o "$FQ, 1, false, false>" 'vmulps,vrndscale,vmovnt'
-run "fake quant forward f16 (float16 arithmetic), divider" fake_quant.cpp.o 'N_AVX3::FwdSpanT<(xquant::DType)1, 0, false, false>' 'vmulps,vrndscale'
+run "fake quant forward f16 (float16 arithmetic: x * scale rounded by the magic add, q * (1 / scale))" fake_quant.cpp.o 'N_AVX3_DL::FwdSpanF16<false>' 'vmulps,vrndscale'
 run "fake quant backward f32 + grad_amax terms (streamed)" fake_quant.cpp.o 'N_AVX3::BwdSpan<(xquant::DType)0>' 'vmulps,vmovnt'
 Q='N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)0'
 run "quantize div_mode f32 -> int8, divider (streamed)" quantize.cpp.o "$Q, 1, false>" 'vdivps,vmovntdq'
@@ -51,5 +51,5 @@ run "ActsULQ forward f32, 4 outputs, divider (streamed)" acts_ulq.cpp.o "$U, fal
 run "ActsULQ forward f32, 4 outputs, FMA (streamed)" acts_ulq.cpp.o "$U, true>" 'vfnmadd,vmovnt,!vdivps'
 run "ActsULQ backward f32 (streamed)" acts_ulq.cpp.o 'N_AVX3::BwdChunkT<(xquant::DType)0>' 'vmulps,vsubps,vmovntps'
 AQ='N_AVX3_DL::Span<(xquant::DType)2'
-run "AVX3_DL: anti_quant int8 -> bf16 per column, four rows per parameter load, AVX512_BF16 pairs (per 16 elements of one row)" anti_quant.cpp.o "$AQ, false, true, true, true, 4>" 'vcvtne2ps2bf16' 8
-run "AVX3_DL: anti_quant int4 -> bf16 per column, two rows, vpmultishiftqb unpacking, AVX512_BF16 pairs" anti_quant.cpp.o "$AQ, true, true, true, true, 2>" 'vcvtne2ps2bf16,vpmultishiftqb' 4
+run "AVX3_DL: anti_quant int8 -> bf16 per column, four rows per parameter load, AVX512_BF16 pairs, no class check (per 16 elements of one row)" anti_quant.cpp.o "$AQ, false, true, true, 2, 4>" 'vcvtne2ps2bf16' 8
+run "AVX3_DL: anti_quant int4 -> bf16 per column, two rows, vpmultishiftqb + vpermps unpacking, AVX512_BF16 pairs, no class check" anti_quant.cpp.o "$AQ, true, true, true, 2, 2>" 'vcvtne2ps2bf16,vpmultishiftqb' 4
