@@ -6,10 +6,10 @@
 #include "xquant/anti_quant.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "core/check.hpp"
 #include "core/device_ops.hpp"
@@ -115,11 +115,11 @@ void anti_quant_out(TensorView out, ConstTensorView x, ConstTensorView scale, st
   // Small calls keep their parameters on the stack (no allocation per call).
   constexpr std::int64_t kStackChannels = 512;
   detail::AntiQuantParams stack_params[kStackChannels];
-  std::vector<detail::AntiQuantParams> heap_params;
+  std::unique_ptr<detail::AntiQuantParams[]> heap_params;  // default-initialized: every pair is written below
   detail::AntiQuantParams* params = stack_params;
   if (p.layout.channels > kStackChannels) {
-    heap_params.resize(static_cast<std::size_t>(p.layout.channels));
-    params = heap_params.data();
+    heap_params.reset(new detail::AntiQuantParams[static_cast<std::size_t>(p.layout.channels)]);
+    params = heap_params.get();
   }
   const std::int64_t C = p.layout.channels;
   const ConstTensorView* oh = offset_host ? &offset_host->view() : nullptr;
