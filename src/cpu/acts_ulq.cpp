@@ -382,8 +382,13 @@ void fused_pass(BwdChunkFn bwd_chunk, const UlqBwdJob& j, const ClampLayout& l, 
         filled += run;
         n += run;
       }
-      if (sum_min) vmin[static_cast<std::size_t>(ck)] = cpu_chunk_value(tmin.data(), filled);
-      if (sum_max) vmax[static_cast<std::size_t>(ck)] = cpu_chunk_value(tmax.data(), filled);
+      const auto at = static_cast<std::size_t>(ck);
+      if (sum_min && sum_max)
+        cpu_chunk_values(tmin.data(), tmax.data(), filled, &vmin[at], &vmax[at]);
+      else if (sum_min)
+        vmin[at] = cpu_chunk_value(tmin.data(), filled);
+      else if (sum_max)
+        vmax[at] = cpu_chunk_value(tmax.data(), filled);
     }
     if (j.stream) hwy::FlushStream();  // x_grad's non-temporal stores
   }

@@ -73,6 +73,9 @@ inline void unpack_int4_bytes(const std::int32_t* words, std::int64_t begin, std
 // float32 terms (its 16 double lanes folded by halving). Summing chunk values in order into a -0.0
 // double total and rounding once gives exactly CanonicalSum's result.
 double cpu_chunk_value(const float* terms, std::int64_t count);
+// Two chunks of count terms each in one loop (independent accumulator chains): the same values as two
+// cpu_chunk_value calls.
+void cpu_chunk_values(const float* a, const float* b, std::int64_t count, double* va, double* vb);
 float finish_chunk_sum(const double* chunk_values, std::int64_t chunks);
 
 // dst[i] = float(src[i]) for i in [b0, b1), src of float dtype dt (float32, float16, bfloat16), SIMD; exact
