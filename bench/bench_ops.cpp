@@ -270,6 +270,7 @@ BENCHMARK(BM_fake_quant_per_tensor_16)
 BENCHMARK(BM_fake_quant_per_tensor_alloc)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_axis)->Arg(1)->Arg(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fake_quant_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_fake_quant_backward)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);  // in cache
 BENCHMARK(BM_quantize_per_channel)
     ->Args({i8, 4096})
     ->Args({i4, 4096})
@@ -300,6 +301,7 @@ BENCHMARK(BM_dynamic_quant)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq)->Arg(kBig)->Arg(4096)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_acts_ulq_backward)->Arg(kBig)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_acts_ulq_backward)->Arg(32768)->UseRealTime()->Unit(benchmark::kMicrosecond);  // in cache
 BENCHMARK(BM_tile_quant)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_fake_quant, per_tensor, -1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_small_fake_quant, axis0, 0)->UseRealTime()->Unit(benchmark::kMicrosecond);
