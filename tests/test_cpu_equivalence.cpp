@@ -1065,6 +1065,9 @@ TEST(CpuKernels, DtypeWithoutKernelIsAnInternalError) {
                                    .dst = QuantDType::qint8,
                                    .symmetric = false,
                                    .per_tensor = per_tensor,
+                                   .per_channel = false,
+                                   .channel_batches = 0,
+                                   .channel_rows = 0,
                                    .y = y.data(),
                                    .scale = scale.data(),
                                    .offset = offset.data()});
