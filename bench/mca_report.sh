@@ -13,8 +13,8 @@ run() {  # name object function markers [vectors per iteration]
     sed "s/ cycles\/\(vector\|iteration\) (block reciprocal throughput; simulated/ (simulated/g"
 }
 FQ='N_AVX3::FwdSpanT<(xquant::DType)0'
-run "fake quant forward f32, divider" fake_quant.cpp.o "$FQ, 0, false, false>" 'vmulps,vrndscale,vmovnt'
-run "fake quant forward f32, FMA (one step)" fake_quant.cpp.o "$FQ, 1, false, false>" 'vmulps,vrndscale,vmovnt'
+run "fake quant forward f32, divider" fake_quant.cpp.o "$FQ, 0, false, false, false>" 'vmulps,vrndscale,vmovnt'
+run "fake quant forward f32, FMA (one step)" fake_quant.cpp.o "$FQ, 1, false, false, false>" 'vmulps,vrndscale,vmovnt'
 run "fake quant forward f16 (float16 arithmetic: x * scale rounded by the magic add, q * (1 / scale))" fake_quant.cpp.o 'N_AVX3_DL::FwdSpanF16<false>' 'vmulps,vrndscale'
 run "fake quant backward f32 + grad_amax terms (streamed)" fake_quant.cpp.o 'N_AVX3::BwdSpan<(xquant::DType)0>' 'vmulps,vmovnt'
 Q='N_AVX3::SpanT<(xquant::DType)0, (xquant::QuantDType)0'
@@ -52,4 +52,4 @@ run "ActsULQ forward f32, 4 outputs, FMA (streamed)" acts_ulq.cpp.o "$U, true>" 
 run "ActsULQ backward f32 (streamed)" acts_ulq.cpp.o 'N_AVX3::BwdChunkT<(xquant::DType)0>' 'vmulps,vsubps,vmovntps'
 AQ='N_AVX3_DL::Span<(xquant::DType)2'
 run "AVX3_DL: anti_quant int8 -> bf16 per column, four rows per parameter load, AVX512_BF16 pairs, no class check (per 16 elements of one row)" anti_quant.cpp.o "$AQ, false, true, true, 2, 4>" 'vcvtne2ps2bf16' 8
-run "AVX3_DL: anti_quant int4 -> bf16 per column, two rows, vpmultishiftqb + vpermps unpacking, AVX512_BF16 pairs, no class check" anti_quant.cpp.o "$AQ, true, true, true, 2, 2>" 'vcvtne2ps2bf16,vpmultishiftqb' 4
+run "AVX3_DL: anti_quant int4 -> bf16 per column, four rows per parameter load, vpmultishiftqb + vpermps unpacking, AVX512_BF16 pairs, no class check, one prefetcht0 per pair step (g++ keeps the loop over the rows: one iteration is one row's pair; per 16 elements)" anti_quant.cpp.o "$AQ, true, true, true, 2, 4>" 'vcvtne2ps2bf16,vpmultishiftqb' 2
