@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,8 +41,11 @@ Range range_of(QuantDType q) {
       return {-2147483648.0, 2147483647.0};
     case QuantDType::quint4x2:
       return {-8.0, 7.0};
+    case QuantDType::float8_e4m3fn:
+    case QuantDType::float8_e5m2:
+      break;  // float outputs: not the integer grid these helpers model
   }
-  return {0.0, 0.0};
+  throw std::invalid_argument("range_of: " + std::string(xquant::quant_dtype_name(q)) + " is not an integer type");
 }
 
 // v = x / s + zp (div) or x * s + zp (mul), each a float32 operation; y = clamp(rne(v)), NaN -> 0.
@@ -86,6 +90,9 @@ std::vector<std::int64_t> values_of(const ConstTensorView& out, QuantDType q) {
     case QuantDType::quint4x2:
       v = decode_int4(to_vector<std::int32_t>(out));
       break;
+    case QuantDType::float8_e4m3fn:
+    case QuantDType::float8_e5m2:
+      throw std::invalid_argument("values_of: " + std::string(xquant::quant_dtype_name(q)) + " is not an integer type");
   }
   return v;
 }
