@@ -11,6 +11,7 @@
 #include "cpu/parallel.hpp"
 #include "params/dynamic_quant.hpp"
 #include "hwy/targets.h"
+#include "test_targets.hpp"
 #include "test_util.hpp"
 #include "xquant/runtime.hpp"
 
@@ -84,7 +85,7 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
   xquant::set_backend(Backend::reference);
   op(ref_views);
   xquant::set_backend(Backend::cpu);
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+  for (std::int64_t target : tested_targets()) {
     hwy::SetSupportedTargetsForTest(target);
     for (int threads : {1, 2, 3, 5, 7}) {
       xquant::set_num_threads(threads);
@@ -136,10 +137,13 @@ void check_equivalent(const std::function<void(std::vector<TensorView>&)>& op,
 const std::int64_t kLengths[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1023, 1024, 1025, 4096, 70001};
 
 TEST(CpuEquivalence, ReportsTargets) {
-  std::string names;
-  for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) names += std::string(hwy::TargetName(t)) + " ";
+  std::string names, skipped;
+  for (std::int64_t t : hwy::SupportedAndGeneratedTargets())
+    (skipped_by_env(t) ? skipped : names) += std::string(hwy::TargetName(t)) + " ";
   std::printf("SIMD targets tested: %s(dispatch picks %s)\n", names.c_str(), xquant::simd_target().c_str());
-  EXPECT_FALSE(hwy::SupportedAndGeneratedTargets().empty());
+  if (!skipped.empty())
+    std::printf("SIMD targets skipped: %s(named in XQUANT_TEST_SKIP_TARGETS)\n", skipped.c_str());
+  EXPECT_FALSE(tested_targets().empty());
 }
 
 // float16 fake quant needs an amax exact in float16 (SPEC 1): made as a float16 tensor (values rounded).
@@ -1002,7 +1006,7 @@ TEST(CpuKernels, DtypeWithoutKernelIsAnInternalError) {
     SCOPED_TRACE(what);
     expect_error(f, xquant::ErrorCode::internal_error, "", {"internal error", dtype});
   };
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+  for (std::int64_t target : tested_targets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
     bad([&] { xd::cpu_fake_quant({.dt = DType::int8, .x = x.data(), .y = y.data(), .layout = layout, .params = &fq}); },

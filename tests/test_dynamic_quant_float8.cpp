@@ -180,7 +180,9 @@ void run_case(DType dt, const Shape& shape, QuantDType q, bool symmetric, Dynami
                       << " (x' " << xs[static_cast<std::size_t>(i)] << ")";
     for (std::size_t g = 0; g < want.scale.size(); ++g) {
       EXPECT_TRUE(same_float_bits(scale.data<float>()[g], want.scale[g])) << "scale[" << g << "]";
-      if (!symmetric) EXPECT_TRUE(same_float_bits(offset.data<float>()[g], want.offset[g])) << "offset[" << g << "]";
+      if (!symmetric) {
+        EXPECT_TRUE(same_float_bits(offset.data<float>()[g], want.offset[g])) << "offset[" << g << "]";
+      }
     }
     EXPECT_EQ(bad, 0) << xquant::shape_str(shape) << " " << xquant::quant_dtype_name(q);
   }

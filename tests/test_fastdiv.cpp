@@ -133,6 +133,7 @@ HWY_AFTER_NAMESPACE();
 #include <gtest/gtest.h>
 
 #include "hwy/targets.h"
+#include "test_targets.hpp"
 
 namespace xquant::detail {
 HWY_EXPORT(DivArrays);
@@ -230,7 +231,7 @@ std::vector<float> edge_dividends(float s) {
 
 template <class F>
 void for_each_target(F&& f) {
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+  for (std::int64_t target : xqtest::tested_targets()) {
     hwy::SetSupportedTargetsForTest(target);
     f(hwy::TargetName(target));
   }
