@@ -227,10 +227,11 @@ void RangeT(const AqJob& j, std::int64_t b0, std::int64_t b1) {
   const AntiQuantParams* p = j.args->params;
   const ChannelWalk& walk = *j.walk;
   // Whole periods (rows of the last axis) taken together, so that each parameter vector is loaded once
-  // for all of them. int4: four rows on AVX-512 for bfloat16 and float32 outputs (a [64, 4096] row's
-  // 32 KiB of parameter pairs came from L2 every second row with two; one thread, in cache, Zen 4:
-  // -> bf16 21.7-22.0 -> 18.7-18.8 us, -> f32 29.8-31.4 -> 26.2-27.0 us), two elsewhere and for float16
-  // (four were slower there: its conversion, not the parameters, bounds that loop).
+  // for all of them. int4: four rows on AVX-512 for bfloat16 and float32 outputs (a 4096-column call's
+  // 32 KiB of parameter pairs came from L2 every second row with two; one thread, in cache, Zen 4, with
+  // the prefetch in Span: -> bf16 22.5-22.9 -> 18.9-20.4 us, -> f32 30.4-34.3 -> 27.7-28.1 us), two
+  // elsewhere and for float16 (its conversion, not the parameters, bounds that loop; four measured slower
+  // there on 2026-12-05).
   constexpr bool kAvx512 = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
   constexpr int kRows = kInt4 && !(kAvx512 && DT != DType::float16) ? 2 : 4;
   auto periodic = [&]<int kR>(std::int64_t pos, std::int64_t n, std::int64_t ph) {
