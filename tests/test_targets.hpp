@@ -1,8 +1,9 @@
 // The Highway targets the multi-target tests run: every target this CPU supports and the library compiled,
 // less those named in the environment variable XQUANT_TEST_SKIP_TARGETS (target names as hwy::TargetName
 // spells them, separated by spaces or commas). scripts/test-aarch64 skips NEON under its SVE
-// configurations, since the NEON configuration has just run that target on the same binary; the test
-// `CpuEquivalence.ReportsTargets` prints what was skipped and why.
+// configurations, since the NEON configuration has just run that target on the same binary, and SVE2 at
+// 256 and 512 bits (run at 128; see the script); the test `CpuEquivalence.ReportsTargets` prints what was
+// skipped and why.
 #pragma once
 
 #include <cstdint>
