@@ -629,14 +629,22 @@ HWY_NOINLINE RowMinMax FusedRows(const void* x0, const void* x1, const float* sm
   // 35 GB/s, alternating: bf16 -> int8 smooth 3.04-3.18 -> 2.68-2.85 ms; one thread 5.0-5.2 -> 4.4 ms; in
   // the fast memory state f32 -> int4 smooth 75 -> 97-98 % of memcpy). An L1 prefetch 2 KiB ahead gave
   // the same, 1 or 4 KiB ahead less; a third prefetch (L2, 2 KiB ahead) or the pf row two rows ahead
-  // nothing more.
-  const unsigned char* const x1b = static_cast<const unsigned char*>(x1) + 4096;
+  // nothing more. On Intel the second prefetch goes into L1, 2 KiB ahead (rows_prefetch_l1_wanted); the
+  // condition is loop-invariant (the compiler unswitches the loop).
+  const bool l1 = rows_prefetch_l1_wanted();
+  const unsigned char* const x1b = static_cast<const unsigned char*>(x1) + (l1 ? 2048 : 4096);
   for (std::int64_t i = 0; i + 2 * N <= n; i += 2 * N) {
     PrefetchL2(pf + i * pf_es);
-    PrefetchL2(x1b + i * pf_es);
+    if (l1)
+      hwy::Prefetch(x1b + i * pf_es);
+    else
+      PrefetchL2(x1b + i * pf_es);
     if (pf_es > 2) {
       PrefetchL2(pf + (i + N) * pf_es);
-      PrefetchL2(x1b + (i + N) * pf_es);
+      if (l1)
+        hwy::Prefetch(x1b + (i + N) * pf_es);
+      else
+        PrefetchL2(x1b + (i + N) * pf_es);
     }
     VF s1, s2;
     if constexpr (kSmooth) {

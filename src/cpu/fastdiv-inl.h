@@ -313,6 +313,20 @@ inline bool prefetch_ahead_wanted(bool quantize_too = false) {
 // [4096, 4096] from float32, 2 threads, alternating: 1.74 ms (84-88 % of memcpy) -> 1.17-1.32 ms (109-127 %)
 // in the VM's fast memory state, 98-100 -> 103-106 % in the slow one; 8 and 16 KiB measured alike. Not
 // measured on Intel (off there).
+// The fused rows' second prefetch of the next row (dynamic_quant.cpp FusedRows): into L1, 2 KiB ahead of its
+// loads, instead of into L2 4 KiB ahead (the Zen 4 choice). Intel VM (2026-12-07, 2 threads, [8192, 4096],
+// two sessions of two interleaved rounds): bf16 -> int8 smooth 3.62-3.67 -> 3.29-3.40 ms, bf16 -> int4
+// 3.10-3.18 -> 2.67-2.91, bf16 -> int8 3.43-3.46 -> 2.90-3.08 in the first session and 2.87-2.95 -> 2.85-2.88
+// in the second, float32 rows within 2-4 % either way; an L1 prefetch beside the L2 one gained less.
+// Intel only (AMD measured the other way, Arm not measured). XQUANT_ROWS_PREFETCH_L1=0 / 1 overrides.
+inline bool rows_prefetch_l1_wanted() {
+  static const bool on = [] {
+    const char* e = std::getenv("XQUANT_ROWS_PREFETCH_L1");
+    if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';
+    return cpu_is_intel();
+  }();
+  return on;
+}
 inline bool prefetch_l2_ahead_wanted() { return prefetch_ahead_wanted(/*quantize_too=*/true) && cpu_is_amd(); }
 // Default: Intel (measured) and aarch64 (modelled: every Arm core's divider bounds the dividing loops,
 // e.g. llvm-mca tsv110 (Kunpeng 920) fake quant 26 cycles per 4-float vector with the divider against
