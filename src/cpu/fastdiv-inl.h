@@ -245,13 +245,14 @@ inline bool cpu_vendor_is(const char* vendor) {
   return false;
 #endif
 }
-// The process's defaults, read once: XQUANT_FAST_DIV (0 or 1 when set to exactly that, else -1) and the
-// CPU vendor.
+// An on / off switch from the environment: 0 or 1 when set to exactly that, else -1.
+inline int env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
+}
+// The process's defaults, read once: XQUANT_FAST_DIV (env_switch) and the CPU vendor.
 inline int fast_div_env() {
-  static const int env = [] {
-    const char* e = std::getenv("XQUANT_FAST_DIV");
-    return e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
-  }();
+  static const int env = env_switch("XQUANT_FAST_DIV");
   return env;
 }
 inline bool cpu_is_intel() {
@@ -294,10 +295,7 @@ inline bool rint_fixed_wanted() {
 //   quantize only (quantize_too).
 // Off on other CPUs (Arm: not measured). XQUANT_PREFETCH=0 / 1 overrides (measurement); the same bits either way.
 inline int prefetch_env() {
-  static const int env = [] {
-    const char* e = std::getenv("XQUANT_PREFETCH");
-    return e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
-  }();
+  static const int env = env_switch("XQUANT_PREFETCH");
   return env;
 }
 inline bool cpu_is_amd() {
@@ -313,6 +311,7 @@ inline bool prefetch_ahead_wanted(bool quantize_too = false) {
 // [4096, 4096] from float32, 2 threads, alternating: 1.74 ms (84-88 % of memcpy) -> 1.17-1.32 ms (109-127 %)
 // in the VM's fast memory state, 98-100 -> 103-106 % in the slow one; 8 and 16 KiB measured alike. Not
 // measured on Intel (off there).
+inline bool prefetch_l2_ahead_wanted() { return prefetch_ahead_wanted(/*quantize_too=*/true) && cpu_is_amd(); }
 // The fused rows' second prefetch of the next row (dynamic_quant.cpp FusedRows): into L1, 2 KiB ahead of its
 // loads, instead of into L2 4 KiB ahead (the Zen 4 choice). Intel VM (2026-12-07, 2 threads, [8192, 4096],
 // two sessions of two interleaved rounds): bf16 -> int8 smooth 3.62-3.67 -> 3.29-3.40 ms, bf16 -> int4
@@ -320,14 +319,9 @@ inline bool prefetch_ahead_wanted(bool quantize_too = false) {
 // in the second, float32 rows within 2-4 % either way; an L1 prefetch beside the L2 one gained less.
 // Intel only (AMD measured the other way, Arm not measured). XQUANT_ROWS_PREFETCH_L1=0 / 1 overrides.
 inline bool rows_prefetch_l1_wanted() {
-  static const bool on = [] {
-    const char* e = std::getenv("XQUANT_ROWS_PREFETCH_L1");
-    if (e != nullptr && (e[0] == '0' || e[0] == '1') && e[1] == '\0') return e[0] == '1';
-    return cpu_is_intel();
-  }();
-  return on;
+  static const int env = env_switch("XQUANT_ROWS_PREFETCH_L1");
+  return env >= 0 ? env == 1 : cpu_is_intel();
 }
-inline bool prefetch_l2_ahead_wanted() { return prefetch_ahead_wanted(/*quantize_too=*/true) && cpu_is_amd(); }
 // Default: Intel (measured) and aarch64 (modelled: every Arm core's divider bounds the dividing loops,
 // e.g. llvm-mca tsv110 (Kunpeng 920) fake quant 26 cycles per 4-float vector with the divider against
 // about 6 with the sequence; docs/performance-arm.md). AMD Zen 4: the divider.
